@@ -1,0 +1,75 @@
+"""Data commands: ``hindsearch world`` and ``hindsearch data fetch|mini``.
+
+``world --out DIR [--seed N --entities N]`` builds the fictional world (cached: rebuilt only
+when seed, size or generator version differ, or with ``--force``); ``data fetch`` downloads
+the paper-scale QA sets and wiki-18 (network needed); ``data mini --shared DIR --out DIR``
+builds the mini-wiki and the seven benchmark files from local real-data slices.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+
+def cmd_world(args: argparse.Namespace) -> int:
+    import shutil
+    from pathlib import Path
+
+    from hindsearch.data.world import ensure_world, world_is_current
+
+    out = Path(args.out)
+    if args.force and out.exists():
+        shutil.rmtree(out)
+    cached = world_is_current(out, args.seed, args.entities)
+    t0 = time.perf_counter()
+    ensure_world(out, seed=args.seed, n_entities=args.entities)
+    dt = time.perf_counter() - t0
+    meta = json.loads((out / "world.json").read_text())
+    c = meta["counts"]
+    print(f"world (seed {meta['seed']}, {meta['n_entities']} entities) in {out}: "
+          + ("cached, not rebuilt" if cached else f"built in {dt:.2f} s"))
+    print(f"passages: {c['passages']}")
+    for split in ("train", "dev", "test"):
+        s = c[split]
+        print(f"{split:<6} {s['questions']:>5} questions ({s['one_hop']} one-hop, {s['two_hop']} two-hop)")
+    return 0
+
+
+def cmd_fetch(args: argparse.Namespace) -> int:
+    from hindsearch.data.fetch import fetch
+
+    fetch(args.what, args.out, endpoint=args.endpoint, verify=not args.no_verify, connect_timeout=args.connect_timeout)
+    return 0
+
+
+def cmd_mini(args: argparse.Namespace) -> int:
+    from hindsearch.data.mini import build_mini
+
+    build_mini(args.shared, args.out)
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    w = sub.add_parser("world", help="build the fictional world (corpus + train/dev/test questions)")
+    w.add_argument("--out", required=True, help="output folder")
+    w.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
+    w.add_argument("--entities", type=int, default=None, help="number of entities (default ~2,000 passages)")
+    w.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
+    w.set_defaults(func=cmd_world)
+
+    d = sub.add_parser("data", help="real QA data: fetch from the HF hub, or build the mini-wiki")
+    dsub = d.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
+    d.set_defaults(func=lambda a: (d.print_help(), 2)[1])
+    f = dsub.add_parser("fetch", help="download train / test sets / wiki-18 (needs network)")
+    f.add_argument("--what", choices=["train", "test", "wiki18", "all"], default="test")
+    f.add_argument("--out", required=True, help="output folder (one subfolder per dataset)")
+    f.add_argument("--endpoint", default=None, help="hub URL (default $HF_ENDPOINT or https://huggingface.co)")
+    f.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to wait for a connection")
+    f.add_argument("--no-verify", action="store_true", help="skip the row-count check")
+    f.set_defaults(func=cmd_fetch)
+    m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")
+    m.add_argument("--shared", required=True, help="folder of real data slices (e.g. ../shared/data)")
+    m.add_argument("--out", required=True, help="output folder")
+    m.set_defaults(func=cmd_mini)

@@ -1,0 +1,145 @@
+"""Read and write retrieval corpora in wiki-18 format (one ``Passage`` per row).
+
+Accepted inputs:
+
+* ``.jsonl`` (streamed): one JSON object per line with ``contents`` (``'"Title"\\ntext'``)
+  or ``text`` (+ optional ``title``, then contents = ``'"title"\\ntext'``), and an id under
+  ``id``, ``_id`` or ``docid`` (str or int; missing -> the 1-based line number);
+* ``.json``: a list of such objects (HippoRAG's ``{title, text}`` corpora), ids default to
+  the 1-based list position.
+
+A bad row (invalid JSON, not an object, no text, wrong types) raises ``CorpusError`` naming
+the file and line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``.
+Blank lines are ignored.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hindsearch.records import Passage, make_contents
+
+ID_KEYS = ("id", "_id", "docid")
+
+
+class CorpusError(ValueError):
+    """A malformed corpus row; the message names the file and line (or list position)."""
+
+
+@dataclass
+class CorpusStats:
+    """Counts filled while reading: rows kept, rows skipped and the first few skip reasons."""
+
+    rows: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def skip(self, msg: str) -> None:
+        self.skipped += 1
+        if len(self.errors) < 20:
+            self.errors.append(msg)
+
+
+def row_to_passage(obj: Any, default_id: str) -> Passage:
+    """Normalise one parsed row to a ``Passage``; raises ``ValueError`` with the reason."""
+    if not isinstance(obj, dict):
+        raise ValueError(f"expected a JSON object, got {type(obj).__name__}")
+    pid: Any = default_id
+    for key in ID_KEYS:
+        if key in obj and obj[key] is not None:
+            pid = obj[key]
+            if isinstance(pid, bool) or not isinstance(pid, (str, int)):
+                raise ValueError(f"field {key!r} must be a string or integer, got {type(pid).__name__}")
+            break
+    if "contents" in obj:
+        contents = obj["contents"]
+        if not isinstance(contents, str):
+            raise ValueError(f"field 'contents' must be a string, got {type(contents).__name__}")
+    elif "text" in obj:
+        text, title = obj["text"], obj.get("title")
+        if not isinstance(text, str):
+            raise ValueError(f"field 'text' must be a string, got {type(text).__name__}")
+        if title is not None and not isinstance(title, str):
+            raise ValueError(f"field 'title' must be a string, got {type(title).__name__}")
+        contents = make_contents(title, text) if title else text
+    else:
+        raise ValueError("no text: expected a 'contents' or 'text' field")
+    if not contents.strip():
+        raise ValueError("no text: 'contents'/'text' is empty")
+    return Passage(id=str(pid), contents=contents)
+
+
+def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:
+    """Yield (line-or-position, parse error or None, parsed object)."""
+    if path.suffix == ".json":
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as e:
+            raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+        if not isinstance(data, list):
+            raise CorpusError(f"{path}: a .json corpus must be a list of objects, got {type(data).__name__}")
+        for i, obj in enumerate(data, 1):
+            yield i, None, obj
+        return
+    with path.open("r", encoding="utf-8") as f:
+        for i, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                yield i, None, json.loads(line)
+            except json.JSONDecodeError as e:
+                yield i, f"invalid JSON: {e.msg} (column {e.colno})", None
+
+
+def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> Iterator[Passage]:
+    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus."""
+    path = Path(path)
+    if not path.exists():
+        raise FileNotFoundError(f"corpus not found: {path}")
+    where = "item" if path.suffix == ".json" else "line"
+    for n, err, obj in _rows(path):
+        try:
+            if err is not None:
+                raise ValueError(err)
+            p = row_to_passage(obj, default_id=str(n))
+        except ValueError as e:
+            msg = f"{path}:{n}: bad corpus {where}: {e}"
+            if not skip_bad:
+                raise CorpusError(msg + " (use --skip-bad / skip_bad=True to skip bad rows)") from None
+            if stats is not None:
+                stats.skip(msg)
+            continue
+        if stats is not None:
+            stats.rows += 1
+        yield p
+
+
+def read_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> list[Passage]:
+    """All passages of a corpus file, in file order."""
+    return list(iter_corpus(path, skip_bad=skip_bad, stats=stats))
+
+
+def write_corpus(path: str | Path, passages: Iterable[Passage]) -> int:
+    """Write passages as wiki-18 jsonl (``{"id", "contents"}``); returns the row count."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    n = 0
+    with path.open("w", encoding="utf-8") as f:
+        for p in passages:
+            f.write(json.dumps(p.to_search_r1(), ensure_ascii=False) + "\n")
+            n += 1
+    return n
+
+
+def file_sha256(path: str | Path, chunk: int = 1 << 20) -> str:
+    """Hex SHA-256 of a file's bytes (streamed)."""
+    h = hashlib.sha256()
+    with Path(path).open("rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()

@@ -1,0 +1,222 @@
+"""``hindsearch data mini``: a mini-wiki corpus plus the seven benchmark test sets restricted to it.
+
+From a folder of real data slices (``--shared``, laid out as ``../shared/data``, see its
+SOURCES.md) it builds:
+
+* ``corpus.jsonl`` (wiki-18 format): the wiki-18 slice, the FlashRAG/Search-R1 sample
+  passages, HippoRAG's corpora and every paragraph shipped with the multi-hop sets (IRCoT,
+  MIGRES, HippoRAG), deduplicated on (title, whitespace-collapsed text); ids are a hash of
+  that key (``mw`` + 12 hex), so they do not change when sources are added or reordered;
+* ``<benchmark>.jsonl`` for nq, triviaqa, popqa, hotpotqa, 2wiki, musique and bamboogle
+  (``QARecord`` rows), keeping only questions whose evidence is in the corpus: for
+  multi-hop sets every supporting paragraph must be present (``metadata.evidence_ids``);
+  for single-hop sets a gold answer must occur, normalised as in ``rewards.answer_in_text``,
+  in some passage (``metadata.answer_passage_ids``, at most 5);
+* ``mini.json`` with the counts, also printed as a table.
+
+Answer lookup uses an inverted index over normalised tokens (candidates = intersection of
+the answer tokens' posting sets, then a substring check), so the build takes seconds.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import string
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hindsearch.data.corpus import iter_corpus, write_corpus
+from hindsearch.data.qa import paragraphs_of, read_rows, row_to_record
+from hindsearch.records import Passage, QARecord, make_contents
+
+# Passage sources, relative to the shared data folder.
+CORPUS_FILES = (
+    "wiki18-slice/wiki18_passages_from_search_r1_runs.jsonl",
+    "flashrag-toy/sample_data.jsonl",
+    "search-r1/corpus.jsonl",
+    "hipporag/2wikimultihopqa_corpus.json",
+    "hipporag/musique_train_corpus.json",
+    "hipporag/hotpotqa_train_corpus.json",
+)
+# QA files whose rows ship paragraphs (all of them go into the corpus).
+PARAGRAPH_FILES = (
+    "ircot-hotpotqa/dev_subsampled.jsonl",
+    "migres/hotpot.json",
+    "migres/musique.json",
+    "migres/wikihop.json",
+    "hipporag/hotpotqa_train.json",
+    "hipporag/musique_train.json",
+)
+# Benchmark -> (test file, "multi" = supporting paragraphs must be present | "single" = answer in a passage).
+BENCHMARKS = {
+    "nq": ("ros-subsample/nq/test.jsonl", "single"),
+    "triviaqa": ("ros-subsample/triviaqa/test.jsonl", "single"),
+    "popqa": ("ros-subsample/popqa/test.jsonl", "single"),
+    "hotpotqa": ("ircot-hotpotqa/dev_subsampled.jsonl", "multi"),
+    "2wiki": ("migres/wikihop.json", "multi"),
+    "musique": ("migres/musique.json", "multi"),
+    "bamboogle": ("ros-subsample/bamboogle/test.jsonl", "single"),
+}
+
+_PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
+_ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
+_ARTICLE_WORDS = {"a", "an", "the"}
+
+
+def fast_normalize(s: str) -> str:
+    """Same result as ``rewards.normalize_answer`` (lower, no punctuation, no articles), faster.
+
+    For ASCII text every non-space character left after dropping punctuation is a word
+    character, so the article regex equals dropping the tokens a/an/the.
+    """
+    s = _PUNCT.sub("", s.lower())
+    if s.isascii():
+        return " ".join(t for t in s.split() if t not in _ARTICLE_WORDS)
+    return " ".join(_ARTICLES.sub(" ", s).split())
+
+
+def passage_key(title: str, text: str) -> tuple[str, str]:
+    """Deduplication key: case-folded bare title and whitespace-collapsed text."""
+    return title.strip().strip('"').strip().lower(), " ".join(text.split())
+
+
+def passage_id(key: tuple[str, str]) -> str:
+    return "mw" + hashlib.sha1("\n".join(key).encode("utf-8")).hexdigest()[:12]
+
+
+class MiniCorpus:
+    """Deduplicating passage collection with an inverted index for answer lookup."""
+
+    def __init__(self) -> None:
+        self.passages: list[Passage] = []
+        self.index_of: dict[tuple[str, str], int] = {}
+        self.added: dict[str, int] = {}
+
+    def add(self, title: str, text: str, source: str) -> int | None:
+        """Add a passage (bare title, text); returns its position, None when the text is empty."""
+        title, text = title.strip().strip('"').strip(), text.strip()
+        if not text:
+            return None
+        key = passage_key(title, text)
+        if key not in self.index_of:
+            self.index_of[key] = len(self.passages)
+            self.passages.append(Passage(passage_id(key), make_contents(title, text)))
+            self.added[source] = self.added.get(source, 0) + 1
+        return self.index_of[key]
+
+    def find(self, title: str, text: str) -> int | None:
+        return self.index_of.get(passage_key(title, text))
+
+    def build_answer_index(self, vocab: set[str]) -> None:
+        """Normalise every passage and index the positions of the tokens in ``vocab`` (answer tokens)."""
+        self.norm = [f" {fast_normalize(p.contents)} " for p in self.passages]
+        self.postings: dict[str, set[int]] = {t: set() for t in vocab}
+        for i, t in enumerate(self.norm):
+            for tok in vocab.intersection(t.split()):
+                self.postings[tok].add(i)
+
+    def passages_with_answer(self, answers: list[str], limit: int = 5) -> list[int]:
+        """Positions of passages containing a normalised gold answer as whole words."""
+        hits: list[int] = []
+        for a in answers:
+            na = fast_normalize(a)
+            toks = na.split()
+            if not toks:
+                continue
+            sets = sorted((self.postings.get(t, set()) for t in set(toks)), key=len)
+            cand = set.intersection(*sets) if sets[0] else set()
+            hits += [i for i in sorted(cand) if f" {na} " in self.norm[i] and i not in hits]
+            if len(hits) >= limit:
+                break
+        return hits[:limit]
+
+
+def _corpus_rows(path: Path) -> Iterator[tuple[str, str]]:
+    """(title, text) of a corpus file: wiki-18 jsonl, HippoRAG list, or a {title: [sentences]} dict."""
+    if path.suffix == ".json" and path.read_text(encoding="utf-8", errors="replace").lstrip().startswith("{"):
+        for title, sents in json.loads(path.read_text(encoding="utf-8")).items():
+            yield title, "".join(sents).strip()
+        return
+    for p in iter_corpus(path):
+        yield (p.bare_title, p.text) if "\n" in p.contents else ("", p.contents)
+
+
+def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]:
+    """Build the mini-wiki and the filtered benchmarks in ``out``; returns the ``mini.json`` dict."""
+    shared, out = Path(shared), Path(out)
+    if not shared.is_dir():
+        raise FileNotFoundError(f"shared data folder not found: {shared}")
+    t0 = time.perf_counter()
+    corpus, missing = MiniCorpus(), []
+    for rel in CORPUS_FILES:
+        if not (shared / rel).is_file():
+            missing.append(rel)
+            continue
+        for title, text in _corpus_rows(shared / rel):
+            corpus.add(title, text, rel)
+    for rel in PARAGRAPH_FILES:
+        if not (shared / rel).is_file():
+            missing.append(rel)
+            continue
+        for _, err, row in read_rows(shared / rel):
+            for p in paragraphs_of(row) if isinstance(row, dict) else []:
+                corpus.add(p.title, p.text, rel)
+    out.mkdir(parents=True, exist_ok=True)
+    write_corpus(out / "corpus.jsonl", corpus.passages)
+    rows: dict[str, list[tuple[Any, QARecord]]] = {}
+    for name, (rel, kind) in BENCHMARKS.items():
+        if not (shared / rel).is_file():
+            missing.append(rel)
+            continue
+        rows[name] = []
+        for where, err, row in read_rows(shared / rel):
+            if err is not None:
+                raise ValueError(f"{shared / rel}: {where}: {err}")
+            rec = row_to_record(row, default_id=f"{name}_{len(rows[name])}", name=name)
+            rec.data_source = name
+            rows[name].append((row, rec))
+    corpus.build_answer_index({t for recs in rows.values() for _, r in recs for a in r.golden_answers
+                               for t in fast_normalize(a).split()})
+    bench: dict[str, Any] = {}
+    for name, recs in rows.items():
+        rel, kind = BENCHMARKS[name]
+        kept: list[QARecord] = []
+        total = len(recs)
+        for row, rec in recs:
+            if kind == "multi":
+                paras = [p for p in paragraphs_of(row) if p.supporting or p.title in rec.evidence]
+                ids = [corpus.find(p.title, p.text) for p in paras]
+                titles = {p.title for p in paras}
+                if not paras or None in ids or not set(rec.evidence) <= titles:
+                    continue
+                rec.metadata["evidence_ids"] = [corpus.passages[i].id for i in ids]
+            else:
+                hits = corpus.passages_with_answer(rec.golden_answers)
+                if not hits:
+                    continue
+                rec.metadata["answer_passage_ids"] = [corpus.passages[i].id for i in hits]
+            kept.append(rec)
+        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
+            for r in kept:
+                f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+        bench[name] = {"source": rel, "rule": kind, "total": total, "kept": len(kept)}
+    meta = {"passages": len(corpus.passages), "passages_per_source": corpus.added, "benchmarks": bench,
+            "missing_sources": missing, "seconds": round(time.perf_counter() - t0, 2)}
+    (out / "mini.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    log(format_table(meta))
+    return meta
+
+
+def format_table(meta: dict[str, Any]) -> str:
+    """Questions kept per benchmark, as a plain-text table."""
+    lines = [f"mini-wiki: {meta['passages']} passages ({meta['seconds']} s)",
+             f"{'benchmark':<10} {'kept':>6} {'total':>6} {'rule':<6} source"]
+    for name, b in meta["benchmarks"].items():
+        lines.append(f"{name:<10} {b['kept']:>6} {b['total']:>6} {b['rule']:<6} {b['source']}")
+    for rel in meta["missing_sources"]:
+        lines.append(f"missing (skipped): {rel}")
+    return "\n".join(lines)

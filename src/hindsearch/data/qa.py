@@ -1,0 +1,272 @@
+"""Load question-answer sets in the formats the field uses and normalise them to ``QARecord``.
+
+``load_qa(path)`` reads ``.jsonl``, ``.json`` (a list, or JSON Lines despite the name as
+MIGRES ships them) and ``.parquet`` files, and recognises per row:
+
+* FlashRAG / Search-R1 / PopQA / our world: ``question`` + ``golden_answers`` (list, numpy
+  array or str; Search-R1's ``reward_model.ground_truth.target`` as a fallback); PopQA's
+  original ``possible_answers`` (list or JSON string);
+* HotpotQA distractor and 2WikiMultihopQA: ``question``, ``answer``, ``supporting_facts``,
+  ``context`` -> evidence = the supporting titles (2Wiki also keeps ``evidences``);
+* MuSiQue: ``paragraphs`` with ``is_supporting``, ``answer`` + ``answer_aliases``;
+* IRCoT: ``question_text``, ``answers_objects`` (spans / number / date), ``contexts``;
+* plain ``{question, answer}`` lists (answer str or list; TrustMargin 2Wiki, Agentic-RAG,
+  MIGRES odqa).
+
+A bad row (unparsable line, empty question, missing or empty answers) raises ``QAError``
+naming the file and line (or list item / parquet row); with ``skip_bad=True`` it is skipped,
+counted in ``QAStats`` and logged. ``paragraphs_of(row)`` returns the paragraphs a
+self-contained multi-hop row ships with (used by ``hindsearch data mini``). ``load_hf`` reads
+a Hugging Face dataset through ``datasets`` for users with network.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hindsearch.records import QARecord
+
+log = logging.getLogger(__name__)
+
+ID_KEYS = ("id", "_id", "question_id", "test_id", "qid")
+QUESTION_KEYS = ("question", "question_text", "query")
+META_KEYS = ("type", "level", "answerable", "question_decomposition", "evidences", "dataset")
+
+
+class QAError(ValueError):
+    """A malformed QA row or file; the message names the file and the line/item."""
+
+
+@dataclass
+class QAStats:
+    """Counts filled while loading: rows kept, rows skipped and the first skip reasons."""
+
+    rows: int = 0
+    skipped: int = 0
+    errors: list[str] = field(default_factory=list)
+
+    def skip(self, msg: str) -> None:
+        self.skipped += 1
+        if len(self.errors) < 20:
+            self.errors.append(msg)
+
+
+@dataclass(frozen=True)
+class Paragraph:
+    """A paragraph shipped with a multi-hop question."""
+
+    title: str
+    text: str
+    supporting: bool = False
+
+
+def _tolist(x: Any) -> Any:
+    """numpy arrays (parquet list columns) -> list; anything else unchanged."""
+    return x.tolist() if hasattr(x, "tolist") and not isinstance(x, (str, bytes)) else x
+
+
+def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
+    """Yield ``(where, parse error or None, row)`` for every row of a QA file.
+
+    ``where`` is ``"line N"`` (JSON Lines), ``"item N"`` (JSON list) or ``"row N"`` (parquet),
+    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"QA file not found: {path}")
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        for i, row in enumerate(pq.ParquetFile(path).read().to_pylist(), 1):
+            yield f"row {i}", None, row
+        return
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            if e.msg != "Extra data":
+                raise QAError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+            data = None  # JSON Lines in a .json file (MIGRES)
+        if data is not None:
+            if isinstance(data, dict) and isinstance(data.get("data"), list):
+                data = data["data"]
+            elif isinstance(data, dict) and any(k in data for k in QUESTION_KEYS):
+                data = [data]  # a one-row JSON Lines file
+            if not isinstance(data, list):
+                raise QAError(f"{path}: expected a JSON list of questions, got {type(data).__name__}")
+            for i, row in enumerate(data, 1):
+                yield f"item {i}", None, row
+            return
+    for i, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {i}", None, json.loads(line)
+        except json.JSONDecodeError as e:
+            yield f"line {i}", f"invalid JSON: {e.msg} (column {e.colno})", None
+
+
+def _join_sentences(sents: list[str]) -> str:
+    """HotpotQA sentences carry their leading space, 2Wiki's do not: join without doubling."""
+    out = ""
+    for s in sents:
+        out += s if not out or s[:1].isspace() else " " + s
+    return out.strip()
+
+
+def paragraphs_of(row: dict[str, Any]) -> list[Paragraph]:
+    """Paragraphs shipped with a multi-hop row (MuSiQue, IRCoT, HotpotQA/2Wiki); [] when none."""
+    paras = row.get("paragraphs") or row.get("contexts")
+    if isinstance(paras, list):
+        return [Paragraph(str(p.get("title", "")), str(p.get("paragraph_text", p.get("text", ""))),
+                          bool(p.get("is_supporting", False))) for p in paras if isinstance(p, dict)]
+    ctx = row.get("context")
+    sf = _tolist(row.get("supporting_facts") or [])
+    support = set(sf["title"] if isinstance(sf, dict) else [t for t, *_ in sf])
+    if isinstance(ctx, dict) and "title" in ctx:  # HF hotpot_qa layout
+        titles, sents = _tolist(ctx["title"]), _tolist(ctx.get("sentences", []))
+        return [Paragraph(t, _join_sentences(_tolist(s)), t in support) for t, s in zip(titles, sents)]
+    if isinstance(ctx, list):
+        return [Paragraph(str(c[0]), _join_sentences(list(c[1])), c[0] in support)
+                for c in ctx if isinstance(c, (list, tuple)) and len(c) == 2]
+    return []
+
+
+def _answers(row: dict[str, Any]) -> list[str]:
+    """Gold answers of a row in any supported layout, deduplicated, order kept."""
+    cand: list[Any] = []
+    if "golden_answers" in row:
+        cand = _tolist(row["golden_answers"])
+    elif "possible_answers" in row:
+        pa = row["possible_answers"]
+        cand = json.loads(pa) if isinstance(pa, str) and pa.startswith("[") else _tolist(pa)
+    elif "answers_objects" in row:
+        for obj in row["answers_objects"] or []:
+            cand += list(obj.get("spans") or [])
+            if obj.get("number"):
+                cand.append(obj["number"])
+            d = obj.get("date") or {}
+            if any(d.get(k) for k in ("day", "month", "year")):
+                cand.append(" ".join(str(d[k]) for k in ("day", "month", "year") if d.get(k)))
+    elif any(k in row for k in ("answer", "answers", "short_answers")):
+        cand = _tolist(next(row[k] for k in ("answer", "answers", "short_answers") if k in row))
+        if isinstance(cand, dict):  # HF trivia_qa / squad style: {value, aliases} or {text: [...]}
+            cand = [cand["value"]] * ("value" in cand) + list(_tolist(cand.get("aliases") or cand.get("text") or []))
+        cand = list(cand) if isinstance(cand, (list, tuple)) else [cand]
+        cand += list(_tolist(row.get("answer_aliases") or []))
+    elif isinstance(row.get("reward_model"), dict):
+        cand = _tolist(((row["reward_model"].get("ground_truth") or {}).get("target")))
+    if isinstance(cand, (str, int, float)):
+        cand = [cand]
+    out: list[str] = []
+    for a in cand or []:
+        if isinstance(a, bool) or not isinstance(a, (str, int, float)):
+            raise ValueError(f"answer {a!r} is not a string")
+        a = str(a).strip()
+        if a and a not in out:
+            out.append(a)
+    return out
+
+
+def _hops(row: dict[str, Any], evidence: list[str]) -> int | None:
+    if isinstance(row.get("hops"), int):
+        return row["hops"]
+    rid = str(row.get("id", ""))
+    if "hop" in rid.split("__")[0] and rid[:1].isdigit():  # MuSiQue ids: 2hop__, 3hop1__, 4hop3__
+        return int(rid[0])
+    return len(evidence) or None
+
+
+def row_to_record(row: Any, default_id: str, name: str | None = None) -> QARecord:
+    """Normalise one row to a ``QARecord``; raises ``ValueError`` with the reason when bad."""
+    if not isinstance(row, dict):
+        raise ValueError(f"expected a JSON object, got {type(row).__name__}")
+    question = next((row[k] for k in QUESTION_KEYS if k in row), None)
+    if not isinstance(question, str) or not question.strip():
+        raise ValueError("empty or missing question (fields tried: " + ", ".join(QUESTION_KEYS) + ")")
+    answers = _answers(row)
+    if not answers:
+        raise ValueError("missing or empty answers (golden_answers / answer / answers_objects / possible_answers)")
+    rid = next((row[k] for k in ID_KEYS if row.get(k) is not None), default_id)
+    if isinstance(row.get("evidence"), list):
+        evidence = [str(t) for t in row["evidence"]]
+    elif "supporting_facts" in row:  # HotpotQA / 2Wiki: their order (the reasoning order)
+        sf = _tolist(row["supporting_facts"])
+        titles = sf["title"] if isinstance(sf, dict) else [t for t, *_ in sf]
+        evidence = list(dict.fromkeys(str(t) for t in titles))
+    else:
+        evidence = list(dict.fromkeys(p.title for p in paragraphs_of(row) if p.supporting))
+    meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
+    meta.update({k: _tolist(row[k]) for k in META_KEYS if k in row})
+    source = row.get("data_source") or row.get("dataset") or name or ""
+    return QARecord(id=str(rid), question=question.strip(), golden_answers=answers, data_source=str(source),
+                    hops=_hops(row, evidence), evidence=evidence, metadata=meta)
+
+
+def load_qa(path: str | Path, name: str | None = None, limit: int | None = None, skip_bad: bool = False,
+            stats: QAStats | None = None) -> list[QARecord]:
+    """All (or the first ``limit``) questions of a QA file as ``QARecord``s, in file order.
+
+    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``).
+    """
+    path = Path(path)
+    stats = stats if stats is not None else QAStats()
+    out: list[QARecord] = []
+    for where, err, row in read_rows(path):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            if err is not None:
+                raise ValueError(err)
+            rec = row_to_record(row, default_id=f"{path.stem}_{len(out) + stats.skipped}", name=name)
+        except ValueError as e:
+            msg = f"{path}: {where}: bad QA row: {e}"
+            if not skip_bad:
+                raise QAError(msg + " (use skip_bad=True / --skip-bad to skip bad rows)") from None
+            stats.skip(msg)
+            continue
+        stats.rows += 1
+        out.append(rec)
+    if stats.skipped:
+        log.warning("%s: skipped %d bad rows (first: %s)", path, stats.skipped, stats.errors[0])
+    return out
+
+
+def load_hf(dataset_id: str, split: str = "test", name: str | None = None, limit: int | None = None,
+            skip_bad: bool = False, stats: QAStats | None = None, **load_kwargs: Any) -> list[QARecord]:
+    """Questions of a Hugging Face hub dataset (e.g. ``RUC-NLPIR/FlashRAG_datasets``, name ``nq``).
+
+    Needs ``datasets`` and network (or a warm HF cache); offline it raises ``ConnectionError``
+    naming the dataset. ``load_kwargs`` go to ``datasets.load_dataset`` (e.g. ``data_files``).
+    """
+    try:
+        import datasets
+    except ImportError as e:
+        raise RuntimeError("load_hf needs the 'datasets' package: pip install datasets") from e
+    where = f"{dataset_id}" + (f" ({name})" if name else "") + f" split {split!r}"
+    try:
+        ds = datasets.load_dataset(dataset_id, name, split=split, **load_kwargs)
+    except Exception as e:  # datasets raises many types for network/cache problems
+        raise ConnectionError(f"could not load {where} from the Hugging Face hub: {type(e).__name__}: {e}. "
+                              "Without network, fetch the file elsewhere ('hindsearch data fetch') and load it by path."
+                              ) from e
+    stats = stats if stats is not None else QAStats()
+    out: list[QARecord] = []
+    for i, row in enumerate(ds):
+        if limit is not None and len(out) >= limit:
+            break
+        try:
+            out.append(row_to_record(row, default_id=f"{split}_{i}", name=name or dataset_id))
+            stats.rows += 1
+        except ValueError as e:
+            msg = f"{where}: row {i}: bad QA row: {e}"
+            if not skip_bad:
+                raise QAError(msg) from None
+            stats.skip(msg)
+    return out

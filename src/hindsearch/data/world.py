@@ -1,0 +1,481 @@
+"""A deterministic, seeded fictional encyclopedia: passages plus one- and two-hop questions.
+
+A search agent can only be tested on facts it cannot already know, so the default data of
+hindsearch is invented. ``generate_world(seed)`` builds countries, cities, people,
+organisations and works whose names are made of random syllables, links them with typed
+relations (located in, capital, born in, birth year, spouse, employer, founded by,
+headquarters, founding year, author, publication year), and writes one Wikipedia-like
+passage (bare title + 50-150 words) per entity. Distractors are built in: people share
+surnames and first names, cities share name stems ("Velmor", "New Velmor"), many entities
+share attributes (birth city, employer, years), and passages carry filler sentences that
+mention other entities.
+
+Questions:
+
+* one-hop ("Where was X born?"): evidence = X's passage, which states the answer;
+* two-hop bridge ("What is the capital of the country where X was born?"): evidence = X's
+  passage (names the bridge entity) and the bridge's passage (states the answer). The
+  answer never occurs in the first passage, so it takes a second search.
+
+Every record's ``evidence`` lists bare passage titles; ``metadata`` holds ``relation``
+(``r`` or ``r1>r2``), ``subject``, and for two-hop ``bridge`` (the intermediate entity) and
+``hop_questions`` (the two single-hop sub-questions). Splits are disjoint and about half
+one-hop, half two-hop. ``write_world`` writes ``corpus.jsonl`` (wiki-18 format),
+``train/dev/test.jsonl`` and ``world.json``; ``ensure_world`` builds once and caches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hindsearch.records import Passage, QARecord, make_contents
+
+GENERATOR_VERSION = 1
+DEFAULT_ENTITIES = 2000
+DEFAULT_SPLITS = {"train": 2000, "dev": 200, "test": 200}
+# Share of entities per kind (the rest are people).
+KIND_SHARE = {"country": 0.04, "city": 0.2, "org": 0.13, "work": 0.18}
+
+_ONSETS = "b d f g k l m n p r s t v z th br dr kr tr vr sk gr kh q ch".split()
+_VOWELS = "a e i o u ae ei ou y ia".split()
+_CODAS = ["", "", "n", "r", "l", "s", "th", "x", "m", "nd", "rk", "sh", "v"]
+_COUNTRY_SUFFIX = ["ia", "ar", "and", "esh", "ovia", "eth", "oria", "ain"]
+_CITY_FORMS = ["{}", "{}", "{}", "{}mor", "{}hold", "{}ra", "Port {}", "New {}", "{} Vale", "{} Falls"]
+_ORG_KINDS = ["Company", "Institute", "Guild", "Bank", "Press", "Observatory", "Trading Company",
+              "Society", "Shipyards", "Railway", "Conservatory", "Mining Company"]
+_WORK_NOUNS = ["Lantern", "Chronicle", "Atlas", "Sonata", "Letters", "Garden", "Tides", "Mirror",
+               "Ledger", "Orchard", "Compass", "Harvest", "Archive", "Crossing", "Bell"]
+_GENRES = ["novel", "collection of poems", "treatise", "play", "travel memoir", "historical study",
+           "short story collection", "essay"]
+_OCCUPATIONS = ["cartographer", "engineer", "botanist", "painter", "merchant", "physician", "architect",
+                "astronomer", "composer", "jurist", "chemist", "sculptor", "historian", "shipwright",
+                "linguist", "banker", "printer", "surveyor"]
+_REGIONS = ["northern archipelago", "eastern steppe", "western highlands", "southern coast",
+            "central plateau", "inner sea basin", "river delta lowlands"]
+
+_FILLER = {
+    "person": ["{S} received an early education from private tutors.",
+               "Contemporaries described {o} as patient, exacting and fond of long walks.",
+               "In later years {s} travelled widely, spending several seasons in {city2}.",
+               "{S} corresponded for decades with {person2}.",
+               "A portrait of {o} hangs in the municipal gallery of {city2}.",
+               "{S} kept detailed diaries that survive in a private collection.",
+               "Several of {p} letters were published after {p} death.",
+               "{S} was elected to a learned society at a young age."],
+    "city": ["The old town is known for its narrow streets and covered markets.",
+             "The city hosts a well-attended autumn fair.",
+             "Its harbour and warehouses grew rapidly during the nineteenth century.",
+             "A stone bridge connects the two halves of the old quarter.",
+             "The surrounding farmland produces grain, wool and orchard fruit.",
+             "Travellers often compare it with {city2}.",
+             "A tramway links the centre with the outer districts."],
+    "country": ["The country is divided into provinces, each with its own assembly.",
+                "Its economy rests on farming, fishing and river trade.",
+                "The climate is mild near the coast and harsher inland.",
+                "The national flag shows three horizontal bands.",
+                "Its parliament meets in spring and autumn sessions.",
+                "The country maintains close trading ties with {country2}."],
+    "org": ["It employs several hundred people.",
+            "Its archives are open to researchers by appointment.",
+            "The organisation survived two financial crises.",
+            "It later opened a branch office in {city2}.",
+            "Its annual report is widely read in the region.",
+            "A rival firm was established in {city2} a few years later."],
+    "work": ["Critics praised its careful structure and plain style.",
+             "It was translated into several languages.",
+             "The first edition was printed in a small run.",
+             "It is often compared with {work2}.",
+             "A revised edition appeared some years later.",
+             "Scholars still debate the identity of its dedicatee."],
+}
+
+
+@dataclass
+class Entity:
+    """One thing of the world; ``attrs`` holds its relations (names of other entities) and years."""
+
+    kind: str
+    name: str
+    attrs: dict[str, Any] = field(default_factory=dict)
+    aliases: list[str] = field(default_factory=list)
+
+
+@dataclass
+class World:
+    """Generated world: passages (one per entity), questions per split, and the entities."""
+
+    seed: int
+    n_entities: int
+    passages: list[Passage]
+    splits: dict[str, list[QARecord]]
+    entities: dict[str, Entity] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, Any]:
+        c: dict[str, Any] = {"passages": len(self.passages)}
+        for split, recs in self.splits.items():
+            c[split] = {"questions": len(recs), "one_hop": sum(r.hops == 1 for r in recs),
+                        "two_hop": sum(r.hops == 2 for r in recs)}
+        return c
+
+
+class _Namer:
+    """Syllable-based name factory that never returns the same (case-folded) name twice."""
+
+    def __init__(self, rng: random.Random):
+        self.rng, self.used = rng, set()
+
+    def stem(self, min_syl: int = 2, max_syl: int = 3) -> str:
+        r = self.rng
+        while True:
+            n = r.randint(min_syl, max_syl)
+            w = "".join(r.choice(_ONSETS) + r.choice(_VOWELS) for _ in range(n)) + r.choice(_CODAS)
+            if 4 <= len(w) <= 11:
+                return w.capitalize()
+
+    def claim(self, *names: str) -> bool:
+        keys = [n.lower() for n in names]
+        if any(k in self.used for k in keys):
+            return False
+        self.used.update(keys)
+        return True
+
+    def unique(self, make) -> str:
+        while True:
+            name = make()
+            if self.claim(name):
+                return name
+
+
+def _kind_counts(n: int) -> dict[str, int]:
+    c = {k: max(2, round(n * s)) for k, s in KIND_SHARE.items()}
+    c["city"] = max(c["city"], 2 * c["country"])
+    c["person"] = max(4, n - sum(c.values()))
+    return c
+
+
+def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
+    """Create the entities and their relations (all by name), consistent in time."""
+    namer, counts = _Namer(rng), _kind_counts(n_entities)
+    ents: dict[str, Entity] = {}
+
+    def add(e: Entity) -> Entity:
+        ents[e.name] = e
+        return e
+
+    countries = []
+    for _ in range(counts["country"]):
+        name = namer.unique(lambda: namer.stem(1, 2) + rng.choice(_COUNTRY_SUFFIX))
+        countries.append(add(Entity("country", name, {"region": rng.choice(_REGIONS),
+                                                      "year": rng.randint(1450, 1890),
+                                                      "language": namer.stem(1, 2) + "ic"})))
+    cities: list[Entity] = []
+    stems: list[str] = []
+    for i in range(counts["city"]):
+        name = None
+        if stems and rng.random() < 0.2:  # distractor: shares a stem with an earlier city
+            name = rng.choice(["New {}", "Port {}", "{} Vale", "{} Falls", "Upper {}"]).format(rng.choice(stems))
+            name = name if namer.claim(name) else None
+        name = name or namer.unique(lambda: rng.choice(_CITY_FORMS).format(namer.stem()))
+        stems.append(name.split()[-1] if name.split()[0] in ("New", "Port", "Upper") else name.split()[0])
+        country = countries[i % len(countries)]  # every country gets cities
+        cities.append(add(Entity("city", name, {"country": country.name, "year": rng.randint(850, 1820),
+                                                "river": namer.stem(1, 2)})))
+    for c in countries:
+        own = [x for x in cities if x.attrs["country"] == c.name]
+        c.attrs["capital"] = own[0].name
+        c.attrs["cities"] = [x.name for x in own[1:4]]
+        own[0].attrs["capital_of"] = c.name
+
+    first_names = [namer.stem(2, 2) for _ in range(max(30, counts["person"] // 3))]
+    surnames = [namer.stem(2, 3) for _ in range(max(20, counts["person"] // 3))]
+    people: list[Entity] = []
+    while len(people) < counts["person"]:
+        first, last = rng.choice(first_names), rng.choice(surnames)
+        middle = rng.choice(first_names) if rng.random() < 0.3 else None
+        full, short = (f"{first} {middle} {last}", f"{first} {last}") if middle else (f"{first} {last}", None)
+        if not namer.claim(*([full, short] if short else [full])):
+            continue
+        city = rng.choice(cities)
+        people.append(add(Entity("person", full, {
+            "born_in": city.name, "country": city.attrs["country"], "birth_year": rng.randint(1760, 1960),
+            "occupation": rng.choice(_OCCUPATIONS), "gender": rng.choice("mf")}, [short] if short else [])))
+    singles = people[:]
+    rng.shuffle(singles)
+    for a, b in zip(singles[0:len(singles) // 3], singles[len(singles) // 3: 2 * len(singles) // 3]):
+        a.attrs["spouse"], b.attrs["spouse"] = b.name, a.name
+
+    orgs = []
+    for _ in range(counts["org"]):
+        founder = rng.choice(people)
+        name = namer.unique(lambda: f"{namer.stem()} {rng.choice(_ORG_KINDS)}" if rng.random() < 0.75
+                            else f"{founder.name.split()[-1]} {rng.choice(_ORG_KINDS)}")
+        orgs.append(add(Entity("org", name, {"founded_by": founder.name, "hq": rng.choice(cities).name,
+                                             "year": founder.attrs["birth_year"] + rng.randint(22, 55)})))
+    for p in people:
+        if rng.random() < 0.85:
+            p.attrs["employer"] = rng.choice(orgs).name
+    for _ in range(counts["work"]):
+        author = rng.choice(people)
+        name = namer.unique(lambda: rng.choice(["The {} {}", "{1} of {0}", "The {1} of {0}"]).format(
+            namer.stem() if rng.random() < 0.7 else rng.choice(cities).name, rng.choice(_WORK_NOUNS)))
+        add(Entity("work", name, {"author": author.name, "genre": rng.choice(_GENRES),
+                                  "year": author.attrs["birth_year"] + rng.randint(20, 60)}))
+    return ents
+
+
+def _article(word: str) -> str:
+    return "an" if word[0] in "aeiou" else "a"
+
+
+def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[str]], rng: random.Random) -> str:
+    """Wikipedia-like text for one entity: fact sentences, then filler up to 60-150 words."""
+    a = e.attrs
+    if e.kind == "person":
+        s, o, p = ("she", "her", "her") if a["gender"] == "f" else ("he", "him", "his")
+        job = f"{_article(a['occupation'])} {a['occupation']}"
+        facts = [f"{e.name} (born {a['birth_year']}) is {job} from {a['country']}.",
+                 f"{s.capitalize()} was born in {a['born_in']} in {a['birth_year']}."]
+        if "employer" in a:
+            facts.append(f"{s.capitalize()} worked for the {a['employer']} for many years.")
+        if "spouse" in a:
+            facts.append(f"{s.capitalize()} was married to {a['spouse']}.")
+    elif e.kind == "city":
+        facts = [f"{e.name} is a city in {a['country']}, on the {a['river']} river.",
+                 f"It was founded in {a['year']}."]
+        if "capital_of" in a:
+            facts.append(f"{e.name} is the capital of {a['capital_of']}.")
+    elif e.kind == "country":
+        facts = [f"{e.name} is a country in the {a['region']}.", f"Its capital is {a['capital']}.",
+                 f"It became an independent state in {a['year']}, and its official language is {a['language']}."]
+        if a["cities"]:
+            facts.append("Other cities include " + ", ".join(a["cities"]) + ".")
+    elif e.kind == "org":
+        facts = [f"The {e.name} is an organisation headquartered in {a['hq']}.",
+                 f"It was founded by {a['founded_by']} in {a['year']}."]
+    else:
+        facts = [f"{e.name} is {_article(a['genre'])} {a['genre']} written by {a['author']}.",
+                 f"It was first published in {a['year']}."]
+    def other(kind: str) -> str:  # another entity of ``kind``, never this one
+        name = rng.choice(by_kind[kind])
+        return name if name != e.name else by_kind[kind][(by_kind[kind].index(name) + 1) % len(by_kind[kind])]
+
+    fill = {"city2": other("city"), "person2": other("person"), "country2": other("country"), "work2": other("work")}
+    if e.kind == "person":
+        fill.update(s=s, S=s.capitalize(), o=o, p=p)
+    pool = [f.format(**fill) for f in _FILLER[e.kind]]
+    rng.shuffle(pool)
+    target = rng.randint(60, 110)
+    words = sum(len(x.split()) for x in facts)
+    extra = []
+    for sent in pool:
+        if words >= target:
+            break
+        extra.append(sent)
+        words += len(sent.split())
+    body = facts[:1]  # lead sentence first, then facts and filler interleaved
+    for i in range(max(len(facts) - 1, len(extra))):
+        body += facts[i + 1:i + 2] + extra[i:i + 1]
+    return " ".join(body)
+
+
+def _one_hop(e: Entity) -> list[tuple[str, str, str, list[str]]]:
+    """(relation, question, answer, answer aliases) facts stated in ``e``'s own passage."""
+    a, n = e.attrs, e.name
+    if e.kind == "person":
+        out = [("born_in", f"Where was {n} born?", a["born_in"], []),
+               ("birth_country", f"In which country was {n} born?", a["country"], []),
+               ("birth_year", f"In which year was {n} born?", str(a["birth_year"]), [])]
+        if "employer" in a:
+            out.append(("employer", f"Which organisation did {n} work for?", a["employer"], []))
+        if "spouse" in a:
+            out.append(("spouse", f"Who was {n} married to?", a["spouse"], []))
+        return out
+    if e.kind == "city":
+        return [("located_in", f"In which country is {n}?", a["country"], []),
+                ("city_founded", f"In which year was {n} founded?", str(a["year"]), [])]
+    if e.kind == "country":
+        return [("capital", f"What is the capital of {n}?", a["capital"], []),
+                ("independence_year", f"In which year did {n} become independent?", str(a["year"]), [])]
+    if e.kind == "org":
+        return [("founded_by", f"Who founded the {n}?", a["founded_by"], []),
+                ("headquarters", f"In which city is the {n} headquartered?", a["hq"], []),
+                ("org_founded", f"In which year was the {n} founded?", str(a["year"]), [])]
+    return [("author", f"Who wrote {n}?", a["author"], []),
+            ("published", f"In which year was {n} first published?", str(a["year"]), [])]
+
+
+# Two-hop chains: (kind, first relation, bridge attr, second relation, question template).
+_CHAINS = [
+    ("person", "birth_country", "country", "capital", "What is the capital of the country where {} was born?"),
+    ("person", "employer", "employer", "founded_by", "Who founded the organisation that {} worked for?"),
+    ("person", "employer", "employer", "org_founded", "In which year was the organisation that {} worked for founded?"),
+    ("person", "employer", "employer", "headquarters", "In which city is the employer of {} headquartered?"),
+    ("person", "born_in", "born_in", "city_founded", "In which year was the birthplace of {} founded?"),
+    ("work", "author", "author", "born_in", "Where was the author of {} born?"),
+    ("work", "author", "author", "birth_year", "In which year was the author of {} born?"),
+    ("work", "author", "author", "employer", "Which organisation did the author of {} work for?"),
+    ("org", "founded_by", "founded_by", "born_in", "Where was the founder of the {} born?"),
+    ("org", "founded_by", "founded_by", "birth_year", "In which year was the founder of the {} born?"),
+    ("org", "headquarters", "hq", "located_in", "In which country is the city where the {} is headquartered?"),
+    ("city", "located_in", "country", "capital", "What is the capital of the country in which {} lies?"),
+]
+
+
+def _aliases(name: str, ents: dict[str, Entity]) -> list[str]:
+    e = ents.get(name)
+    return [name] + (e.aliases if e else [])
+
+
+def _questions(ents: dict[str, Entity], text_of: dict[str, str]) -> tuple[list[QARecord], list[QARecord]]:
+    """All candidate one-hop and two-hop questions (answers checked against evidence text)."""
+    from hindsearch.rewards import normalize_answer
+
+    norm = {n: f" {normalize_answer(t)} " for n, t in text_of.items()}
+
+    def answer_in_text(gold: list[str], name: str) -> bool:  # rewards.answer_in_text on cached text
+        return any(f" {normalize_answer(g)} " in norm[name] for g in gold)
+
+    one, two = [], []
+    facts = {n: {r: (q, ans) for r, q, ans, _ in _one_hop(e)} for n, e in ents.items()}
+    for n, e in ents.items():
+        for rel, q, ans, _ in _one_hop(e):
+            gold = _aliases(ans, ents)
+            if answer_in_text(gold, n):
+                one.append(QARecord("", q, gold, "world", 1, [n], {"relation": rel, "subject": n}))
+        for kind, r1, battr, r2, tmpl in _CHAINS:
+            if e.kind != kind or battr not in e.attrs:
+                continue
+            bridge = e.attrs[battr]
+            if r2 not in facts.get(bridge, {}):
+                continue
+            q2, ans = facts[bridge][r2]
+            gold = _aliases(ans, ents)
+            if ans == n or answer_in_text(gold, n) or not answer_in_text(gold, bridge):
+                continue  # degenerate, answerable from the first passage, or unsupported
+            one_q = facts[n][r1][0]
+            two.append(QARecord("", tmpl.format(n), gold, "world", 2, [n, bridge],
+                                {"relation": f"{r1}>{r2}", "subject": n, "bridge": bridge,
+                                 "hop_questions": [one_q, q2], "hop_answers": [bridge, ans]}))
+    return one, two
+
+
+def _round_robin(recs: list[QARecord], n: int, rng: random.Random) -> list[QARecord]:
+    """Pick ``n`` records spread evenly over relations (shuffled within each relation)."""
+    groups: dict[str, list[QARecord]] = {}
+    for r in recs:
+        groups.setdefault(r.metadata["relation"], []).append(r)
+    lists = [groups[k] for k in sorted(groups)]
+    for g in lists:
+        rng.shuffle(g)
+    out: list[QARecord] = []
+    i = 0
+    while len(out) < n and any(i < len(g) for g in lists):
+        out.extend(g[i] for g in lists if i < len(g))
+        i += 1
+    out = out[:n]
+    rng.shuffle(out)
+    return out
+
+
+def split_sizes(n_entities: int) -> dict[str, int]:
+    """Questions per split: the defaults, scaled down for worlds smaller than the default."""
+    scale = min(1.0, n_entities / DEFAULT_ENTITIES)
+    return {k: max(4, round(v * scale)) for k, v in DEFAULT_SPLITS.items()}
+
+
+def generate_world(seed: int = 0, n_entities: int | None = None) -> World:
+    """Build the world for ``seed``: same seed and size -> byte-identical passages and questions."""
+    n = n_entities or DEFAULT_ENTITIES
+    if n < 40:
+        raise ValueError(f"n_entities must be at least 40 (got {n})")
+    rng = random.Random(seed)
+    ents = _build_entities(rng, n)
+    by_kind: dict[str, list[str]] = {}
+    for e in ents.values():
+        by_kind.setdefault(e.kind, []).append(e.name)
+    text_of = {name: _passage_text(e, ents, by_kind, rng) for name, e in ents.items()}
+    order = sorted(ents)  # passage order independent of creation order
+    rng.shuffle(order)
+    passages = [Passage(str(i), make_contents(name, text_of[name])) for i, name in enumerate(order)]
+    one, two = _questions(ents, text_of)
+    sizes = split_sizes(n)
+    total = sum(sizes.values())
+    n_one = min(len(one), total // 2 + total % 2)
+    n_two = min(len(two), total - n_one)
+    pick_one, pick_two = _round_robin(one, n_one, rng), _round_robin(two, n_two, rng)
+    splits: dict[str, list[QARecord]] = {}
+    io = it = 0
+    for split, size in sizes.items():
+        size = round(size * (n_one + n_two) / total)
+        k1 = min(size // 2 + size % 2, n_one - io)
+        k2 = min(size - k1, n_two - it)
+        recs = pick_one[io:io + k1] + pick_two[it:it + k2]
+        io, it = io + k1, it + k2
+        rng.shuffle(recs)
+        for i, r in enumerate(recs):
+            r.id = f"{split}_{i}"
+        splits[split] = recs
+    return World(seed, n, passages, splits, ents)
+
+
+def write_world(world: World, out_dir: str | Path) -> Path:
+    """Write ``corpus.jsonl``, ``train/dev/test.jsonl`` and ``world.json`` into ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with (out / "corpus.jsonl").open("w", encoding="utf-8") as f:
+        for p in world.passages:
+            f.write(json.dumps(p.to_search_r1(), ensure_ascii=False) + "\n")
+    for split, recs in world.splits.items():
+        with (out / f"{split}.jsonl").open("w", encoding="utf-8") as f:
+            for r in recs:
+                f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+    meta = {"seed": world.seed, "n_entities": world.n_entities, "generator_version": GENERATOR_VERSION,
+            "counts": world.counts()}
+    (out / "world.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
+    return out
+
+
+def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None = None) -> bool:
+    """True when ``out_dir`` holds a complete world of this seed, size and generator version."""
+    out = Path(out_dir)
+    try:
+        meta = json.loads((out / "world.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    files = ["corpus.jsonl"] + [f"{s}.jsonl" for s in DEFAULT_SPLITS]
+    return (meta.get("seed") == seed and meta.get("n_entities") == (n_entities or DEFAULT_ENTITIES)
+            and meta.get("generator_version") == GENERATOR_VERSION and all((out / f).is_file() for f in files))
+
+
+def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = None) -> Path:
+    """Build the world into ``out_dir`` unless it is already there (same seed/size/version).
+
+    Atomic: written to a temporary sibling folder, then renamed over ``out_dir``, so a crash
+    never leaves a half-written world that looks complete.
+    """
+    out = Path(out_dir)
+    if world_is_current(out, seed, n_entities):
+        return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
+    write_world(generate_world(seed, n_entities), tmp)
+    try:
+        if out.exists():
+            old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
+            out.rename(old)
+            tmp.rename(out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            tmp.rename(out)
+    except OSError:  # another process finished the same build first
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not world_is_current(out, seed, n_entities):
+            raise
+    return out
