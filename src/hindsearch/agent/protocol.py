@@ -124,3 +124,14 @@ def cut_at_stop(text: str) -> tuple[str, str | None]:
     if best is None:
         return text, None
     return text[: best[0] + len(best[1])], best[1]
+
+
+def encode_prompt(tokenizer: Any, question: str, hint: str | None = None) -> list[int]:
+    """Token ids of the prompt, the one rule shared by rollouts, teachers and the warm-up.
+
+    With a chat template the template already holds the special tokens, so none are added;
+    without one the tokenizer's own special tokens (e.g. BOS) are added.
+    """
+    text = make_prompt(tokenizer, question, hint)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return list(tokenizer(text, add_special_tokens=not has_template)["input_ids"])

@@ -1,0 +1,168 @@
+"""Rollout throughput of the default model (SmolLM2-135M) on CPU, and a small greedy evaluation.
+
+Measures, in one run:
+
+1. the engine at batch 1 (questions one at a time) and batch B (all together): trajectories/min
+   and generated tokens/s (sampled, temperature 1);
+2. the limit the model sets: plain batched ``model.generate`` of the same number of tokens per
+   row (B rows, no tool calls, min = max new tokens), and the engine's overhead over it, split
+   into prefill (every turn re-reads its context: prompt and earlier turns), decode, retrieval,
+   injection and the rest (parsing, masks, bookkeeping);
+3. greedy ``evaluate`` on the first N questions of each world split (and each mini benchmark
+   found under ``--mini DIR``), with the EM table.
+
+    python benchmarks/bench_rollout.py [--batch 16] [--eval-per-split 8] [--threads 2]
+
+Numbers are medians over ``--repeats`` runs. CPU is shared: keep the defaults small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--batch", type=int, default=16)
+    ap.add_argument("--single", type=int, default=4, help="questions rolled out one at a time for the batch-1 row")
+    ap.add_argument("--max-new", type=int, default=64, help="max_new_tokens_per_turn")
+    ap.add_argument("--max-turns", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--eval-per-split", type=int, default=8)
+    ap.add_argument("--mini", help="folder of mini benchmarks (corpus.jsonl + <name>.jsonl), optional")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-throughput", action="store_true", help="only run the evaluation part")
+    ap.add_argument("--skip-world-eval", action="store_true", help="no world-split evaluation (e.g. mini only)")
+    ap.add_argument("--world", default=".hindsearch/world")
+    ap.add_argument("--out", default=".hindsearch/bench/rollout-eval")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from hindsearch.config import ModelConfig, RolloutConfig
+    from hindsearch.data.world import ensure_world
+    from hindsearch.models import load_policy
+    from hindsearch.records import QARecord
+    from hindsearch.retrieval.base import ensure_index, load_index
+
+    t0 = time.perf_counter()
+    world = Path(ensure_world(args.world, seed=0))
+    retriever = load_index(ensure_index(world / "corpus.jsonl", world / "index-bm25", kind="bm25", show_progress=False))
+    splits = {s: [QARecord.from_dict(json.loads(x)) for x in (world / f"{s}.jsonl").read_text().splitlines() if x.strip()]
+              for s in ("train", "dev", "test")}
+    model, tok = load_policy(ModelConfig(name=args.model, device="cpu"))
+    print(f"setup (world, index, model) {time.perf_counter() - t0:.1f}s; torch threads {torch.get_num_threads()}")
+    cfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new, max_total_tokens=2048,
+                        temperature=1.0, top_p=1.0)
+    qs = splits["dev"][: args.batch]
+
+    if not args.skip_throughput:
+        throughput(args, model, tok, retriever, cfg, qs)
+    evaluation(args, model, tok, retriever, splits)
+
+
+def throughput(args, model, tok, retriever, cfg, qs) -> None:
+    from hindsearch.agent.rollout import RolloutEngine, left_pad
+
+    def run_engine(records: list, batch: int) -> dict:
+        eng = RolloutEngine(model, tok, retriever, cfg, topk=3)
+        t = time.perf_counter()
+        trajs = []
+        for i in range(0, len(records), batch):
+            trajs += eng.rollout(records[i : i + batch], seed=i)
+        wall = time.perf_counter() - t
+        gen = sum(sum(x.gen_mask) for x in trajs)
+        return {"wall": wall, "n": len(trajs), "gen": gen, "trajs": trajs, **eng.backend.stats, **eng.stats}
+
+    single = [run_engine(qs[: args.single], 1) for _ in range(args.repeats)]
+    batched = [run_engine(qs, args.batch) for _ in range(args.repeats)]
+
+    # plain batched generate: same rows, same tokens per row (mean generated tokens of the batched run)
+    per_row = max(1, round(statistics.median(r["gen"] for r in batched) / len(qs)))
+    eng = RolloutEngine(model, tok, retriever, cfg)
+    prompts = [eng.prompt_ids(q.question) for q in qs]
+    ids, mask = left_pad(prompts, tok.pad_token_id, torch.device("cpu"))
+    plain = []
+    for r in range(args.repeats):
+        torch.manual_seed(r)
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=per_row, min_new_tokens=per_row,
+                           do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
+        plain.append({"wall": time.perf_counter() - t, "n": len(qs), "gen": per_row * len(qs)})
+
+    def med(runs: list, key: str) -> float:
+        return statistics.median(r[key] for r in runs)
+
+    def line(name: str, runs: list) -> str:
+        w, n, g = med(runs, "wall"), med(runs, "n"), med(runs, "gen")
+        return f"| {name} | {n:.0f} | {g:.0f} | {w:.1f} | {60 * n / w:.1f} | {g / w:.1f} |"
+
+    print(f"\n## Rollout throughput ({args.model}, CPU, {torch.get_num_threads()} threads, max_turns={args.max_turns}, "
+          f"max_new_tokens_per_turn={args.max_new}, sampled T=1, median of {args.repeats})\n")
+    print("| run | trajectories | generated tokens | wall s | trajectories/min | gen tokens/s |")
+    print("|---|---|---|---|---|---|")
+    print(line("engine, batch 1", single))
+    print(line(f"engine, batch {args.batch}", batched))
+    print(line(f"plain generate, batch {args.batch}, {per_row} tok/row, no tools", plain))
+    tps1, tpsB, tpsP = (med(x, "gen") / med(x, "wall") for x in (single, batched, plain))
+    print(f"\nbatching gain (engine tokens/s, batch {args.batch} / batch 1): {tpsB / tps1:.2f}x")
+    print(f"engine overhead vs plain generate (time per generated token): {100 * (tpsP / tpsB - 1):.1f}%")
+
+    b = batched[len(batched) // 2]
+    other = b["wall"] - b["prefill_s"] - b["decode_s"] - b["retrieve_s"] - b["inject_s"]
+    turns = sum(len(x.turns) for x in b["trajs"])
+    print(f"\n## Where the batch-{args.batch} engine time goes (one run: {turns} model turns, "
+          f"{b['prefill_tokens']} prefill tokens, {b['decode_steps']} decode steps)\n")
+    print("| part | seconds | share |")
+    print("|---|---|---|")
+    for k, v in (("prefill (prompt + earlier turns, every turn)", b["prefill_s"]), ("decode (cached steps)", b["decode_s"]),
+                 ("retrieval (BM25, batched)", b["retrieve_s"]), ("injection (tokenize observations)", b["inject_s"]),
+                 ("other (parse, masks, bookkeeping)", other)):
+        print(f"| {k} | {v:.2f} | {100 * v / b['wall']:.1f}% |")
+    stops = {}
+    for x in b["trajs"]:
+        stops[x.stop_reason] = stops.get(x.stop_reason, 0) + 1
+    print(f"\nstop reasons (batch run): {stops}; searches/trajectory "
+          f"{sum(x.num_searches for x in b['trajs']) / len(b['trajs']):.2f}")
+
+
+def evaluation(args, model, tok, retriever, splits) -> None:
+    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.config import RolloutConfig
+    from hindsearch.eval import evaluate
+    from hindsearch.retrieval.base import ensure_index, load_index
+
+    ecfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new, max_total_tokens=2048)
+    if args.eval_per_split > 0 and not args.skip_world_eval:
+        data = {f"world-{s}": recs[: args.eval_per_split] for s, recs in splits.items()}
+        t = time.perf_counter()
+        res = evaluate(RolloutEngine(model, tok, retriever, ecfg, topk=3), data, out_dir=Path(args.out) / "world",
+                       batch_size=args.batch, progress=False)
+        print(f"\n## Greedy eval, {args.model}, {args.eval_per_split} questions per world split ({time.perf_counter() - t:.0f}s)\n")
+        print(res["table"])
+        o = res["overall"]
+        print(f"\nvalidity {100 * o['validity_rate']:.1f}%, answered {100 * o['answered_rate']:.1f}%, stop reasons {o['stop_reasons']}")
+    if args.eval_per_split > 0 and args.mini:
+        from hindsearch.data.qa import load_qa
+
+        md = Path(args.mini)
+        t = time.perf_counter()
+        mret = load_index(ensure_index(md / "corpus.jsonl", Path(args.out) / "mini-index-bm25", kind="bm25", show_progress=False))
+        print(f"\nmini index ready ({time.perf_counter() - t:.0f}s)")
+        mdata = {p.stem: load_qa(p, limit=args.eval_per_split) for p in sorted(md.glob("*.jsonl")) if p.stem != "corpus"}
+        t = time.perf_counter()
+        res = evaluate(RolloutEngine(model, tok, mret, ecfg, topk=3), mdata, out_dir=Path(args.out) / "mini",
+                       batch_size=args.batch, progress=False)
+        print(f"\n## Greedy eval on mini benchmarks, {args.eval_per_split} questions each ({time.perf_counter() - t:.0f}s)\n")
+        print(res["table"])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""``hindsearch eval``: evaluate a model on QA sets with Search-R1 rollouts (greedy by default).
+
+    hindsearch eval --model M [--index DIR | --retriever-url URL] --data name=path[,name=path...]
+                    [--limit N] --out DIR [--config FILE] [--set k=v ...]
+
+Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
+``--retriever-url`` the config's retriever (default: the world's BM25 index, built on first use).
+Prints the EM/F1 table and writes ``OUT/summary.json`` and ``OUT/trajectories.jsonl``; a rerun
+with the same ``--out`` resumes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+
+def parse_data_arg(spec: str) -> list[tuple[str, str]]:
+    """``name=path[,name=path...]`` -> ``[(name, path)]`` (clear error on a bad item or a repeated name)."""
+    out: list[tuple[str, str]] = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if "=" not in item:
+            raise ValueError(f"--data item {item!r} must be name=path")
+        name, path = (x.strip() for x in item.split("=", 1))
+        if not name or not path:
+            raise ValueError(f"--data item {item!r} must be name=path")
+        if name in dict(out):
+            raise ValueError(f"--data names benchmark {name!r} twice")
+        out.append((name, path))
+    if not out:
+        raise ValueError("--data is empty")
+    return out
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("eval", help="evaluate a model on QA benchmarks (EM/F1 table, resumable)")
+    p.add_argument("--model", help="alias (smollm2-135m, tiny-random), HF id or local path (default: config model.name)")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--index", help="index folder (hindsearch index)")
+    g.add_argument("--retriever-url", help="Search-R1-compatible retrieval server URL")
+    p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
+    p.add_argument("--limit", type=int, help="questions per benchmark (default: eval.limit)")
+    p.add_argument("--out", required=True, help="output folder (summary.json, trajectories.jsonl); reruns resume")
+    p.add_argument("--config", help="TOML preset")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
+    p.add_argument("--batch-size", type=int, help="trajectories per batch (default: eval.batch_size)")
+    p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
+    p.add_argument("--seed", type=int, help="sampling seed (default: eval.seed)")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=cmd_eval)
+
+
+def load_datasets(specs: list[tuple[str, str]], limit: int | None) -> dict[str, list[Any]]:
+    from hindsearch.data.qa import load_qa
+
+    out = {}
+    for name, path in specs:
+        if not Path(path).exists():
+            raise FileNotFoundError(f"--data {name}={path}: file not found")
+        out[name] = load_qa(path, name=name, limit=limit)
+    return out
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.config import Config
+    from hindsearch.eval import evaluate
+    from hindsearch.models import load_policy
+    from hindsearch.retrieval.base import load_index, load_retriever
+
+    overrides = list(args.set)
+    if args.model:
+        overrides.append(f"model.name={json.dumps(args.model)}")
+    if args.retriever_url:
+        overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retriever_url)}"]
+    cfg = Config.load(args.config, overrides)
+    limit = args.limit if args.limit is not None else cfg.eval.limit
+    if args.data:
+        specs = [s for spec in args.data for s in parse_data_arg(spec)]
+    else:
+        from hindsearch.data.world import ensure_world
+
+        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        specs = [("dev", str(world / "dev.jsonl")), ("test", str(world / "test.jsonl"))]
+    datasets = load_datasets(specs, limit)
+    if args.index:
+        retriever = load_index(args.index)
+    elif cfg.retrieval.kind == "remote" or cfg.retrieval.index_dir:
+        retriever = load_retriever(cfg.retrieval)
+    else:
+        from hindsearch.data.world import ensure_world
+        from hindsearch.retrieval.base import ensure_index
+
+        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        retriever = load_retriever(cfg.retrieval, ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}",
+                                                               kind=cfg.retrieval.kind))
+    model, tok = load_policy(cfg.model)
+    engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
+    res = evaluate(engine, datasets, out_dir=args.out, batch_size=args.batch_size or cfg.eval.batch_size,
+                   greedy=not args.sample and cfg.eval.greedy, seed=args.seed if args.seed is not None else cfg.eval.seed,
+                   progress=not args.no_progress)
+    print(res["table"])
+    o = res["overall"]
+    print(f"\nvalid protocol {100 * o.get('validity_rate', 0):.1f}% | retrieval errors {o.get('errors', 0)} | "
+          f"stop reasons {o.get('stop_reasons', {})}")
+    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'trajectories.jsonl'}")
+    return 0

