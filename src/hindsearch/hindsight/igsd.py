@@ -1,0 +1,432 @@
+"""IGSD: verify the teacher's query-token proposals by executing them, then distil gated pairs.
+
+For every failed rollout (teacher context = prompt + ``(The correct answer is: {A[0]}.)``,
+teacher-forced on the student's completion):
+
+1. **Positions** (``select_positions``): query tokens where the teacher's top token ``b_t`` differs
+   from the student's sampled token ``a_t`` (``disagree``; the ``max_positions_per_rollout`` with the
+   largest teacher preference ``log pT(b) - log pT(a)`` are kept), or ``all`` (the first ones) or
+   ``random`` query tokens.
+2. **Matched completion**: ``prefix + a_t`` and ``prefix + b_t`` (prefix = prompt + completion[:t])
+   are completed greedily by the *current policy* (no hindsight) until ``</search>``, at most
+   ``max_query_tokens`` new tokens, all in one batched call per step (``RolloutEngine.complete_queries``
+   when the trainer gives an engine, else ``greedy_complete`` here); a completion that never closes
+   is cut there and still executed (counted).
+3. **Execution**: both query strings go through the rollout's retriever with its top-k, one batched
+   ``retrieve`` call per step for the queries not in the per-step cache (keyed by query string).
+4. **Utility** ``u(D)``: mean log-prob, under the current policy, of the first gold answer's tokens
+   (cut to ``max_answer_tokens``, counted) after ``state + information_block(D) + "<answer> "``, where
+   ``state`` = prompt + completion[:t] + proposed token + its completion (+ ``</search>`` when it
+   never closed). The answer tokens are those of ``info + "<answer> " + gold`` beyond its longest
+   common token prefix with ``info + "<answer>"`` (the natural tokenization of `` gold``).
+5. **Controls**: ``n_controls`` random passage sets (``control = random``: ``topk`` passages from the
+   corpus, drawn once per pair) or empty blocks (``control = empty``), shared by both queries of the
+   pair, each scored with the query's own state: ``IG(q) = u(D_q) - mean_j u(C_j | q)``.
+6. ``delta = IG(q_T) - IG(q_S)``; gate per config (``losses.gate``).
+7. The teacher's pair distribution ``p_T`` over ``(b_t, a_t)`` is stored; the student's pair logits
+   are read from the live logits at loss time (``losses.pair_kl``).
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.hindsight import losses
+from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs
+from hindsearch.records import Passage, Trajectory
+
+CLOSE = "</search>"
+CompleteFn = Callable[[list[list[int]], int], list[tuple[list[int], str, bool]]]
+
+
+@dataclass
+class Pair:
+    """One verified position: student token ``a`` vs teacher token ``b`` at completion index ``t`` of row ``row``."""
+
+    row: int
+    t: int
+    a: int
+    b: int
+    p_T: tuple[float, float]
+    """Teacher pair distribution over ``(b, a)``."""
+    q_start: int
+    queries: dict[str, str] = field(default_factory=dict)  # "T"/"S" -> query string
+    states: dict[str, list[int]] = field(default_factory=dict)
+    closed: dict[str, bool] = field(default_factory=dict)
+    ig: dict[str, float] = field(default_factory=dict)
+    u: dict[str, float] = field(default_factory=dict)
+    docs: dict[str, list[Passage]] = field(default_factory=dict)
+    delta: float = 0.0
+    gate: float = 0.0
+    verified: bool = False
+
+
+class QueryCache:
+    """Per-step retrieval cache keyed by query string; counts hits and misses."""
+
+    def __init__(self) -> None:
+        self.docs: dict[str, list[Passage] | None] = {}
+        self.hits = 0
+        self.misses = 0
+        self.calls = 0
+        self.errors = 0
+
+    def fetch(self, retriever: Any, queries: Sequence[str], k: int) -> list[list[Passage] | None]:
+        """Results for every query (None when retrieval failed); one batched call for the new ones."""
+        new: list[str] = []
+        for q in queries:
+            if q in self.docs or q in new:
+                self.hits += 1
+            else:
+                self.misses += 1
+                new.append(q)
+        todo = [q for q in new if q.strip()]
+        for q in new:
+            if not q.strip():
+                self.docs[q] = []  # an empty query retrieves nothing (no call)
+        if todo:
+            self.calls += 1
+            try:
+                res = retriever.retrieve(todo, k)
+                if len(res) != len(todo):
+                    raise ValueError(f"retriever returned {len(res)} result lists for {len(todo)} queries")
+                for q, r in zip(todo, res):
+                    self.docs[q] = list(r)
+            except Exception:
+                self.errors += len(todo)
+                for q in todo:
+                    self.docs[q] = None
+        return [self.docs[q] for q in queries]
+
+
+def select_positions(
+    query_mask: Sequence[int],
+    a_ids: Sequence[int],
+    b_ids: Sequence[int],
+    pref: Sequence[float],
+    mode: str,
+    cap: int,
+    rng: random.Random,
+) -> list[int]:
+    """Completion indices to verify for one rollout, sorted; ``pref[t] = log pT(b_t) - log pT(a_t)``."""
+    cand = [t for t, m in enumerate(query_mask) if m]
+    if mode == "disagree":
+        cand = [t for t in cand if a_ids[t] != b_ids[t]]
+        cand = sorted(cand, key=lambda t: -pref[t])[:cap]
+    elif mode == "all":
+        cand = cand[:cap]
+    elif mode == "random":
+        cand = rng.sample(cand, min(cap, len(cand)))
+    else:
+        raise ValueError(f"igsd.positions = {mode!r} is not one of disagree, all, random")
+    return sorted(cand)
+
+
+def _close_ids(tokenizer: Any) -> list[int]:
+    return list(tokenizer(CLOSE, add_special_tokens=False)["input_ids"])
+
+
+def cut_completion(tokenizer: Any, ids: Sequence[int], lead: Sequence[int] = ()) -> tuple[list[int], bool]:
+    """Keep generated ids up to the token that completes ``</search>`` (searched in the text of
+    ``lead + ids``, so a ``</search>`` that starts in the proposed token counts); ``(ids, closed)``."""
+    ids, lead = list(ids), list(lead)
+    for j in range(0 if lead else 1, len(ids) + 1):
+        if CLOSE in tokenizer.decode(lead + ids[:j]):
+            return ids[:j], True
+    return ids, False
+
+
+def query_text(tokenizer: Any, query_ids: Sequence[int]) -> str:
+    """The query string of ids that start right after ``<search>`` (text up to ``</search>``, stripped)."""
+    return tokenizer.decode(list(query_ids), skip_special_tokens=True).split(CLOSE, 1)[0].strip()
+
+
+@torch.no_grad()
+def greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_tokens: int) -> list[tuple[list[int], str, bool]]:
+    """Fallback matched completion (when no rollout engine is given): batched greedy decoding with a
+    KV cache, left-padded, each row stopping at ``</search>`` or EOS; ``(new ids, new text, closed)``."""
+    if not prefixes:
+        return []
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    L = max(len(p) for p in prefixes)
+    dev = next(model.parameters()).device
+    ids = torch.full((len(prefixes), L), pad, dtype=torch.long)
+    att = torch.zeros(len(prefixes), L, dtype=torch.long)
+    for i, p in enumerate(prefixes):
+        ids[i, L - len(p) :] = torch.tensor(p)
+        att[i, L - len(p) :] = 1
+    ids, att = ids.to(dev), att.to(dev)
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
+    kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in transformers 5.2x
+    new: list[list[int]] = [[] for _ in prefixes]
+    done = [False] * len(prefixes)
+    lead = [p[-1:] for p in prefixes]
+    for _ in range(max_tokens):
+        nxt = out.logits[:, -1].argmax(-1)
+        for i, x in enumerate(nxt.tolist()):
+            if done[i]:
+                continue
+            if x == tokenizer.eos_token_id:
+                done[i] = True
+                continue
+            new[i].append(x)
+            done[i] = CLOSE in tokenizer.decode(lead[i] + new[i][-4:])
+        if all(done):
+            break
+        att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
+        pos = pos[:, -1:] + 1
+        out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1, **{kw: out.past_key_values})
+    res = []
+    for i, g in enumerate(new):
+        kept, closed = cut_completion(tokenizer, g, lead[i])
+        res.append((kept, tokenizer.decode(kept), closed))
+    return res
+
+
+def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[int]]:
+    """Context ids (info block + ``<answer>``) and the gold answer's ids, tokenized naturally (module doc, 4)."""
+    ctx = list(tokenizer(info + "<answer>", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(info + "<answer> " + gold, add_special_tokens=False)["input_ids"])
+    c = 0
+    while c < min(len(ctx), len(full)) and ctx[c] == full[c]:
+        c += 1
+    return full[:c], full[c:]
+
+
+def control_sampler(
+    retriever: Any, corpus: Sequence[Passage] | None, fallback: Sequence[Passage], rng: random.Random
+) -> Callable[[int], list[Passage]]:
+    """``draw(k)`` → k distinct random passages from ``corpus``, else the retriever's passage store
+    (``retriever.passages`` or ``retriever.store`` with ``len``/``get``), else ``fallback`` (the
+    passages retrieved this step, e.g. for a remote retriever)."""
+    if corpus is None and getattr(retriever, "passages", None) is not None:
+        corpus = retriever.passages
+    if corpus is None and getattr(retriever, "store", None) is not None and len(retriever.store) > 0:
+        store = retriever.store
+        return lambda k: [store.get(i) for i in rng.sample(range(len(store)), min(k, len(store)))]
+    pool = list(corpus) if corpus is not None else list({d.id: d for d in fallback}.values())
+    return lambda k: rng.sample(pool, min(k, len(pool)))
+
+
+METRIC_KEYS = (
+    "failed", "rows_no_query", "positions_considered", "positions_selected", "positions_verified", "teacher_agree",
+    "completions", "never_closed", "retrieval_calls", "retrieval_queries", "cache_hits", "cache_hit_rate",
+    "retrieval_errors", "empty_results", "answers_cut", "utility_evals", "mean_delta", "frac_delta_pos", "mean_gate",
+    "time_proposal", "time_completion", "time_retrieval", "time_scoring",
+)
+
+
+def propose_pairs(
+    trajs: Sequence[Trajectory], T: int, teacher: Any, tokenizer: Any, cfg: Any, rng: random.Random,
+    m: dict[str, float], batch_size: int = 16,
+) -> list[Pair]:
+    """Teacher forward (gold hindsight) on failed rollouts with query tokens → the positions to verify."""
+    failed = [i for i, tr in enumerate(trajs) if tr.failed]
+    rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers]
+    m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
+    if not rows:
+        return []
+    prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
+    comps = [list(trajs[i].completion_ids[:T]) for i in rows]
+    lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)
+    pairs = []
+    for j, i in enumerate(rows):
+        tr, n = trajs[i], len(comps[j])
+        a, b = comps[j], top_ids[j, :n, 0].tolist()
+        pref = (top_lp[j, :n, 0] - lT[j, :n]).tolist()
+        qm = list(tr.query_mask[:n])
+        m["positions_considered"] += sum(qm)
+        m["teacher_agree"] += sum(1 for t in range(n) if qm[t] and a[t] == b[t])
+        for t in select_positions(qm, a, b, pref, cfg.positions, cfg.max_positions_per_rollout, rng):
+            p_T = losses.pair_probs(top_lp[j, t, 0:1], lT[j, t : t + 1])[0].tolist()
+            pairs.append(Pair(i, t, a[t], b[t], (p_T[0], p_T[1]), query_start(tr.query_mask, t)))
+    return pairs
+
+
+def query_start(query_mask: Sequence[int], t: int) -> int:
+    """First index of the run of query tokens that contains ``t``."""
+    while t > 0 and query_mask[t - 1]:
+        t -= 1
+    return t
+
+
+def verify_pairs(
+    pairs: list[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
+    topk: int, complete: CompleteFn, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
+    batch_size: int = 16,
+) -> list[list[list[Passage]]]:
+    """Matched completion, execution, utilities with shared controls, delta and gate, filled into ``pairs``.
+
+    Returns the control sets of each pair (``[]`` for pairs that could not be verified).
+    """
+    # matched completion: both proposals of every pair in one batched call
+    t0 = time.perf_counter()
+    prefixes, keys = [], []
+    for k, p in enumerate(pairs):
+        tr = trajs[p.row]
+        for side, tok in (("T", p.b), ("S", p.a)):
+            prefixes.append(list(tr.prompt_ids) + list(tr.completion_ids[: p.t]) + [tok])
+            keys.append((k, side))
+    outs = complete(prefixes, cfg.max_query_tokens) if prefixes else []
+    m["completions"] = float(len(prefixes))
+    close = _close_ids(tokenizer)
+    for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
+        p, tr = pairs[k], trajs[pairs[k].row]
+        ids = list(ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id in ids:
+            ids = ids[: ids.index(tokenizer.eos_token_id)]
+        lead = list(tr.completion_ids[p.q_start : p.t]) + [pre[-1]]
+        kept, closed = cut_completion(tokenizer, ids[: cfg.max_query_tokens + len(close)], lead)
+        if not closed:
+            kept = kept[: cfg.max_query_tokens]
+            m["never_closed"] += 1
+        p.queries[side] = query_text(tokenizer, lead + kept)
+        p.states[side] = pre + kept + ([] if closed else close)
+        p.closed[side] = closed
+    m["time_completion"] += time.perf_counter() - t0
+
+    # execution: one batched retrieval call for the step's new queries (per-step cache)
+    t0 = time.perf_counter()
+    cache = QueryCache()
+    qlist = [p.queries[s] for p in pairs for s in ("T", "S")]
+    docs = cache.fetch(retriever, qlist, topk)
+    got = {(k, s): docs[2 * k + (0 if s == "T" else 1)] for k in range(len(pairs)) for s in ("T", "S")}
+    m.update(retrieval_calls=float(cache.calls), retrieval_queries=float(cache.misses), cache_hits=float(cache.hits),
+             cache_hit_rate=cache.hits / max(len(qlist), 1), retrieval_errors=float(cache.errors),
+             empty_results=float(sum(1 for d in got.values() if d is not None and not d)))
+    m["time_retrieval"] += time.perf_counter() - t0
+
+    # utilities with shared controls: one batched scoring pass, identical sequences scored once
+    t0 = time.perf_counter()
+    draw = control_sampler(retriever, corpus, [d for ds in docs if ds for d in ds], rng)
+    seqs: dict[tuple, int] = {}
+    prefs: list[list[int]] = []
+    conts: list[list[int]] = []
+
+    def slot(state: list[int], passages: Sequence[Passage], gold: str) -> int:
+        ctx, ans = answer_split(tokenizer, protocol.information_block(passages), gold)
+        if len(ans) > cfg.max_answer_tokens:
+            m["answers_cut"] += 1
+            ans = ans[: cfg.max_answer_tokens]
+        key = (tuple(state), tuple(ctx), tuple(ans))
+        if key not in seqs:
+            seqs[key] = len(prefs)
+            prefs.append(state + ctx)
+            conts.append(ans)
+        return seqs[key]
+
+    plan, all_controls = [], []
+    for k, p in enumerate(pairs):
+        if got[(k, "T")] is None or got[(k, "S")] is None:
+            all_controls.append([])
+            continue
+        gold = trajs[p.row].golden_answers[0]
+        controls = [draw(topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
+        all_controls.append(controls)
+        plan.append((k, {s: (slot(p.states[s], got[(k, s)], gold), [slot(p.states[s], c, gold) for c in controls]) for s in ("T", "S")}))
+    m["utility_evals"] = float(len(prefs))
+    u: list[float] = []
+    if prefs:
+        lp, _, _ = continuation_logprobs(policy, prefs, conts, 0, batch_size)
+        lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
+        u = (lp.sum(-1) / lens).tolist()
+    for k, plan_k in plan:
+        p = pairs[k]
+        for s in ("T", "S"):
+            own, ctl = plan_k[s]
+            p.u[s] = u[own]
+            p.ig[s] = u[own] - (sum(u[c] for c in ctl) / len(ctl) if ctl else 0.0)
+            p.docs[s] = got[(k, s)]
+        p.delta = p.ig["T"] - p.ig["S"]
+        p.gate = float(losses.gate(torch.tensor([p.delta]), cfg.gate, cfg.beta, cfg.margin)[0])
+        p.verified = True
+    m["time_scoring"] += time.perf_counter() - t0
+    return all_controls
+
+
+def run_igsd(
+    trajs: Sequence[Trajectory],
+    completion_len: int,
+    *,
+    policy: Any,
+    teacher: Any,
+    tokenizer: Any,
+    retriever: Any,
+    cfg: Any,
+    topk: int,
+    complete: CompleteFn | None = None,
+    corpus: Sequence[Passage] | None = None,
+    rng: random.Random | None = None,
+    batch_size: int = 16,
+) -> tuple[dict[str, torch.Tensor], dict[str, float], list[dict[str, Any]]]:
+    """The batched IGSD driver for one step → (tensors, metrics, samples) as in ``AuxBatch``.
+
+    Tensors (``B = len(trajs)``, ``T = completion_len``): ``igsd_mask [B, T]`` (1 at verified
+    positions), ``igsd_gate [B, T]``, ``igsd_a``/``igsd_b [B, T]`` (long), ``igsd_pT [B, T, 2]``
+    (teacher pair distribution over ``(b, a)``). ``complete`` defaults to ``greedy_complete`` with
+    ``policy``; random controls come from ``control_sampler``.
+    """
+    rng = rng or random.Random(0)
+    B, T = len(trajs), completion_len
+    tens = {
+        "igsd_mask": torch.zeros(B, T), "igsd_gate": torch.zeros(B, T),
+        "igsd_a": torch.zeros(B, T, dtype=torch.long), "igsd_b": torch.zeros(B, T, dtype=torch.long),
+        "igsd_pT": torch.full((B, T, 2), 0.5),
+    }
+    m: dict[str, float] = dict.fromkeys(METRIC_KEYS, 0.0)
+    samples: list[dict[str, Any]] = [{} for _ in trajs]
+    t0 = time.perf_counter()
+    pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size)
+    m["positions_selected"] = float(len(pairs))
+    m["time_proposal"] = time.perf_counter() - t0
+    if not pairs:
+        return tens, m, samples
+    complete = complete or (lambda p, n: greedy_complete(policy, tokenizer, p, n))
+    controls = verify_pairs(pairs, trajs, policy=policy, tokenizer=tokenizer, retriever=retriever, cfg=cfg, topk=topk,
+                            complete=complete, corpus=corpus, rng=rng, m=m, batch_size=batch_size)
+    done = [(p, c) for p, c in zip(pairs, controls) if p.verified]
+    for p, ctl in done:
+        tens["igsd_mask"][p.row, p.t] = 1.0
+        tens["igsd_gate"][p.row, p.t] = p.gate
+        tens["igsd_a"][p.row, p.t] = p.a
+        tens["igsd_b"][p.row, p.t] = p.b
+        tens["igsd_pT"][p.row, p.t] = torch.tensor(p.p_T)
+        samples[p.row].setdefault("igsd_pairs", []).append(pair_record(p, ctl, tokenizer))
+    m["positions_verified"] = float(len(done))
+    if done:
+        m["mean_delta"] = sum(p.delta for p, _ in done) / len(done)
+        m["frac_delta_pos"] = sum(p.delta > 0 for p, _ in done) / len(done)
+        m["mean_gate"] = sum(p.gate for p, _ in done) / len(done)
+    return tens, m, samples
+
+
+def pair_record(p: Pair, controls: list[list[Passage]], tokenizer: Any) -> dict[str, Any]:
+    """The auditable record of one verified pair (stored in samples.jsonl)."""
+    return {
+        "t": p.t, "student_token": tokenizer.decode([p.a]), "teacher_token": tokenizer.decode([p.b]),
+        "q_S": p.queries["S"], "q_T": p.queries["T"], "closed_S": p.closed["S"], "closed_T": p.closed["T"],
+        "titles_S": [d.bare_title for d in p.docs["S"]], "titles_T": [d.bare_title for d in p.docs["T"]],
+        "control_ids": [[d.id for d in c] for c in controls],
+        "u_S": p.u["S"], "u_T": p.u["T"], "ig_S": p.ig["S"], "ig_T": p.ig["T"], "delta": p.delta, "gate": p.gate,
+        "p_T_teacher_token": p.p_T[0],
+    }
+
+
+def igsd_term_loss(logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``L_igsd`` from the live logits ``[B, T, V]`` and the prepared tensors → scalar (exact 0 when no position)."""
+    T = min(logits.shape[1], inputs["igsd_mask"].shape[1])
+    lg = logits[:, :T]
+    pair_ids = torch.stack([inputs["igsd_b"][:, :T], inputs["igsd_a"][:, :T]], dim=-1).to(lg.device)  # [B, T, 2]
+    sp = lg.gather(-1, pair_ids)  # [B, T, 2] student pair logits (b, a)
+    kl = losses.pair_kl(inputs["igsd_pT"][:, :T].to(lg.device).reshape(-1, 2), sp.reshape(-1, 2)).view(sp.shape[:2])
+    mask = inputs["igsd_mask"][:, :T].to(lg.device)
+    return losses.igsd_loss(inputs["igsd_gate"][:, :T].to(lg.device), kl, mask)

@@ -1,0 +1,157 @@
+"""Pure loss functions of the hindsight terms (HindSearch, IGSD).
+
+Per-token losses are separate from their aggregation (verl style): every per-token function
+returns ``[B, T]`` (or ``[N]``) values and ``agg(loss, mask, mode)`` reduces them. Nothing here
+touches a model; inputs are tensors, outputs are tensors. Everything is NaN-free on empty masks
+(the reductions divide by ``max(count, 1)`` and masked-out entries are selected away with
+``torch.where``, so a ``-inf`` or NaN outside the mask never leaks in).
+
+HindSearch (critique-conditioned self-distillation on search tokens of failed rollouts)::
+
+    w_t    = clamp(lT_t - lS_t, 0, 1)                    (detached)
+    L_hind = - sum_t w_t * lS_t * m_t / max(sum_t m_t, 1)
+
+with ``lS``/``lT`` the student's/teacher's log-prob of the sampled token and ``m`` the mask of
+query tokens of failed rollouts. The alternatives ``topk_reverse_kl`` and ``topk_jsd`` compare the
+two distributions on the teacher's top-k token support (k = 50 by default): both distributions are
+**renormalised on that support** (softmax of their log-probs restricted to the k ids), so they are
+proper distributions over the same k outcomes; the mass outside the teacher's top-k is ignored.
+
+IGSD (information-gain-gated candidate-pair distillation)::
+
+    p_T = softmax(teacher logits at {b_t, a_t}),  p_S = softmax(student logits at {b_t, a_t})
+    g_t = gate(delta_t)                                   (detached)
+    L_igsd = sum_t g_t * KL(p_T || p_S) / num_positions
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
+GATES = ("positive_sigmoid", "sigmoid", "hard", "none")
+
+
+def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """Reduce a per-token loss ``[B, T]`` under a 0/1 ``mask [B, T]`` to a scalar.
+
+    ``token-mean``: sum / number of masked tokens; ``seq-mean-token-mean``: mean over rows that
+    have a masked token of each row's token mean; ``seq-mean-token-sum``: same with row sums;
+    ``sum``: plain masked sum. Empty masks give an exact 0 that keeps ``loss``'s graph.
+    """
+    m = mask.to(loss.dtype)
+    masked = torch.where(mask.bool(), loss, torch.zeros_like(loss))
+    if mode == "token-mean":
+        return masked.sum() / m.sum().clamp(min=1.0)
+    if mode == "sum":
+        return masked.sum()
+    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
+        row = masked.sum(-1)
+        if mode == "seq-mean-token-mean":
+            row = row / m.sum(-1).clamp(min=1.0)
+        has = (m.sum(-1) > 0).to(loss.dtype)
+        return (row * has).sum() / has.sum().clamp(min=1.0)
+    raise ValueError(f"agg mode {mode!r} is not one of {AGG_MODES}")
+
+
+def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
+    """Log-prob of ``ids [B, T]`` under ``logits [B, T, V]`` → ``[B, T]`` (no full log-softmax kept)."""
+    picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return picked.float() - torch.logsumexp(logits.float(), dim=-1)
+
+
+def clamped_sampled_weight(lT: Tensor, lS: Tensor) -> Tensor:
+    """``w = clamp(lT - lS, 0, 1)``, detached; ``lT``, ``lS``: ``[B, T]`` → ``[B, T]``."""
+    return (lT.detach() - lS.detach()).clamp(0.0, 1.0)
+
+
+def hind_clamped_sampled(lS: Tensor, lT: Tensor, mask: Tensor) -> Tensor:
+    """HindSearch loss ``-sum(w * lS * mask) / max(sum(mask), 1)``; ``[B, T]`` inputs → scalar.
+
+    The gradient flows through ``lS`` only (``w`` is detached); exact 0 when ``mask`` is empty.
+    """
+    w = clamped_sampled_weight(lT, lS)
+    return -agg(w * lS, mask, "token-mean")
+
+
+def _support_logp(student_logits: Tensor, topk_ids: Tensor, teacher_topk_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """Student and teacher log-probs renormalised on the teacher's top-k ids → two ``[B, T, k]``."""
+    s = student_logits.float().gather(-1, topk_ids)  # logits on the support; the softmax cancels the full normaliser
+    log_ps = s - torch.logsumexp(s, dim=-1, keepdim=True)
+    t = teacher_topk_logp.float()
+    log_pt = t - torch.logsumexp(t, dim=-1, keepdim=True)
+    return log_ps, log_pt
+
+
+def topk_reverse_kl_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
+    """``KL(p_S || p_T)`` per token on the teacher's top-k support (both renormalised there).
+
+    ``student_logits [B, T, V]``, ``teacher_topk_ids [B, T, k]`` (long), ``teacher_topk_logp [B, T, k]`` → ``[B, T]``.
+    """
+    log_ps, log_pt = _support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
+    return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
+
+
+def topk_jsd_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
+    """Jensen-Shannon divergence per token on the teacher's top-k support (both renormalised there).
+
+    ``JSD = 0.5 KL(p_T || M) + 0.5 KL(p_S || M)``, ``M = (p_T + p_S) / 2``; shapes as ``topk_reverse_kl_per_token``.
+    """
+    log_ps, log_pt = _support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
+    log_m = torch.logsumexp(torch.stack([log_ps, log_pt]), dim=0) - torch.log(torch.tensor(2.0))
+    kl_t = (log_pt.exp() * (log_pt - log_m)).sum(-1)
+    kl_s = (log_ps.exp() * (log_ps - log_m)).sum(-1)
+    return 0.5 * (kl_t + kl_s)
+
+
+def topk_reverse_kl(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor, mask: Tensor) -> Tensor:
+    """Token-mean of ``topk_reverse_kl_per_token`` under ``mask [B, T]`` → scalar (0 when empty)."""
+    return agg(topk_reverse_kl_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
+
+
+def topk_jsd(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor, mask: Tensor) -> Tensor:
+    """Token-mean of ``topk_jsd_per_token`` under ``mask [B, T]`` → scalar (0 when empty)."""
+    return agg(topk_jsd_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
+
+
+def pair_probs(logit_a: Tensor, logit_b: Tensor) -> Tensor:
+    """Softmax over a pair of logits (or log-probs): ``[N]``, ``[N]`` → ``[N, 2]`` (column 0 = a)."""
+    return torch.softmax(torch.stack([logit_a.float(), logit_b.float()], dim=-1), dim=-1)
+
+
+def pair_kl(p_T: Tensor, student_pair_logits: Tensor) -> Tensor:
+    """``KL(p_T || p_S)`` per position, ``p_S = softmax(student_pair_logits)``; ``[N, 2]``, ``[N, 2]`` → ``[N]``.
+
+    ``p_T`` is treated as a constant (detached); a zero entry of ``p_T`` contributes 0.
+    """
+    p_T = p_T.detach().float()
+    log_ps = F.log_softmax(student_pair_logits.float(), dim=-1)
+    return (torch.xlogy(p_T, p_T) - p_T * log_ps).sum(-1)
+
+
+def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0, margin: float = 0.0) -> Tensor:
+    """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached.
+
+    ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]``; ``sigmoid``: no indicator;
+    ``hard``: ``[delta > margin]``; ``none``: 1 everywhere (ungated pair distillation).
+    """
+    d = delta.detach().float()
+    if kind == "positive_sigmoid":
+        return torch.sigmoid(beta * (d - margin)) * (d > margin).float()
+    if kind == "sigmoid":
+        return torch.sigmoid(beta * (d - margin))
+    if kind == "hard":
+        return (d > margin).float()
+    if kind == "none":
+        return torch.ones_like(d)
+    raise ValueError(f"gate {kind!r} is not one of {GATES}")
+
+
+def igsd_loss(gates: Tensor, kl: Tensor, mask: Tensor) -> Tensor:
+    """``sum(g * KL * mask) / max(sum(mask), 1)``; any matching shapes (``[N]`` or ``[B, T]``) → scalar.
+
+    ``mask`` marks the verified positions (the denominator counts them whether or not their gate is 0).
+    """
+    return agg(gates.detach() * kl, mask, "token-mean")

@@ -1,0 +1,178 @@
+"""The two auxiliary terms the GRPO trainer adds (``hindsearch.train.aux.AuxTerm``).
+
+- ``HindSearchTerm`` (name ``hind``): judge critiques of failed rollouts → teacher log-probs with the
+  critique in the prompt → ``L_hind`` on the query tokens of failed rollouts with a usable critique
+  (``clamped_sampled``, or ``reverse_kl`` / ``jsd`` on the teacher's top-k support).
+- ``IGSDTerm`` (name ``igsd``): gold-hindsight teacher proposals on query tokens, verified by matched
+  completion + retrieval + answer-likelihood gain (``hindsearch.hindsight.igsd``) → gated pair KL.
+- ``make_terms(cfg)``: the terms of ``cfg.method``.
+
+Both return the *unweighted* loss; the trainer adds ``term.lam * loss``. A term with nothing to
+distil returns an exact 0 that is still attached to the logits' graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+from typing import Any
+
+import torch
+
+from hindsearch.hindsight import losses
+from hindsearch.hindsight.igsd import igsd_term_loss, run_igsd
+from hindsearch.hindsight.judge import LMJudge, OracleJudge
+from hindsearch.hindsight.teacher import hindsearch_prompt_ids, select_teacher, teacher_token_logprobs
+from hindsearch.records import Trajectory
+from hindsearch.train.aux import AuxBatch, AuxContext, AuxTerm
+
+
+def _rows_with_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return mask.bool().any(-1).nonzero().squeeze(-1).to(logits.device)
+
+
+class HindSearchTerm:
+    """HindSearch: critique-conditioned self-distillation on the search tokens of failed rollouts."""
+
+    name = "hind"
+
+    def __init__(self, cfg: Any, judge: Any = None):
+        self.cfg, self.lam = cfg, cfg.lam
+        self.needs_ema = cfg.teacher == "ema"
+        self.ema_decay = cfg.ema_decay
+        self._judge = judge
+
+    def judge(self, ctx: AuxContext) -> Any:
+        """The judge: oracle, the frozen initial policy (default) or ``judge_model`` loaded once."""
+        if self._judge is None:
+            c = self.cfg
+            if c.judge_kind == "oracle":
+                self._judge = OracleJudge(c.judge_sees_gold, c.judge_template, c.redact_gold_in_critique)
+            elif c.judge_model is None:
+                self._judge = LMJudge(ctx.frozen, ctx.tokenizer, c)
+            else:
+                from hindsearch.config import ModelConfig
+                from hindsearch.models import load_policy
+
+                base = ctx.config.model if ctx.config is not None else ModelConfig()
+                mc = dataclasses.replace(base, name=c.judge_model, gguf_file=None)
+                model, tok = load_policy(mc)
+                self._judge = LMJudge(model.eval(), tok, c)
+        return self._judge
+
+    def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
+        c, B, T = self.cfg, len(trajectories), completion_len
+        k = c.topk if c.divergence != "clamped_sampled" else 0
+        tens = {"hind_mask": torch.zeros(B, T), "hind_lT": torch.zeros(B, T)}
+        if k:
+            tens["hind_topk_ids"] = torch.zeros(B, T, k, dtype=torch.long)
+            tens["hind_topk_logp"] = torch.zeros(B, T, k)
+        judge = self.judge(ctx)
+        failed = [i for i, tr in enumerate(trajectories) if tr.failed]
+        elig = [i for i in failed if any(trajectories[i].query_mask[:T])]
+        met: dict[str, float] = {
+            "failed_frac": len(failed) / max(B, 1), "failed": float(len(failed)), "eligible": float(len(elig)),
+            "judge_kind_oracle": float(judge.kind == "oracle"), "critiques": 0.0, "redactions": 0.0,
+            "degenerate": 0.0, "judge_errors": 0.0, "judge_time": 0.0, "teacher_time": 0.0, "query_tokens": 0.0,
+            "mean_w": 0.0, "frac_w_pos": 0.0, "mean_lT_minus_lS": 0.0,
+        }
+        samples: list[dict[str, Any]] = [{} for _ in trajectories]
+        if not elig:
+            return AuxBatch(tens, met, samples)
+        t0 = time.perf_counter()
+        crits = judge.critique([trajectories[i] for i in elig])
+        met["judge_time"] = time.perf_counter() - t0
+        use = [i for i, cr in zip(elig, crits) if cr.usable]
+        for i, cr in zip(elig, crits):
+            met["redactions"] += cr.redactions
+            met["degenerate"] += float(cr.degenerate and cr.error is None)
+            met["judge_errors"] += float(cr.error is not None)
+            samples[i] = {"judge_kind": judge.kind, "critique": cr.text, "critique_raw": cr.raw,
+                          "critique_usable": cr.usable, "redactions": cr.redactions, "judge_error": cr.error,
+                          "judge_truncation": cr.truncation}
+        met["critiques"] = float(len(use))
+        if not use:
+            return AuxBatch(tens, met, samples)
+        t0 = time.perf_counter()
+        teacher = select_teacher(c.teacher, ctx)
+        by_row = {i: cr for i, cr in zip(elig, crits)}
+        prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, by_row[i].text) for i in use]
+        comps = [list(trajectories[i].completion_ids[:T]) for i in use]
+        lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=k)
+        met["teacher_time"] = time.perf_counter() - t0
+        ws, diffs = [], []
+        for j, i in enumerate(use):
+            tr, n = trajectories[i], len(comps[j])
+            qm = torch.tensor(tr.query_mask[:n], dtype=torch.float)
+            tens["hind_mask"][i, :n] = qm
+            tens["hind_lT"][i, :n] = lT[j, :n]
+            if k:
+                tens["hind_topk_ids"][i, :n] = top_ids[j, :n]
+                tens["hind_topk_logp"][i, :n] = top_lp[j, :n]
+            q = qm.bool()
+            lS = torch.tensor(tr.logprobs[:n], dtype=torch.float)
+            d = (lT[j, :n] - lS)[q]
+            ws.append(losses.clamped_sampled_weight(lT[j, :n], lS)[q])
+            diffs.append(d)
+            samples[i]["query_tokens"] = [ctx.tokenizer.decode([tr.completion_ids[t]]) for t in range(n) if q[t]]
+            samples[i]["lT_minus_lS"] = [round(float(x), 4) for x in d]
+        w, d = torch.cat(ws), torch.cat(diffs)
+        met["query_tokens"] = float(w.numel())
+        if w.numel():
+            met["mean_w"], met["frac_w_pos"], met["mean_lT_minus_lS"] = float(w.mean()), float((w > 0).float().mean()), float(d.mean())
+        return AuxBatch(tens, met, samples)
+
+    def loss(self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        T = min(logits.shape[1], inputs["hind_mask"].shape[1])
+        rows = _rows_with_mask(logits, inputs["hind_mask"][:, :T])  # only rows with distillation tokens
+        lg = logits[rows, :T]
+        mask = inputs["hind_mask"][:, :T].to(logits.device)[rows]
+        if self.cfg.divergence == "clamped_sampled":
+            lS = losses.token_logprobs(lg, completion_ids[rows, :T].to(logits.device))
+            L = losses.hind_clamped_sampled(lS, inputs["hind_lT"][:, :T].to(logits.device)[rows], mask)
+        else:
+            ids = inputs["hind_topk_ids"][:, :T].to(logits.device)[rows]
+            lp = inputs["hind_topk_logp"][:, :T].to(logits.device)[rows]
+            fn = losses.topk_reverse_kl if self.cfg.divergence == "reverse_kl" else losses.topk_jsd
+            L = fn(lg, ids, lp, mask)
+        return L, {"L_hind": float(L.detach()), "tokens": float(mask.sum())}
+
+
+class IGSDTerm:
+    """IGSD: information-gain-gated candidate-pair self-distillation of query tokens."""
+
+    name = "igsd"
+
+    def __init__(self, cfg: Any, corpus: Any = None, seed: int = 0):
+        self.cfg, self.lam, self.corpus, self.seed = cfg, cfg.lam, corpus, seed
+        self.needs_ema = cfg.teacher == "ema"
+
+    def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
+        eng = ctx.rollout_engine
+        complete = getattr(eng, "complete_queries", None)
+        topk = getattr(eng, "topk", None) or (ctx.config.retrieval.topk if ctx.config is not None else 3)
+        tens, met, samples = run_igsd(
+            trajectories, completion_len, policy=ctx.policy, teacher=select_teacher(self.cfg.teacher, ctx),
+            tokenizer=ctx.tokenizer, retriever=ctx.retriever, cfg=self.cfg, topk=topk, complete=complete,
+            corpus=self.corpus, rng=random.Random(self.seed * 1_000_003 + ctx.step),
+        )
+        return AuxBatch(tens, met, samples)
+
+    def loss(self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        rows = _rows_with_mask(logits, inputs["igsd_mask"])
+        L = igsd_term_loss(logits[rows], {k: v[rows.to(v.device)] for k, v in inputs.items() if k.startswith("igsd_")})
+        return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
+
+
+def make_terms(cfg: Any) -> list[AuxTerm]:
+    """Terms of ``cfg.method``: grpo → [], hindsearch → [hind], igsd → [igsd], hindsearch+igsd → both."""
+    method = cfg.method
+    terms: list[AuxTerm] = []
+    if method not in ("grpo", "hindsearch", "igsd", "hindsearch+igsd"):
+        raise ValueError(f"method = {method!r} is not one of grpo, hindsearch, igsd, hindsearch+igsd")
+    if "hindsearch" in method:
+        terms.append(HindSearchTerm(cfg.hindsearch))
+    if "igsd" in method:
+        terms.append(IGSDTerm(cfg.igsd, seed=cfg.train.seed))
+    return terms
