@@ -139,6 +139,8 @@ class TrainConfig:
     """Rollouts written to samples.jsonl per step."""
     eval_limit: int = 50
     """Dev questions evaluated before and after RL."""
+    micro_batch_size: int | None = None
+    """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
 
 
 @dataclass
@@ -313,6 +315,8 @@ class Config:
         _positive("train.steps", self.train.steps, allow_zero=True)
         _positive("train.questions_per_step", self.train.questions_per_step)
         _positive("train.save_steps", self.train.save_steps)
+        if self.train.micro_batch_size is not None:
+            _positive("train.micro_batch_size", self.train.micro_batch_size)
         if self.train.lr <= 0:
             raise ConfigError(f"train.lr must be > 0, got {self.train.lr}")
         if self.train.beta < 0:

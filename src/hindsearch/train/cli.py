@@ -1,0 +1,71 @@
+"""``hindsearch train`` (the main job) and ``hindsearch sft`` (the protocol warm-up alone).
+
+``hindsearch train`` with no arguments runs the ``tiny-cpu`` preset. ``--config`` takes a TOML file
+or the name of a shipped preset (``tiny-cpu``, ``qwen2.5-3b-instruct-grpo``, ...), looked up in the
+``configs/`` folder of the checkout (``pip install -e .``) or of the current directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from hindsearch.config import METHODS
+
+DEFAULT_PRESET = "tiny-cpu"
+
+
+def preset_dirs() -> list[Path]:
+    """Where shipped presets are looked up: ``./configs`` then the checkout's ``configs/``."""
+    here = Path(__file__).resolve()
+    return [Path.cwd() / "configs", here.parents[3] / "configs", here.parents[1] / "configs"]
+
+
+def find_config(name: str | None) -> Path:
+    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``)."""
+    name = name or DEFAULT_PRESET
+    p = Path(name)
+    if p.exists():
+        return p
+    stem = p.name if p.suffix == ".toml" else p.name + ".toml"
+    for d in preset_dirs():
+        if (d / stem).exists():
+            return d / stem
+    known = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.toml")})
+    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); presets: {', '.join(known) or 'none'}")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="warm-up + GRPO/HindSearch/IGSD training with dev EM before and after")
+    p.add_argument("--config", default=None, help=f"TOML file or preset name (default: {DEFAULT_PRESET})")
+    p.add_argument("--method", choices=METHODS, default=None, help="override the config's method")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override one field, e.g. --set train.steps=4 (repeatable)")
+    p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=_cmd_train)
+    try:
+        from hindsearch.train.warmup import register_sft
+    except ModuleNotFoundError:  # warm-up stage not present in this build
+        return
+    register_sft(sub)
+
+
+def _cmd_train(args: argparse.Namespace) -> int:
+    from hindsearch.config import Config
+    from hindsearch.train.run import run_train
+
+    if args.resume:
+        if args.config or args.method or args.set or args.out:
+            raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out")
+        run_train(resume=args.resume)
+        return 0
+    overrides = list(args.set)
+    if args.method:
+        overrides.append(f'method="{args.method}"')
+    cfg = Config.load(find_config(args.config), overrides)
+    if args.out:
+        cfg.out = args.out
+    run_train(cfg)
+    return 0

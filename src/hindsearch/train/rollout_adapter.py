@@ -1,0 +1,165 @@
+"""Pure glue between our multi-turn rollouts and TRL's ``GRPOTrainer`` (no TRL import here).
+
+TRL's ``rollout_func(prompts, trainer)`` receives the generation batch's prompts with every
+question already repeated ``num_generations`` times (TRL's ``RepeatSampler``; on several
+processes a group may be split across ranks, rewards are gathered before group normalisation).
+We therefore map prompt ``i`` to one trajectory ``i`` (``records_for_prompts``), never regrouping,
+so the order TRL expects is kept by construction.
+
+``rollout_output`` turns trajectories into the dict TRL wants:
+
+- ``prompt_ids`` / ``completion_ids``: exactly the ids the engine produced (generated + injected);
+- ``logprobs``: the sampling log-prob of each generated token (0.0 on injected tokens); TRL only
+  uses them for importance-sampling correction with vLLM (and the off-policy mask);
+- ``env_mask`` = our ``gen_mask``: TRL multiplies it into the loss mask (``tool_mask``), so injected
+  ``<information>`` blocks and invalid-action notices carry no policy loss, no KL and no entropy;
+- every other key is forwarded per sample to the reward functions (``em``, ``answered``, ...).
+
+Rewards: ``em_reward`` reads the forwarded ``em`` field; ``format_reward`` is 1 for a rollout whose last
+model turn is a well-formed ``<answer>`` (off unless ``train.format_reward > 0``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from hindsearch.records import QARecord, Trajectory
+
+
+def record_key(record: QARecord) -> str:
+    """The dataset ``prompt`` string that identifies a training record (its id)."""
+    return record.id
+
+
+def records_for_prompts(prompts: Sequence[Any], by_key: Mapping[str, QARecord]) -> list[QARecord]:
+    """One record per prompt (same order, repeats kept). Unknown keys raise naming the key."""
+    out = []
+    for p in prompts:
+        key = p if isinstance(p, str) else str(p)
+        if key not in by_key:
+            raise KeyError(f"rollout_func got prompt {key!r}, which is not a training record id")
+        out.append(by_key[key])
+    return out
+
+
+def nonempty(traj: Trajectory, filler_id: int) -> tuple[list[int], list[int], list[float]]:
+    """``(completion_ids, env_mask, logprobs)``; an empty completion becomes one masked filler token.
+
+    TRL indexes ``ids[-1]`` of every completion, so a rollout that produced nothing (error before
+    the first token) is represented by a single ``filler_id`` with mask 0 (no loss, no reward signal).
+    """
+    ids, mask, lps = list(traj.completion_ids), list(traj.gen_mask), list(traj.logprobs)
+    if not (len(ids) == len(mask) == len(lps)):
+        raise ValueError(
+            f"trajectory {traj.qid}: completion_ids/gen_mask/logprobs lengths differ ({len(ids)}/{len(mask)}/{len(lps)})"
+        )
+    if not ids:
+        return [filler_id], [0], [0.0]
+    return ids, [int(m) for m in mask], [float(x) for x in lps]
+
+
+def model_answered(traj: Trajectory) -> bool:
+    """The model itself ended with a well-formed ``<answer>`` turn (the injected invalid-action notice
+    also contains ``<answer> and </answer>``, so ``traj.answer`` alone is not proof of a model answer)."""
+    return bool(traj.turns) and traj.turns[-1].action == "answer"
+
+
+def rollout_output(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, list]:
+    """The ``rollout_func`` return value for trajectories aligned with TRL's prompts."""
+    out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+    for t in trajs:
+        ids, mask, lps = nonempty(t, filler_id)
+        out["prompt_ids"].append(list(t.prompt_ids))
+        out["completion_ids"].append(ids)
+        out["env_mask"].append(mask)
+        out["logprobs"].append(lps)
+    out["em"] = [float(t.em) for t in trajs]
+    out["answered"] = [model_answered(t) for t in trajs]
+    out["num_searches"] = [t.num_searches for t in trajs]
+    return out
+
+
+def em_reward(completions: Sequence[Any], em: Sequence[float], **_: Any) -> list[float]:
+    """Reward = exact match of the trajectory's final answer (computed by the rollout engine)."""
+    if len(em) != len(completions):
+        raise ValueError(f"em_reward: {len(em)} em values for {len(completions)} completions")
+    return [float(x) for x in em]
+
+
+def format_reward(completions: Sequence[Any], answered: Sequence[bool], **_: Any) -> list[float]:
+    """1.0 when the completion ends with a well-formed ``<answer>`` (extractable answer), else 0.0."""
+    return [1.0 if a else 0.0 for a in answered]
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return sum(xs) / len(xs) if xs else 0.0
+
+
+def _std(xs: Sequence[float]) -> float:
+    if len(xs) < 2:
+        return 0.0
+    m = _mean(xs)
+    return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def rollout_metrics(trajs: Sequence[Trajectory], num_generations: int) -> dict[str, float]:
+    """Step statistics of a batch of trajectories (record-major, groups of ``num_generations``).
+
+    ``frac_solved_groups`` / ``frac_zero_std_groups``: groups with at least one success / with all
+    rewards equal (no GRPO signal).
+    """
+    rewards = [float(t.reward) for t in trajs]
+    n = len(trajs)
+    groups = [rewards[i : i + num_generations] for i in range(0, n, num_generations)] if num_generations else []
+    valid = [any(tn.action in ("search", "answer") for tn in t.turns) for t in trajs]
+    turns = sum(len(t.turns) for t in trajs)
+    return {
+        "reward_mean": _mean(rewards),
+        "reward_std": _std(rewards),
+        "em": _mean([float(t.em) for t in trajs]),
+        "f1": _mean([float(t.f1) for t in trajs]),
+        "searches_per_rollout": _mean([t.num_searches for t in trajs]),
+        "invalid_turn_rate": sum(t.num_invalid for t in trajs) / max(turns, 1),
+        "validity_rate": _mean([float(v) for v in valid]),
+        "answered_rate": _mean([float(model_answered(t)) for t in trajs]),
+        "completion_len": _mean([len(t.completion_ids) for t in trajs]),
+        "generated_len": _mean([sum(t.gen_mask) for t in trajs]),
+        "prompt_len": _mean([len(t.prompt_ids) for t in trajs]),
+        "errors": float(sum(len(t.errors) for t in trajs)),
+        "frac_solved_groups": _mean([float(max(g) > 0) for g in groups if g]),
+        "frac_zero_std_groups": _mean([float(max(g) == min(g)) for g in groups if g]),
+    }
+
+
+def sample_records(
+    trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], k: int, step: int
+) -> list[dict[str, Any]]:
+    """Up to ``k`` rollouts for ``samples.jsonl``: failed ones first (they carry the aux samples).
+
+    ``aux_samples[name][i]`` is term ``name``'s record for trajectory ``i`` (may be shorter).
+    """
+    order = sorted(range(len(trajs)), key=lambda i: (trajs[i].reward > 0, i))[:k]
+    out = []
+    for i in order:
+        t = trajs[i]
+        rec = {
+            "step": step,
+            "index": i,
+            "qid": t.qid,
+            "question": t.question,
+            "golden_answers": t.golden_answers,
+            "hops": t.hops,
+            "completion": t.completion_text,
+            "answer": t.answer,
+            "reward": t.reward,
+            "queries": t.queries,
+            "stop_reason": t.stop_reason,
+            "errors": t.errors,
+        }
+        for name, recs in aux_samples.items():
+            if i < len(recs) and recs[i]:
+                rec[name] = recs[i]
+        out.append(rec)
+    return out

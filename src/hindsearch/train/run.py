@@ -1,0 +1,369 @@
+"""The main job: ``run_train(cfg)`` = world + index -> policy -> warm-up -> dev eval -> GRPO -> dev eval.
+
+Order (everything that can fail on a bad config fails in ``preflight`` before a model loads):
+
+1. ``preflight``: ``Config.validate``, files named by the config exist, the method's terms can be
+   built, vLLM importable when asked for;
+2. data: the fictional world and its BM25 index are built on first use (cached under
+   ``data.world_dir``), or the configured QA files / index / retrieval server are used;
+3. the policy (``models.load_policy``), the dev EM of the base model;
+4. the protocol warm-up (``train.warmup.ensure_warmup``, cached by config hash) and its dev EM;
+5. ``train.steps`` GRPO steps through ``HindsearchGRPOTrainer`` (checkpoints under
+   ``RUN_DIR/checkpoints``), then the dev EM after RL;
+6. a table base / after warm-up / after RL (EM overall and by hop count, searches per question,
+   validity rate) printed and saved to ``RUN_DIR/summary.json``.
+
+``RUN_DIR`` holds ``config.toml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``,
+``checkpoints/``, ``eval/<stage>/`` and ``summary.json``. ``run_train(cfg, resume=RUN_DIR)`` reloads
+``RUN_DIR/config.toml`` and continues from the last checkpoint (finished evaluations are reused,
+metrics rows past the checkpoint are dropped so no step is logged twice). A non-finite loss
+saves a checkpoint of the last good weights and stops with an error.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from hindsearch.config import Config, ConfigError
+
+STAGES = ("base", "warmup", "rl")
+STAGE_NAMES = {"base": "base model", "warmup": "after warm-up", "rl": "after RL"}
+
+
+# ---------------------------------------------------------------- validation (no model loads)
+def preflight(cfg: Config) -> None:
+    """Validate everything that does not need a model; errors name the key and what is allowed."""
+    cfg.validate()
+    for key in ("train", "dev", "test"):
+        p = getattr(cfg.data, key)
+        if p is not None and not Path(p).exists():
+            raise ConfigError(f"data.{key} = {p!r}: file not found")
+    if cfg.retrieval.index_dir is not None and cfg.retrieval.kind != "remote":
+        if not (Path(cfg.retrieval.index_dir) / "index.json").exists():
+            raise ConfigError(f"retrieval.index_dir = {cfg.retrieval.index_dir!r}: no index.json there (run `hindsearch index`)")
+    if cfg.warmup.enabled and cfg.warmup.demos is not None and not Path(cfg.warmup.demos).exists():
+        raise ConfigError(f"warmup.demos = {cfg.warmup.demos!r}: file not found")
+    if cfg.rollout.backend == "vllm":
+        try:
+            import vllm  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("rollout.backend = 'vllm' needs the vllm package (pip install 'hindsearch[vllm]'); "
+                              "use rollout.backend = 'hf' on CPU") from e
+    if cfg.train.questions_per_step < 1:
+        raise ConfigError("train.questions_per_step must be > 0")
+    make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
+
+
+def make_terms(cfg: Config) -> list[Any]:
+    """The method's auxiliary terms (``[]`` for grpo)."""
+    if cfg.method == "grpo":
+        return []
+    from hindsearch.hindsight.terms import make_terms as _make
+
+    return list(_make(cfg))
+
+
+# ---------------------------------------------------------------- data
+def resolve_data(cfg: Config) -> dict[str, Any]:
+    """Paths of train/dev data and the index; builds the world and its index on first use."""
+    world = None
+    needs_index = cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None
+    if cfg.data.train is None or cfg.data.dev is None or needs_index:
+        from hindsearch.data.world import ensure_world
+
+        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+    index_dir = cfg.retrieval.index_dir
+    if needs_index:
+        from hindsearch.retrieval.base import ensure_index
+
+        index_dir = ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind)
+    return {
+        "world": world,
+        "train": Path(cfg.data.train) if cfg.data.train else world / "train.jsonl",
+        "dev": Path(cfg.data.dev) if cfg.data.dev else world / "dev.jsonl",
+        "index_dir": index_dir,
+    }
+
+
+def load_records(cfg: Config, paths: dict[str, Any]) -> tuple[list[Any], list[Any]]:
+    from hindsearch.data.qa import load_qa
+
+    train = load_qa(paths["train"])
+    if cfg.data.max_train_questions:
+        train = train[: cfg.data.max_train_questions]
+    dev = load_qa(paths["dev"])
+    if cfg.train.eval_limit:
+        dev = dev[: cfg.train.eval_limit]
+    if not train:
+        raise ValueError(f"{paths['train']}: no training questions")
+    return train, dev
+
+
+# ---------------------------------------------------------------- trainer
+def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> Any:
+    """``GRPOConfig`` from our config: one optimizer step per generation batch of
+    ``questions_per_step * num_generations`` rollouts (split evenly over processes)."""
+    from trl import GRPOConfig
+
+    g = cfg.rollout.num_generations
+    total = cfg.train.questions_per_step * g
+    if total % num_processes:
+        raise ConfigError(f"train.questions_per_step * rollout.num_generations = {total} must be divisible by the "
+                          f"number of processes ({num_processes})")
+    from hindsearch.models import resolve_device
+
+    on_cpu = resolve_device(cfg.model.device).type == "cpu"
+    per_device = total // num_processes
+    micro = cfg.train.micro_batch_size or per_device  # rollouts per forward/backward
+    if per_device % micro:
+        raise ConfigError(f"train.micro_batch_size = {micro} must divide the rollouts per process ({per_device})")
+    return GRPOConfig(
+        output_dir=str(output_dir),
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=per_device // micro,
+        steps_per_generation=per_device // micro,
+        num_generations=g,
+        max_completion_length=cfg.rollout.max_total_tokens,
+        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
+        top_p=cfg.rollout.top_p,
+        learning_rate=cfg.train.lr,
+        lr_scheduler_type="constant",
+        beta=cfg.train.beta,
+        epsilon=cfg.train.epsilon,
+        loss_type=cfg.train.loss_type,
+        max_steps=cfg.train.steps,
+        save_steps=cfg.train.save_steps,
+        save_total_limit=2,
+        logging_steps=1,
+        seed=cfg.train.seed,
+        report_to="none",
+        use_cpu=on_cpu,
+        bf16=cfg.model.dtype == "bfloat16" and not on_cpu,
+        fp16=cfg.model.dtype == "float16" and not on_cpu,
+        gradient_checkpointing=cfg.train.gradient_checkpointing,
+        use_vllm=cfg.rollout.backend == "vllm",
+        vllm_mode="colocate",
+        log_completions=False,
+        dataloader_pin_memory=not on_cpu,
+        disable_tqdm=False,
+    )
+
+
+def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
+    """TRL builds its reference model from ``config._name_or_path``: give in-memory models a folder."""
+    p = getattr(model.config, "_name_or_path", "") or ""
+    if p and (Path(p).is_dir() or not Path(p).is_absolute()):
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    model.config._name_or_path = str(folder)
+
+
+def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retriever: Any, train_records: list[Any],
+                  run_dir: Path) -> Any:
+    """``HindsearchGRPOTrainer`` with the method's terms and their context."""
+    from hindsearch.train.aux import AuxContext
+    from hindsearch.train.trainer import HindsearchGRPOTrainer
+
+    terms = make_terms(cfg)
+    frozen = copy.deepcopy(model).eval() if terms and cfg.train.beta == 0 else None
+    ema = copy.deepcopy(model).eval() if any(getattr(t, "needs_ema", False) for t in terms) else None
+    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever, rollout_engine=engine,
+                     config=cfg, device=next(model.parameters()).device, ema=ema) if terms else None
+    nproc = int(os.environ.get("WORLD_SIZE", "1"))
+    trainer = HindsearchGRPOTrainer(
+        model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
+        tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
+        format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay)
+    if ctx is not None:
+        if ctx.frozen is None:
+            ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term
+        for m in (ctx.frozen, ctx.ema):
+            for p in m.parameters() if m is not None else ():
+                p.requires_grad_(False)
+        ctx.device = trainer.accelerator.device
+    return trainer
+
+
+def last_checkpoint(run_dir: Path) -> Path | None:
+    from transformers.trainer_utils import get_last_checkpoint
+
+    d = run_dir / "checkpoints"
+    if not d.is_dir():
+        return None
+    last = get_last_checkpoint(str(d))
+    return Path(last) if last else None
+
+
+def checkpoint_step(ckpt: Path) -> int:
+    return int(ckpt.name.rsplit("-", 1)[-1])
+
+
+def truncate_jsonl(path: Path, max_step: int) -> int:
+    """Drop rows whose ``step`` is past ``max_step`` (they are redone on resume). Returns rows dropped."""
+    if not path.exists():
+        return 0
+    rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
+    keep = [ln for ln in rows if json.loads(ln).get("step", 0) <= max_step]
+    path.write_text("".join(ln + "\n" for ln in keep))
+    return len(rows) - len(keep)
+
+
+# ---------------------------------------------------------------- evaluation + table
+def evaluate_dev(engine: Any, dev: list[Any], out_dir: Path, cfg: Config) -> dict[str, Any]:
+    from hindsearch.eval import evaluate
+
+    engine.model.eval()
+    return evaluate(engine, {"dev": dev}, out_dir=out_dir, batch_size=cfg.eval.batch_size, greedy=cfg.eval.greedy,
+                    seed=cfg.eval.seed)
+
+
+def summary_row(res: dict[str, Any]) -> dict[str, Any]:
+    """EM overall / by hops, searches per question and validity rate from an ``evaluate`` result."""
+    r = res.get("dev", res) if isinstance(res, dict) else {}
+    if isinstance(r, dict) and "benchmarks" in res:
+        r = res["benchmarks"].get("dev", r)
+    by_hops = r.get("em_by_hops") or r.get("em_by_hop") or {}
+    return {
+        "em": r.get("em"),
+        "em_1hop": by_hops.get("1", by_hops.get(1)),
+        "em_2hop": by_hops.get("2", by_hops.get(2)),
+        "searches": r.get("searches_per_question", r.get("searches")),
+        "validity": r.get("validity_rate", r.get("validity")),
+        "n": r.get("n", r.get("count")),
+    }
+
+
+def format_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Plain-text table of the stages that ran."""
+
+    def f(x: Any, pct: bool = True) -> str:
+        if x is None:
+            return "-"
+        return f"{100 * x:.1f}" if pct else f"{x:.2f}"
+
+    head = f"{'stage':<15}{'EM':>7}{'EM 1-hop':>10}{'EM 2-hop':>10}{'searches/q':>12}{'valid %':>9}{'n':>6}"
+    lines = [head, "-" * len(head)]
+    for stage in STAGES:
+        if stage in rows:
+            r = rows[stage]
+            lines.append(f"{STAGE_NAMES[stage]:<15}{f(r['em']):>7}{f(r['em_1hop']):>10}{f(r['em_2hop']):>10}"
+                         f"{f(r['searches'], False):>12}{f(r['validity']):>9}{r['n'] if r['n'] is not None else '-':>6}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- main job
+def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print) -> dict[str, Any]:
+    """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``)."""
+    t_start = time.time()
+    ckpt = None
+    if resume is not None:
+        run_dir = Path(resume)
+        if not (run_dir / "config.toml").exists():
+            raise FileNotFoundError(f"--resume {run_dir}: no config.toml there (not a run folder)")
+        cfg = Config.load(run_dir / "config.toml")
+        ckpt = last_checkpoint(run_dir)
+    if cfg is None:
+        raise ValueError("run_train needs a config or a run folder to resume")
+    preflight(cfg)
+    from hindsearch.micro import resolve_alias
+
+    resolve_alias(cfg)  # model.name = "micro" -> the world's micro model folder (built and cached on first use)
+    run_dir = Path(resume) if resume is not None else Path(cfg.out)
+    if resume is None and last_checkpoint(run_dir) is not None:
+        raise FileExistsError(f"{run_dir} already holds checkpoints; use --resume {run_dir} or another --out")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if resume is None:
+        for name in ("metrics.jsonl", "samples.jsonl"):
+            (run_dir / name).unlink(missing_ok=True)
+    cfg.save(run_dir / "config.toml")
+    done = checkpoint_step(ckpt) if ckpt else 0
+    if ckpt is not None:
+        truncate_jsonl(run_dir / "metrics.jsonl", done)
+        truncate_jsonl(run_dir / "samples.jsonl", done)
+        log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
+
+    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.models import cache_dir, load_policy
+    from hindsearch.retrieval.base import load_retriever
+
+    log(f"[1/5] data and index ({cfg.retrieval.kind})")
+    paths = resolve_data(cfg)
+    train_records, dev = load_records(cfg, paths)
+    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    log(f"      {len(train_records)} train questions ({paths['train']}), {len(dev)} dev ({paths['dev']})")
+
+    log(f"[2/5] policy {cfg.model.name}")
+    model, tok = load_policy(cfg.model)
+    rows: dict[str, dict[str, Any]] = {}
+    timings: dict[str, float] = {}
+
+    def make_engine(m: Any) -> Any:
+        return RolloutEngine(m, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
+                             backend=HFBackend(m, tok))
+
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+    def dev_eval(stage: str, m: Any) -> None:
+        if distributed:  # sharded weights: evaluate the saved model with `hindsearch eval` instead
+            log(f"      (distributed run: dev evaluation '{stage}' skipped; run `hindsearch eval --model {run_dir}/final`)")
+            return
+        t0 = time.time()
+        rows[stage] = summary_row(evaluate_dev(make_engine(m), dev, run_dir / "eval" / stage, cfg))
+        timings[f"eval_{stage}"] = time.time() - t0
+        log(f"      dev EM {STAGE_NAMES[stage]}: {rows[stage]['em']}")
+
+    dev_eval("base", model)
+    if cfg.warmup.enabled:
+        log("[3/5] protocol warm-up (cached)")
+        from hindsearch.train.warmup import ensure_warmup
+
+        t0 = time.time()
+        wdir = ensure_warmup(cfg, model, tok, retriever, train_records, cache_dir() / "warmup")
+        timings["warmup"] = time.time() - t0
+        model, tok = load_policy(replace(cfg.model, name=str(wdir), gguf_file=None))
+        log(f"      warmed-up checkpoint: {wdir}")
+        dev_eval("warmup", model)
+    else:
+        log("[3/5] protocol warm-up disabled")
+    ensure_on_disk(model, tok, run_dir / "init")
+
+    log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
+        f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
+    t0 = time.time()
+    if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
+        final = run_dir / "final"
+        model, tok = load_policy(replace(cfg.model, name=str(final if final.is_dir() else ckpt), gguf_file=None))
+        log(f"      all {cfg.train.steps} steps already done; using {final if final.is_dir() else ckpt}")
+    elif cfg.train.steps > 0:
+        model.train()
+        trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
+        from hindsearch.train.trainer import NonFiniteLoss
+
+        try:
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        except NonFiniteLoss as e:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
+                               f"(lower train.lr or check the data)") from e
+        trainer.save_model(str(run_dir / "final"))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+    timings["rl"] = time.time() - t0
+    log("[5/5] dev evaluation after RL")
+    dev_eval("rl", model)
+    timings["total"] = time.time() - t_start
+
+    summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": rows,
+               "timings_s": timings, "paths": {k: str(v) for k, v in paths.items() if v is not None}}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    log("\n" + format_table(rows))
+    log(f"\noutputs: {run_dir}/ (config.toml, metrics.jsonl, samples.jsonl, checkpoints/, final/, eval/, "
+        f"summary.json); total {timings['total'] / 60:.1f} min")
+    return summary

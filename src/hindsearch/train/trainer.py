@@ -1,0 +1,319 @@
+"""``HindsearchGRPOTrainer``: a thin subclass of TRL 1.16's ``GRPOTrainer`` for multi-turn search agents.
+
+Objective: ``L = L_GRPO + sum_k lam_k * L_k`` where ``L_GRPO`` is TRL's loss exactly as TRL computes it
+(its ``loss_type``, PPO clipping, KL to the reference with ``beta``, schedulers) over rollouts whose
+injected tokens are masked out, and ``L_k`` are the hindsight terms of ``hindsearch.train.aux``
+(HindSearch, IGSD; none for ``method = grpo``).
+
+What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
+
+1. **Rollouts** — TRL calls ``rollout_func(prompts, trainer)`` with each question already repeated
+   ``num_generations`` times; the dataset's ``prompt`` is the record id, so prompt ``i`` maps to one
+   trajectory ``i`` of our ``RolloutEngine`` (no regrouping). ``env_mask = gen_mask``: TRL turns it
+   into its ``tool_mask`` and multiplies it into every loss mask, so ``<information>`` blocks carry no
+   loss. The step's trajectories are kept for the aux terms.
+2. **Reward** — ``em_reward`` (EM of the final answer) plus, if ``train.format_reward > 0``, a format
+   term with that weight (TRL's ``reward_weights``). Group advantages are TRL's.
+3. **Aux prepare** — after TRL's ``_generate_and_score_completions`` each term's ``prepare`` runs on the
+   trajectories (no grad); its ``[B, ...]`` tensors go into the inputs dict under ``aux:<term>:<key>``,
+   so TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and slice them with every other
+   row tensor; ``hs_index`` records which trajectory each row is.
+4. **Aux loss** — TRL 1.16 computes log-probs with a fused LM head that never materialises logits, so
+   we capture the backbone's last hidden state of the *same* forward TRL runs in ``_compute_loss`` (a
+   forward hook on ``model.base_model``) and project only the completion positions through the LM
+   head: ``logits[:, t]`` predicts ``completion_ids[:, t]`` (raw, not temperature-scaled). The hook is
+   installed only when there are terms, so plain GRPO pays nothing.
+5. **Logging** — per optimizer step one line in ``metrics.jsonl``: TRL's metrics, our rollout
+   statistics, every term metric (``<term>/<key>``) and the time split ``time/rollout``,
+   ``time/reward``, ``time/aux_prepare``, ``time/update`` (forward/backward/optimizer, incl. the
+   reference log-probs); a few rollouts per step (with the terms' samples) go to ``samples.jsonl``.
+
+A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
+checkpoint and stops with a clear error.
+
+vLLM (GPU only, untested here): with ``rollout.backend = vllm`` TRL's vLLM engine is created
+(``use_vllm``); ``_rollout`` hands it to our engine's vLLM backend so the same multi-turn loop runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+from trl import GRPOTrainer
+
+from hindsearch.records import QARecord, Trajectory
+from hindsearch.train import rollout_adapter as ra
+
+AUX_PREFIX = "aux:"
+
+
+class NonFiniteLoss(RuntimeError):
+    """The training loss became NaN/inf; raised before backward so the weights are still the last good ones."""
+
+
+def aux_key(term: str, key: str) -> str:
+    """Inputs-dict key of a term tensor: ``aux:<term>:<key>``."""
+    return f"{AUX_PREFIX}{term}:{key}"
+
+
+def term_inputs(inputs: dict[str, Any], term: str) -> dict[str, torch.Tensor]:
+    """The tensors a term returned from ``prepare`` (keys as it named them), sliced like ``inputs``."""
+    pre = f"{AUX_PREFIX}{term}:"
+    return {k[len(pre) :]: v for k, v in inputs.items() if k.startswith(pre)}
+
+
+def completion_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int) -> torch.Tensor:
+    """Logits predicting the completion tokens from the backbone's last hidden state.
+
+    ``hidden``: [B, P + C, H] for ``input_ids = [prompt (left-padded, P), completion (C)]``;
+    returns [B, C, V] with ``out[:, t]`` predicting ``completion_ids[:, t]`` (positions ``P-1 .. P+C-2``).
+    """
+    return lm_head(hidden[:, -completion_len - 1 : -1, :])
+
+
+class HindsearchGRPOTrainer(GRPOTrainer):
+    """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms)."""
+
+    def __init__(
+        self,
+        *,
+        model: Any,
+        args: Any,
+        train_records: Sequence[QARecord],
+        engine: Any,
+        tokenizer: Any,
+        terms: Sequence[Any] = (),
+        aux_ctx: Any = None,
+        run_dir: str | Path | None = None,
+        samples_per_step: int = 4,
+        format_reward: float = 0.0,
+        rollout_seed: int = 0,
+        ema_decay: float = 0.99,
+        **kwargs: Any,
+    ) -> None:
+        from datasets import Dataset
+
+        if not train_records:
+            raise ValueError("no training questions")
+        self._by_key = {ra.record_key(r): r for r in train_records}
+        if len(self._by_key) != len(train_records):
+            raise ValueError("training record ids must be unique (they key the rollouts)")
+        reward_funcs: list[Any] = [ra.em_reward]
+        if format_reward > 0:
+            reward_funcs.append(ra.format_reward)
+            args.reward_weights = [1.0, float(format_reward)]
+        dataset = Dataset.from_list([{"prompt": ra.record_key(r)} for r in train_records])
+        self.engine = engine
+        self.terms = list(terms)
+        self.aux_ctx = aux_ctx
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.samples_per_step = samples_per_step
+        self.rollout_seed = rollout_seed
+        self._last_trajs: list[Trajectory] = []
+        self._timing: dict[str, float] = {}
+        self._step_metrics: dict[str, float] = {}
+        self._term_acc: dict[str, list[float]] = {}
+        self._vllm_attached = False
+        self.ema_decay = ema_decay
+        super().__init__(
+            model=model,
+            reward_funcs=reward_funcs,
+            args=args,
+            train_dataset=dataset,
+            processing_class=tokenizer,
+            rollout_func=self._rollout,
+            **kwargs,
+        )
+        self.add_callback(_AfterStep(self))
+
+    # ------------------------------------------------------------------ rollouts
+    def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        from trl.models.utils import unwrap_model_for_generation
+
+        t0 = time.perf_counter()
+        records = ra.records_for_prompts(prompts, self._by_key)
+        seed = self.rollout_seed * 1_000_003 + self.state.global_step
+        if self.use_vllm:  # GPU only; not exercised by the CPU tests
+            self._attach_vllm()
+            trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
+        else:
+            with unwrap_model_for_generation(
+                self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
+            ) as unwrapped:
+                was_training = unwrapped.training
+                unwrapped.eval()
+                self.engine.model = unwrapped
+                if hasattr(self.engine.backend, "model"):
+                    self.engine.backend.model = unwrapped
+                try:
+                    with torch.no_grad():
+                        trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
+                finally:
+                    unwrapped.train(was_training)
+        if len(trajs) != len(prompts):
+            raise RuntimeError(f"rollout engine returned {len(trajs)} trajectories for {len(prompts)} prompts")
+        self._last_trajs = trajs
+        filler = self.processing_class.pad_token_id
+        out = ra.rollout_output(trajs, filler if filler is not None else self.processing_class.eos_token_id)
+        self._add_time("rollout", time.perf_counter() - t0)
+        return out
+
+    def _attach_vllm(self) -> None:
+        """Give the engine TRL's vLLM LLM (colocate) so the multi-turn loop generates with it. GPU only."""
+        if self._vllm_attached:
+            return
+        from hindsearch.agent.vllm_backend import VLLMBackend  # guarded import: clear error without vllm
+
+        llm = getattr(self.vllm_generation, "llm", None)
+        if llm is None:
+            raise RuntimeError("rollout.backend = vllm needs vllm_mode = colocate (server mode is not wired yet)")
+        eos = self.processing_class.eos_token_id
+        self.engine.backend = VLLMBackend(llm, {eos} if eos is not None else set())
+        self._vllm_attached = True
+
+    # ------------------------------------------------------------------ scoring + aux prepare
+    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: D401 - TRL hook
+        t0 = time.perf_counter()
+        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
+        self._add_time("reward", time.perf_counter() - t0)
+        return out
+
+    def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        out = super()._generate_and_score_completions(inputs)
+        trajs = self._last_trajs
+        B, T = out["completion_ids"].shape
+        device = out["completion_ids"].device
+        out["hs_index"] = torch.arange(B, device=device)
+        aux_samples: dict[str, list[dict]] = {}
+        if self.terms and self.model.training:
+            t0 = time.perf_counter()
+            ctx = self.aux_ctx
+            ctx.step = self.state.global_step
+            ctx.policy = self.accelerator.unwrap_model(self.model)
+            ctx.device = device
+            for term in self.terms:
+                with torch.no_grad():
+                    batch = term.prepare(trajs, T, ctx)
+                for k, v in batch.tensors.items():
+                    if v.shape[0] != B:
+                        raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
+                    out[aux_key(term.name, k)] = v.to(device)
+                for k, v in batch.metrics.items():
+                    self._step_metrics[f"{term.name}/{k}"] = float(v)
+                aux_samples[term.name] = batch.samples
+            self._add_time("aux_prepare", time.perf_counter() - t0)
+        self._step_metrics.update({f"rollout/{k}": v for k, v in ra.rollout_metrics(trajs, self.num_generations).items()})
+        self._write_samples(trajs, aux_samples)
+        return out
+
+    # ------------------------------------------------------------------ loss
+    @contextmanager
+    def _capture_hidden(self, model: Any):
+        """Collect the backbone's last hidden states of forwards run inside the block."""
+        base = self.accelerator.unwrap_model(model).base_model
+        captured: list[torch.Tensor] = []
+
+        def hook(_mod, _args, output):
+            h = output.last_hidden_state if hasattr(output, "last_hidden_state") else output[0]
+            captured.append(h)
+
+        handle = base.register_forward_hook(hook)
+        try:
+            yield captured
+        finally:
+            handle.remove()
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        if not self.terms:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        else:
+            with self._capture_hidden(model) as captured:
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            hidden = torch.cat(captured, dim=0) if len(captured) > 1 else captured[0]
+            completion_ids = inputs["completion_ids"]
+            lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
+            logits = completion_logits(hidden, lm_head, completion_ids.size(1))
+            norm = self.current_gradient_accumulation_steps if self.model.training else 1.0
+            for term in self.terms:
+                term_loss, metrics = term.loss(logits, completion_ids, term_inputs(inputs, term.name))
+                loss = loss + term.lam * term_loss / norm
+                self._acc(f"{term.name}/loss", float(term_loss.detach()))
+                for k, v in metrics.items():
+                    self._acc(f"{term.name}/{k}", float(v))
+        if not torch.isfinite(loss.detach()).all():
+            raise NonFiniteLoss(
+                f"non-finite training loss ({float(loss.detach())}) at step {self.state.global_step + 1}"
+            )
+        self._acc("loss/total", float(loss.detach()))
+        return loss
+
+    # ------------------------------------------------------------------ timing + logging
+    def _add_time(self, key: str, dt: float) -> None:
+        self._timing[key] = self._timing.get(key, 0.0) + dt
+
+    def _acc(self, key: str, value: float) -> None:
+        self._term_acc.setdefault(key, []).append(value)
+
+    def optimizer_step_done(self) -> None:
+        """After each optimizer step: move the EMA teacher (when a term asked for one) toward the policy."""
+        ema = getattr(self.aux_ctx, "ema", None)
+        if ema is None:
+            return
+        policy = self.accelerator.unwrap_model(self.model)
+        with torch.no_grad():
+            for pe, pp in zip(ema.parameters(), policy.parameters()):
+                pe.lerp_(pp.detach().to(pe.dtype), 1.0 - self.ema_decay)
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = super().training_step(model, inputs, num_items_in_batch)
+        self._add_time("step_total", time.perf_counter() - t0)
+        self._add_time("step_cpu", time.process_time() - c0)
+        return out
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        training_log = self.model.training and "loss" in logs and "train_runtime" not in logs
+        if training_log:
+            tm = self._timing
+            total = tm.get("step_total", 0.0)
+            parts = {k: tm.get(k, 0.0) for k in ("rollout", "reward", "aux_prepare")}
+            extra = {f"time/{k}": v for k, v in parts.items()}
+            extra["time/update"] = max(total - sum(parts.values()), 0.0)
+            extra["time/step"] = total
+            extra["time/step_cpu"] = tm.get("step_cpu", 0.0)  # process CPU seconds (all threads): robust to a busy machine
+            extra.update(self._step_metrics)
+            extra.update({k: sum(v) / len(v) for k, v in self._term_acc.items() if v})
+            logs.update(extra)
+            self._timing, self._step_metrics, self._term_acc = {}, {}, {}
+        super().log(logs, start_time)
+        if training_log and self.run_dir is not None and self.accelerator.is_main_process:
+            row = {"step": self.state.global_step, **{k: v for k, v in logs.items() if _jsonable(v)}}
+            with (self.run_dir / "metrics.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    def _write_samples(self, trajs: Sequence[Trajectory], aux_samples: dict[str, list[dict]]) -> None:
+        if self.run_dir is None or self.samples_per_step <= 0 or not self.accelerator.is_main_process:
+            return
+        recs = ra.sample_records(trajs, aux_samples, self.samples_per_step, self.state.global_step + 1)
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            for r in recs:
+                f.write(json.dumps(r, default=str) + "\n")
+
+
+class _AfterStep(TrainerCallback):
+    def __init__(self, trainer: HindsearchGRPOTrainer) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.optimizer_step_done()
+
+
+def _jsonable(v: Any) -> bool:
+    return v is None or isinstance(v, (int, float, str, bool))

@@ -1,0 +1,112 @@
+"""Presets and config validation: every shipped preset loads; bad values fail before any model loads,
+naming the key and the allowed values; the `train` CLI finds presets by name."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from hindsearch import cli
+from hindsearch.config import Config, ConfigError
+from hindsearch.train.cli import find_config
+from hindsearch.train.run import format_table, grpo_args, preflight, summary_row, truncate_jsonl
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+PRESETS = sorted(CONFIGS.glob("*.toml"))
+
+
+@pytest.fixture
+def no_models(monkeypatch):
+    """Any model load fails the test: validation must happen first."""
+    import hindsearch.models as models
+
+    def boom(*a, **k):
+        raise AssertionError("a model was loaded before the config was validated")
+
+    monkeypatch.setattr(models, "load_policy", boom)
+    monkeypatch.setattr(models, "load_tokenizer", boom)
+
+
+def test_presets_exist_and_load():
+    names = {p.stem for p in PRESETS}
+    for want in ("tiny-cpu", "tiny-cpu-hindsearch", "tiny-cpu-igsd", "qwen2.5-3b-instruct-grpo", "qwen2.5-7b-instruct-grpo",
+                 "qwen2.5-3b-instruct-hindsearch", "qwen2.5-3b-instruct-hindsearch-nogold", "qwen2.5-3b-instruct-igsd",
+                 "qwen2.5-7b-instruct-igsd"):
+        assert want in names
+    for p in PRESETS:
+        cfg = Config.load(p)
+        assert cfg.rollout.num_generations >= 2
+    assert Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml").hindsearch.judge_sees_gold is False
+    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")
+    assert (paper.rollout.num_generations, paper.train.lr, paper.train.beta, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
+    assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
+    assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
+
+
+def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # not the repo: found relative to the package checkout
+    assert find_config(None).name == "tiny-cpu.toml"
+    assert find_config("tiny-cpu-igsd").name == "tiny-cpu-igsd.toml"
+    with pytest.raises(FileNotFoundError, match="presets: .*tiny-cpu"):
+        find_config("no-such-preset")
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.loss_type=\"ppo\"", "train.loss_type = 'ppo' is not allowed; choose one of grpo, dr_grpo, dapo, bnpo"),
+        ("method=\"sft\"", "method = 'sft' is not allowed; choose one of grpo, hindsearch, igsd, hindsearch+igsd"),
+        ("rollout.backend=\"tgi\"", "rollout.backend = 'tgi' is not allowed; choose one of hf, vllm"),
+        ("igsd.gate=\"soft\"", "igsd.gate"),
+        ("rollout.num_generations=1", "rollout.num_generations must be >= 2"),
+        ("train.lr=-1", "train.lr must be > 0"),
+        ("train.stepz=3", "unknown key train.stepz"),
+        ("rollout.max_turns=\"four\"", "rollout.max_turns must be int"),
+    ],
+)
+def test_bad_values_fail_before_any_model_loads(override, needle, no_models, capsys):
+    rc = cli.main(["train", "--set", override])
+    assert rc == 1
+    err = capsys.readouterr().err
+    assert needle in err, err
+
+
+def test_missing_files_are_named_before_any_model_loads(no_models, capsys):
+    rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")])
+    assert rc == 1
+    assert "data.train = 'FILL_ME/nq_hotpotqa_train/train.parquet': file not found" in capsys.readouterr().err
+    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ['retrieval.index_dir="/nonexistent/index"'])
+    with pytest.raises(ConfigError, match="retrieval.index_dir"):
+        preflight(cfg)
+
+
+def test_resume_rejects_overrides_and_non_run_dirs(tmp_path, no_models, capsys):
+    assert cli.main(["train", "--resume", str(tmp_path), "--set", "train.steps=3"]) == 1
+    assert "--resume uses the run's saved config.toml" in capsys.readouterr().err
+    assert cli.main(["train", "--resume", str(tmp_path)]) == 1
+    assert "no config.toml there" in capsys.readouterr().err
+
+
+def test_grpo_args_mapping():
+    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ["train.steps=7", "train.beta=0.01", 'train.loss_type="dapo"'])
+    a = grpo_args(cfg, "/tmp/x")
+    g = cfg.rollout.num_generations
+    assert a.per_device_train_batch_size * a.gradient_accumulation_steps == cfg.train.questions_per_step * g
+    assert (a.num_generations, a.max_steps, a.beta, a.loss_type) == (g, 7, 0.01, "dapo")
+    assert a.learning_rate == cfg.train.lr and a.max_completion_length == cfg.rollout.max_total_tokens
+    with pytest.raises(ConfigError, match="divisible by the number of processes"):
+        grpo_args(Config.load(None, ["train.questions_per_step=3", "rollout.num_generations=3"]), "/tmp/x", 2)
+
+
+def test_summary_table_and_truncate(tmp_path):
+    res = {"benchmarks": {"dev": {"n": 4, "em": 0.5, "em_by_hops": {"1": 0.75, "2": 0.25},
+                                  "searches_per_question": 1.25, "validity_rate": 1.0}}}
+    row = summary_row(res)
+    assert row == {"em": 0.5, "em_1hop": 0.75, "em_2hop": 0.25, "searches": 1.25, "validity": 1.0, "n": 4}
+    table = format_table({"base": row, "rl": row})
+    assert "base model" in table and "after RL" in table and "after warm-up" not in table and "75.0" in table
+    p = tmp_path / "m.jsonl"
+    p.write_text("".join(f'{{"step": {i}}}\n' for i in range(1, 6)))
+    assert truncate_jsonl(p, 3) == 2
+    assert [line for line in p.read_text().splitlines()] == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
