@@ -109,6 +109,8 @@ class WarmupConfig:
     """SFT batch size."""
     p_bridge: float = 0.5
     """Scripted searcher: probability of searching the bridge entity on a two-hop question (else it guesses after one search)."""
+    train_layers: int | None = None
+    """Train only the top N decoder layers during warm-up (None = the whole model)."""
     p_feedback: float = 0.0
     """Fraction of demonstrations whose prompt carries a critique that the demonstration follows (teaches reading hindsight)."""
 

@@ -1,0 +1,186 @@
+"""Scripted searcher: demonstration rollouts in the exact Search-R1 protocol text (cold start).
+
+For each question it writes what a competent-but-imperfect agent would write, using REAL
+retrieval through our ``Retriever`` (every information block is exactly
+``protocol.information_block(docs)`` of what the retriever returned)::
+
+    <think> ... </think>\\n<search> {question} </search>      generated
+    \\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n   injected (retrieved)
+    <think> ... </think>\\n<answer> {X} </answer>               generated
+
+Answering rule (never from knowledge it did not retrieve): X is a gold answer only when that
+gold string occurs (normalised, whole words) in the passages retrieved so far, written as it
+appears there; otherwise X is a guess: the title of a retrieved passage that the question does
+not mention.
+
+Two-hop questions (``hops == 2``, metadata ``bridge`` and ``hop_questions``): with probability
+``p_bridge`` it follows the chain — when the bridge entity appears in what it read it searches
+the second sub-question (else it first searches the first sub-question, then the second); with
+probability ``1 - p_bridge`` it answers after the first search (usually a guess). So it solves
+most one-hop and only part of the two-hop questions: headroom for RL, by design.
+
+With probability ``p_feedback`` a demonstration carries a critique line in the prompt
+(``protocol.FEEDBACK_TEMPLATE``) that the demonstration follows (two-hop: it always searches
+the bridge), which teaches a small model to read hindsight.
+
+Output: ``Trajectory`` objects holding text only (``prompt_ids``/``completion_ids`` empty),
+with ``extra["segments"] = [[text, generated], ...]`` and ``extra["hint"]``; tokenisation with
+exact masks is ``hindsearch.train.warmup.tokenize_demo``.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from hindsearch.agent import protocol
+from hindsearch.records import Passage, QARecord, Trajectory, Turn
+from hindsearch.rewards import exact_match, f1_score, normalize_answer
+
+SNIPPET_CHARS = 160
+
+
+def find_in_docs(answers: Sequence[str], docs: Sequence[Passage]) -> str | None:
+    """The first answer string that occurs (case-insensitive, whole words) in a passage, as written there.
+
+    Returns the surface form from the passage text (or title), or None when no answer occurs.
+    """
+    for a in answers:
+        a = a.strip()
+        if not a:
+            continue
+        pat = re.compile(r"(?<!\w)" + re.escape(a) + r"(?!\w)", re.IGNORECASE)
+        for d in docs:
+            m = pat.search(d.bare_title + "\n" + d.text)
+            if m:
+                return m.group(0)
+    return None
+
+
+def guess_from_docs(question: str, docs: Sequence[Passage], rng: random.Random) -> str:
+    """A guess seen in the docs: the title of a retrieved passage that the question does not mention.
+
+    Falls back to the first passage's title, or ``"unknown"`` when nothing was retrieved.
+    """
+    qn = normalize_answer(question)
+    titles = [d.bare_title for d in docs if d.bare_title]
+    fresh = [t for t in titles if normalize_answer(t) and normalize_answer(t) not in qn]
+    if fresh:
+        return fresh[0] if rng.random() < 0.7 else rng.choice(fresh)
+    return titles[0] if titles else "unknown"
+
+
+def _hop_questions(record: QARecord) -> tuple[str, str] | None:
+    hq = record.metadata.get("hop_questions")
+    if isinstance(hq, (list, tuple)) and len(hq) == 2 and all(isinstance(q, str) and q.strip() for q in hq):
+        return hq[0].strip(), hq[1].strip()
+    return None
+
+
+def feedback_critique(record: QARecord) -> str:
+    """A short critique that points the search the right way without giving the answer."""
+    hq = _hop_questions(record)
+    bridge = record.metadata.get("bridge")
+    if record.hops == 2 and hq and bridge:
+        return f"After the first search, search for {bridge} and answer {hq[1]}"
+    return "Search with the question and answer with the name written in the passages."
+
+
+class ScriptedSearcher:
+    """Writes demonstration trajectories with real retrieval (see the module docstring).
+
+    ``retriever`` is any ``Retriever`` (``retrieve(queries, k) -> list[list[Passage]]``).
+    Deterministic: the random choices of a record depend only on ``seed`` and the record id.
+    """
+
+    def __init__(self, retriever: Any, topk: int = 3, p_bridge: float = 0.5, p_feedback: float = 0.0,
+                 max_turns: int = 4, seed: int = 0) -> None:
+        for name, p in (("p_bridge", p_bridge), ("p_feedback", p_feedback)):
+            if not 0.0 <= p <= 1.0:
+                raise ValueError(f"warmup.{name} must be in [0, 1], got {p}")
+        if max_turns < 1:
+            raise ValueError(f"rollout.max_turns must be >= 1 for demonstrations, got {max_turns}")
+        self.retriever, self.topk, self.p_bridge, self.p_feedback = retriever, topk, p_bridge, p_feedback
+        self.max_turns, self.seed = max_turns, seed
+
+    # -------------------------------------------------------------- one demo
+    def demo(self, record: QARecord) -> Trajectory:
+        """One demonstration trajectory for ``record`` (text level, with segments)."""
+        rng = random.Random(f"{self.seed}:{record.id}")
+        hint = None
+        if self.p_feedback > 0 and rng.random() < self.p_feedback:
+            hint = protocol.FEEDBACK_TEMPLATE.format(critique=feedback_critique(record))
+        bridge = record.metadata.get("bridge") if record.hops == 2 else None
+        follow_chain = bool(bridge) and (hint is not None or rng.random() < self.p_bridge)
+        hq = _hop_questions(record)
+        segments: list[list[Any]] = []
+        turns: list[Turn] = []
+        read: list[Passage] = []
+
+        def search(thought: str, query: str) -> list[Passage]:
+            segments.append([f"<think> {thought} </think>\n<search> {query} </search>", True])
+            docs = list(self.retriever.retrieve([query], self.topk)[0])
+            segments.append([protocol.information_block(docs), False])
+            turns.append(Turn(action="search", content=query, doc_ids=[d.id for d in docs],
+                              doc_titles=[d.bare_title for d in docs],
+                              doc_snippets=[d.text[:SNIPPET_CHARS] for d in docs]))
+            read.extend(docs)
+            return docs
+
+        question = protocol.format_question(record.question)
+        docs = search("I need to look this up.", question)
+        if follow_chain and bridge:
+            if find_in_docs([bridge], read) is None and hq and self.max_turns >= 3:
+                search("I should find the first fact on its own.", hq[0])
+            found_bridge = find_in_docs([bridge], read)
+            if found_bridge is not None and self.max_turns >= len(turns) + 1:
+                second = hq[1] if hq else found_bridge
+                search(f"The passages point to {found_bridge}. Now I need to find out about {found_bridge}.", second)
+        ans = find_in_docs(record.golden_answers, read)
+        if ans is not None:
+            thought, answer = f"The passages say the answer is {ans}.", ans
+        else:
+            answer = guess_from_docs(record.question, docs, rng)
+            thought = f"I am not sure. My best guess is {answer}."
+        segments.append([f"<think> {thought} </think>\n<answer> {answer} </answer>", True])
+        turns.append(Turn(action="answer", content=answer))
+        text = "".join(s for s, _ in segments)
+        return Trajectory(
+            qid=record.id, question=record.question, golden_answers=list(record.golden_answers),
+            prompt_ids=[], turns=turns, answer=answer,
+            reward=exact_match(answer, record.golden_answers), em=exact_match(answer, record.golden_answers),
+            f1=f1_score(answer, record.golden_answers), stop_reason="answer", hops=record.hops,
+            evidence=list(record.evidence), data_source=record.data_source, completion_text=text,
+            extra={"segments": segments, "hint": hint, "scripted": True, "followed_chain": follow_chain},
+        )
+
+    def demos(self, records: Sequence[QARecord]) -> list[Trajectory]:
+        """Demonstrations for every record, in order."""
+        return [self.demo(r) for r in records]
+
+
+def ceiling_from_demos(demos: Sequence[Trajectory]) -> dict[str, Any]:
+    """EM of demonstrations overall and per hop count, plus searches per question.
+
+    Returns ``{"n", "em", "em_by_hops": {"1": .., "2": ..}, "n_by_hops", "searches_per_question"}``.
+    """
+    by: dict[str, list[float]] = {}
+    for t in demos:
+        by.setdefault(str(t.hops if t.hops is not None else "unknown"), []).append(t.em)
+    n = len(demos)
+    return {
+        "n": n,
+        "em": sum(t.em for t in demos) / n if n else 0.0,
+        "em_by_hops": {k: sum(v) / len(v) for k, v in sorted(by.items())},
+        "n_by_hops": {k: len(v) for k, v in sorted(by.items())},
+        "searches_per_question": sum(t.num_searches for t in demos) / n if n else 0.0,
+    }
+
+
+def scripted_ceiling(records: Sequence[QARecord], retriever: Any, topk: int = 3, p_bridge: float = 0.5,
+                     max_turns: int = 4, seed: int = 0) -> dict[str, Any]:
+    """The scripted searcher's own EM per hop count on ``records`` (the ceiling it teaches)."""
+    s = ScriptedSearcher(retriever, topk=topk, p_bridge=p_bridge, max_turns=max_turns, seed=seed)
+    return ceiling_from_demos(s.demos(records))

@@ -1,0 +1,431 @@
+"""Protocol warm-up (cold start): supervised fine-tuning on demonstration rollouts.
+
+Objective: token-mean cross-entropy on the demonstration's **generated** tokens only,
+
+    L_sft = - sum_{i: gen_mask_i = 1} log pi(y_i | prompt, y_<i) / #{i: gen_mask_i = 1},
+
+averaged over the tokens of a batch; prompt tokens and injected tokens (information blocks,
+invalid-action notices) carry label -100 (no loss), exactly as GRPO masks them.
+
+Tokenisation mirrors the rollout engine: ``prompt_ids`` = the chat-templated prompt
+(``protocol.make_prompt``, with the demo's hint line when it has one); each model-written
+segment and each injected block is tokenised on its own (no special tokens) and the ids are
+concatenated, so ``gen_mask`` is exact and the injected spans decode to exactly the injected
+text. Demonstrations come from the scripted searcher (``hindsearch.train.scripted``) or from
+any trajectories file in our rollout format (JSONL of ``Trajectory.to_dict()``; segments are
+re-derived from ``completion_text``, so any tokenizer's rollouts can be used).
+
+``ensure_warmup`` runs the stage once: the result is cached under
+``cache_dir/warmup-<hash>`` keyed by (model, warm-up config, rollout budget, data) and holds
+the model and tokenizer (``save_pretrained``) and ``warmup.json`` (demo counts, the scripted
+searcher's EM per hop, the loss curve, timings). ``register_sft`` adds ``hindsearch sft``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+import re
+import shutil
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.records import QARecord, Trajectory, Turn
+
+CACHE_VERSION = 1
+INJECTED_RE = re.compile(
+    r"(\n\n<information>.*?(?:</information>\n\n|$)|" + re.escape(protocol.INVALID_NOTICE) + ")", re.DOTALL
+)
+
+
+# ---------------------------------------------------------------- demonstrations
+def segments_from_text(completion_text: str) -> list[tuple[str, bool]]:
+    """Split a completion into ``(text, generated)`` segments: injected blocks (information
+    blocks, the invalid-action notice) are ``generated=False``, everything else True."""
+    out: list[tuple[str, bool]] = []
+    pos = 0
+    for m in INJECTED_RE.finditer(completion_text):
+        if m.start() > pos:
+            out.append((completion_text[pos : m.start()], True))
+        out.append((m.group(0), False))
+        pos = m.end()
+    if pos < len(completion_text):
+        out.append((completion_text[pos:], True))
+    return out
+
+
+def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Trajectory], int]:
+    """Read a trajectories JSONL (``Trajectory.to_dict()`` per line).
+
+    Returns ``(trajectories, n_skipped)``; with ``require_answer`` a trajectory without a final
+    ``<answer>`` is skipped (counted). A malformed line raises ``ValueError`` naming file:line.
+    """
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"warmup.demos: file not found: {p}")
+    out, skipped = [], 0
+    with p.open() as f:
+        for ln, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                if not isinstance(d, dict):
+                    raise ValueError("not a JSON object")
+                if not isinstance(d.get("question"), str) or not isinstance(d.get("completion_text"), str):
+                    raise ValueError("needs string fields 'question' and 'completion_text'")
+                d.setdefault("qid", str(ln))
+                d.setdefault("golden_answers", [])
+                d.setdefault("prompt_ids", [])
+                t = Trajectory.from_dict(d)
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{p}:{ln}: bad trajectory: {e}") from e
+            if require_answer and protocol.extract_answer(t.completion_text) is None:
+                skipped += 1
+                continue
+            out.append(t)
+    return out, skipped
+
+
+def _encode(tokenizer: Any, text: str, offsets: bool = False) -> Any:
+    return tokenizer(text, add_special_tokens=False, return_offsets_mapping=offsets)
+
+
+def prompt_ids(tokenizer: Any, question: str, hint: str | None = None) -> list[int]:
+    """Prompt ids exactly as the rollout engine builds them (special tokens only without a chat template)."""
+    text = protocol.make_prompt(tokenizer, question, hint)
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    return list(tokenizer(text, add_special_tokens=not has_template)["input_ids"])
+
+
+def _query_mask(tokenizer: Any, text: str) -> list[int]:
+    """1 on the tokens of ``text`` that overlap the query characters inside ``<search>...</search>``."""
+    enc = _encode(tokenizer, text, offsets=True)
+    m = protocol.ACTION_RE.search(text)
+    if m is None or m.group(1) != "search":
+        return [0] * len(enc["input_ids"])
+    raw = m.group(2)
+    lo = m.start(2) + (len(raw) - len(raw.lstrip()))
+    hi = m.start(2) + len(raw.rstrip())
+    return [int(a < hi and b > lo and b > a) for a, b in enc["offset_mapping"]]
+
+
+def tokenize_demo(tokenizer: Any, traj: Trajectory, max_total_tokens: int | None = None) -> Trajectory:
+    """Token ids and exact masks of a text-level demonstration (see the module docstring).
+
+    Uses ``traj.extra["segments"]`` when present, else ``segments_from_text(completion_text)``.
+    Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``, ``query_mask``, ``logprobs`` (zeros)
+    and the turns' token spans. When prompt + completion exceed ``max_total_tokens`` the
+    completion is cut to fit and ``stop_reason`` becomes ``length``.
+    """
+    hint = traj.extra.get("hint")
+    p_ids = prompt_ids(tokenizer, traj.question, hint)
+    segs = traj.extra.get("segments") or segments_from_text(traj.completion_text)
+    ids: list[int] = []
+    gen: list[int] = []
+    qmask: list[int] = []
+    turns: list[Turn] = []
+    src_turns = iter(traj.turns)
+    for text, generated in segs:
+        seg_ids = list(_encode(tokenizer, text)["input_ids"])
+        start = len(ids)
+        ids += seg_ids
+        gen += [int(bool(generated))] * len(seg_ids)
+        if generated:
+            qm = _query_mask(tokenizer, text)
+            qmask += qm
+            action, content = protocol.parse_action(text)
+            src = next(src_turns, None)
+            t = replace(src) if src is not None else Turn(action=action or "invalid", content=content)
+            t.gen_span = (start, len(ids))
+            on = [start + i for i, v in enumerate(qm) if v]
+            t.query_span = (on[0], on[-1] + 1) if on else (start, start)
+            t.inject_span = (len(ids), len(ids))
+            turns.append(t)
+        else:
+            qmask += [0] * len(seg_ids)
+            if turns:
+                turns[-1].inject_span = (start, len(ids))
+    stop = traj.stop_reason or "answer"
+    if max_total_tokens is not None and len(p_ids) + len(ids) > max_total_tokens:
+        keep = max(0, max_total_tokens - len(p_ids))
+        ids, gen, qmask, stop = ids[:keep], gen[:keep], qmask[:keep], "length"
+    return replace(traj, prompt_ids=p_ids, completion_ids=ids, gen_mask=gen, query_mask=qmask,
+                   logprobs=[0.0] * len(ids), turns=turns, stop_reason=stop)
+
+
+# ---------------------------------------------------------------- SFT
+def collate(batch: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids [B, L], attention_mask [B, L], labels [B, L])``.
+
+    ``labels[b, i] = input_ids[b, i]`` where the token is a generated completion token
+    (gen_mask 1), else -100 (prompt, injected blocks, padding). Labels are *not* shifted.
+    """
+    L = max(len(t.prompt_ids) + len(t.completion_ids) for t in batch)
+    ids = torch.full((len(batch), L), pad_id, dtype=torch.long)
+    att = torch.zeros((len(batch), L), dtype=torch.long)
+    lab = torch.full((len(batch), L), -100, dtype=torch.long)
+    for b, t in enumerate(batch):
+        seq = t.prompt_ids + t.completion_ids
+        n, p = len(seq), len(t.prompt_ids)
+        ids[b, :n] = torch.tensor(seq)
+        att[b, :n] = 1
+        comp = torch.tensor(t.completion_ids, dtype=torch.long)
+        gm = torch.tensor(t.gen_mask, dtype=torch.bool)
+        lab[b, p:n] = torch.where(gm, comp, torch.full_like(comp, -100))
+    return ids, att, lab
+
+
+def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Token-mean next-token cross-entropy over labelled positions (labels != -100).
+
+    Shapes: ``input_ids``, ``attention_mask``, ``labels`` [B, L]. The LM head is applied only at
+    the positions that predict a labelled token (cheaper than full [B, L, V] logits).
+    """
+    tgt = labels[:, 1:]
+    sel = tgt != -100
+    if not bool(sel.any()):
+        raise ValueError("SFT batch has no gen_mask tokens to train on")
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
+    head = model.get_output_embeddings()
+    if decoder is not None and head is not None:
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+        logits = head(hidden[:, :-1][sel])  # [N, V]
+    else:
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][sel]
+    return torch.nn.functional.cross_entropy(logits.float(), tgt[sel])
+
+
+def _batches(n: int, batch_size: int, lengths: Sequence[int], rng: random.Random) -> list[list[int]]:
+    """Shuffled batches; within windows of 4 batches, indices sorted by length (less padding)."""
+    idx = list(range(n))
+    rng.shuffle(idx)
+    out = []
+    win = batch_size * 4
+    for w in range(0, n, win):
+        chunk = sorted(idx[w : w + win], key=lambda i: lengths[i])
+        out += [chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size)]
+    rng.shuffle(out)
+    return out
+
+
+def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
+    """Parameters to train: all (``n`` None) or only the top ``n`` decoder layers and the final norm.
+
+    With ``n`` set, everything else gets ``requires_grad=False`` (the frozen lower layers then
+    build no autograd graph: a cheaper step on CPU). Call ``model.requires_grad_(True)`` to undo.
+    """
+    if n is None:
+        return [p for p in model.parameters() if p.requires_grad]
+    layers = getattr(model.get_decoder(), "layers", None)
+    if layers is None or not 0 < n <= len(layers):
+        raise ValueError(f"train_layers = {n}: the model has {len(layers) if layers is not None else '?'} decoder layers")
+    model.requires_grad_(False)
+    for mod in [*layers[len(layers) - n :], getattr(model.get_decoder(), "norm", None)]:
+        if mod is not None:
+            mod.requires_grad_(True)
+    return [p for p in model.parameters() if p.requires_grad]
+
+
+def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr: float, batch_size: int,
+        seed: int = 0, warmup_frac: float = 0.1, max_grad_norm: float = 1.0, progress: bool = True,
+        train_layers: int | None = None) -> dict[str, Any]:
+    """Train ``model`` in place on tokenised demonstrations; AdamW, linear warm-up then cosine decay.
+
+    ``train_layers``: train only the top N decoder layers (None = the whole model).
+    Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
+    """
+    from tqdm.auto import tqdm
+
+    if not demos:
+        raise ValueError("warm-up has no demonstrations to train on")
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    device = next(model.parameters()).device
+    rng = random.Random(seed)
+    lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in demos]
+    plan = [b for _ in range(epochs) for b in _batches(len(demos), batch_size, lengths, rng)]
+    total = len(plan)
+    params = trainable_top_layers(model, train_layers)
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    n_warm = max(1, int(warmup_frac * total))
+
+    def lr_at(step: int) -> float:
+        if step < n_warm:
+            return (step + 1) / n_warm
+        return 0.5 * (1 + math.cos(math.pi * (step - n_warm) / max(1, total - n_warm)))
+
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
+    model.train()
+    losses, tokens, t0 = [], 0, time.time()
+    bar = tqdm(plan, desc="warm-up SFT", disable=not progress)
+    for b in bar:
+        ids, att, lab = (x.to(device) for x in collate([demos[i] for i in b], pad_id))
+        loss = sft_loss(model, ids, att, lab)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+        tokens += int((lab != -100).sum())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    if train_layers is not None:
+        model.requires_grad_(True)
+    model.eval()
+    return {"loss": losses, "steps": total, "tokens_trained": tokens, "seconds": time.time() - t0}
+
+
+# ---------------------------------------------------------------- the stage
+def select_records(records: Sequence[QARecord], n: int, seed: int) -> list[QARecord]:
+    """``n`` records drawn without replacement (seeded); all of them when ``n >= len``."""
+    idx = list(range(len(records)))
+    random.Random(seed).shuffle(idx)
+    return [records[i] for i in sorted(idx[: min(n, len(records))])]
+
+
+def build_demos(cfg: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
+                demos_path: str | Path | None = None) -> tuple[list[Trajectory], dict[str, Any]]:
+    """Tokenised demonstrations + info (scripted ceiling per hop, counts) for the warm-up config."""
+    from hindsearch.train.scripted import ScriptedSearcher, ceiling_from_demos
+
+    w = cfg.warmup
+    path = demos_path or w.demos
+    info: dict[str, Any] = {}
+    if path:
+        texts, skipped = load_demos(path)
+        texts = texts[: w.num_demos] if w.num_demos else texts
+        info.update(source=str(path), skipped_without_answer=skipped)
+    else:
+        searcher = ScriptedSearcher(retriever, topk=cfg.retrieval.topk, p_bridge=w.p_bridge,
+                                    p_feedback=w.p_feedback, max_turns=cfg.rollout.max_turns, seed=cfg.train.seed)
+        texts = searcher.demos(select_records(train_records, w.num_demos, cfg.train.seed))
+        info.update(source="scripted", p_bridge=w.p_bridge, p_feedback=w.p_feedback)
+    info["scripted_ceiling" if not path else "demo_em"] = ceiling_from_demos(texts)
+    demos = [tokenize_demo(tokenizer, t, cfg.rollout.max_total_tokens) for t in texts]
+    info.update(num_demos=len(demos), truncated=sum(t.stop_reason == "length" for t in demos),
+                with_feedback=sum(bool(t.extra.get("hint")) for t in demos),
+                mean_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in demos) / max(1, len(demos)),
+                mean_gen_tokens=sum(sum(t.gen_mask) for t in demos) / max(1, len(demos)))
+    return demos, info
+
+
+def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
+               out_dir: str | Path, demos_path: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Build demonstrations, SFT ``model`` in place, save model + tokenizer + ``warmup.json`` to ``out_dir``."""
+    w = cfg.warmup
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    demos, info = build_demos(cfg, tokenizer, retriever, train_records, demos_path)
+    info["demo_seconds"] = time.time() - t0
+    with (out / "demos.jsonl").open("w") as f:
+        for t in demos:
+            f.write(json.dumps(t.to_dict()) + "\n")
+    curve = sft(model, tokenizer, demos, epochs=w.epochs, lr=w.lr, batch_size=w.batch_size,
+                seed=cfg.train.seed, progress=progress, train_layers=w.train_layers)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    info.update(model=cfg.model.name, warmup=asdict(w), sft=curve, seconds=time.time() - t0)
+    (out / "warmup.json").write_text(json.dumps(info, indent=1))
+    return info
+
+
+def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Path | None = None) -> str:
+    """Cache key: hash of (model, warm-up config, rollout budget, retrieval, seed, data)."""
+    h = hashlib.sha256()
+    path = demos_path or cfg.warmup.demos
+    parts = {
+        "version": CACHE_VERSION,
+        "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype],
+        "warmup": asdict(cfg.warmup),
+        "rollout": [cfg.rollout.max_turns, cfg.rollout.max_total_tokens],
+        "retrieval": [cfg.retrieval.kind, cfg.retrieval.index_dir, cfg.retrieval.url, cfg.retrieval.topk,
+                      cfg.retrieval.encoder],
+        "seed": cfg.train.seed,
+    }
+    h.update(json.dumps(parts, sort_keys=True).encode())
+    if path:
+        h.update(Path(path).read_bytes())
+    else:
+        for r in train_records:
+            h.update(json.dumps([r.id, r.question, r.golden_answers, r.hops, r.metadata], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
+                  cache_dir: str | Path, progress: bool = True) -> Path:
+    """The warmed-up checkpoint folder, built once per (model, warm-up config, data).
+
+    On a cache miss ``model`` is trained in place and saved; on a hit nothing is trained and
+    the cached folder is returned (load the policy from it). Written atomically: a folder is
+    only used when its ``warmup.json`` exists.
+    """
+    final = Path(cache_dir) / f"warmup-{warmup_key(cfg, train_records)}"
+    if (final / "warmup.json").exists():
+        return final
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    run_warmup(cfg, model, tokenizer, retriever, train_records, tmp, progress=progress)
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    return final
+
+
+# ---------------------------------------------------------------- CLI
+def register_sft(sub: Any) -> None:
+    """Add ``hindsearch sft --config FILE [--set k=v] [--demos FILE] --out DIR``."""
+    p = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
+    p.add_argument("--config", default=None, help="TOML preset (default: built-in defaults)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    p.add_argument("--demos", default=None, help="trajectories JSONL to imitate (default: scripted searcher)")
+    p.add_argument("--out", required=True, help="output folder: model, tokenizer, warmup.json, demos.jsonl")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=_cmd_sft)
+
+
+def _cmd_sft(args: Any) -> int:
+    from hindsearch.config import Config
+
+    cfg = Config.load(args.config, args.set)
+    demos = args.demos or cfg.warmup.demos
+    if demos and not Path(demos).exists():
+        raise FileNotFoundError(f"demonstrations file not found: {demos}")
+    records, retriever = ([], None) if demos else _train_data(cfg)
+    from hindsearch.models import load_policy
+
+    model, tokenizer = load_policy(cfg.model)
+    info = run_warmup(cfg, model, tokenizer, retriever, records, args.out, demos_path=args.demos)
+    c = info.get("scripted_ceiling") or info.get("demo_em") or {}
+    print(f"warm-up: {info['num_demos']} demos, demo EM {c.get('em', 0):.3f} by hops {c.get('em_by_hops')}, "
+          f"final loss {(info['sft']['loss'] or [float('nan')])[-1]:.3f}, {info['seconds']:.0f}s -> {args.out}")
+    return 0
+
+
+def _train_data(cfg: Any) -> tuple[list[QARecord], Any]:
+    """Training records and retriever of a config (the world and its BM25 index built when missing)."""
+    from hindsearch.data.qa import load_qa
+
+    world = None
+    if cfg.data.train is None or (cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None):
+        from hindsearch.data.world import ensure_world
+
+        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+    records = load_qa(cfg.data.train) if cfg.data.train else load_qa(world / "train.jsonl")
+    if cfg.data.max_train_questions:
+        records = records[: cfg.data.max_train_questions]
+    from hindsearch.retrieval.base import ensure_index, load_retriever
+
+    index_dir = cfg.retrieval.index_dir
+    if index_dir is None and cfg.retrieval.kind != "remote":
+        assert world is not None
+        index_dir = ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind,
+                                 encoder=cfg.retrieval.encoder)
+    return records, load_retriever(cfg.retrieval, index_dir)
