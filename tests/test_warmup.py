@@ -302,10 +302,10 @@ def test_ensure_warmup_is_cached(world, tok, tmp_path):
 def test_sft_cli_scripted_then_from_a_trajectories_file(tmp_path):
     import argparse
 
-    from hindsearch.train.warmup import register_sft
+    from hindsearch.train.cli import register
 
     parser = argparse.ArgumentParser()
-    register_sft(parser.add_subparsers())
+    register(parser.add_subparsers())
     common = ["--set", "model.name='tiny-random'", "--set", "warmup.epochs=1", "--set", "warmup.batch_size=2",
               "--set", "warmup.lr=1e-3"]
     args = parser.parse_args(["sft", *common, "--set", f"data.world_dir='{tmp_path / 'world'}'",

@@ -45,11 +45,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train)
-    try:
-        from hindsearch.train.warmup import register_sft
-    except ModuleNotFoundError:  # warm-up stage not present in this build
-        return
-    register_sft(sub)
+    q = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
+    q.add_argument("--config", default=None, help="TOML preset (default: built-in defaults)")
+    q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
+    q.add_argument("--demos", default=None, help="trajectories JSONL to imitate (default: scripted searcher)")
+    q.add_argument("--out", required=True, help="output folder: model, tokenizer, warmup.json, demos.jsonl")
+    q.add_argument("--debug", action="store_true", help="show tracebacks")
+    q.set_defaults(func=_cmd_sft)
+
+
+def _cmd_sft(args: argparse.Namespace) -> int:
+    from hindsearch.train.warmup import cmd_sft
+
+    return cmd_sft(args)
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

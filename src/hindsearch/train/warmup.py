@@ -18,7 +18,7 @@ re-derived from ``completion_text``, so any tokenizer's rollouts can be used).
 ``ensure_warmup`` runs the stage once: the result is cached under
 ``cache_dir/warmup-<hash>`` keyed by (model, warm-up config, rollout budget, data) and holds
 the model and tokenizer (``save_pretrained``) and ``warmup.json`` (demo counts, the scripted
-searcher's EM per hop, the loss curve, timings). ``register_sft`` adds ``hindsearch sft``.
+searcher's EM per hop, the loss curve, timings). ``cmd_sft`` runs ``hindsearch sft``.
 """
 
 from __future__ import annotations
@@ -380,18 +380,8 @@ def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_re
 
 
 # ---------------------------------------------------------------- CLI
-def register_sft(sub: Any) -> None:
-    """Add ``hindsearch sft --config FILE [--set k=v] [--demos FILE] --out DIR``."""
-    p = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
-    p.add_argument("--config", default=None, help="TOML preset (default: built-in defaults)")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
-    p.add_argument("--demos", default=None, help="trajectories JSONL to imitate (default: scripted searcher)")
-    p.add_argument("--out", required=True, help="output folder: model, tokenizer, warmup.json, demos.jsonl")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=_cmd_sft)
-
-
-def _cmd_sft(args: Any) -> int:
+def cmd_sft(args: Any) -> int:
+    """``hindsearch sft`` (the parser lives in ``hindsearch.train.cli`` so the CLI starts without torch)."""
     from hindsearch.config import Config
 
     cfg = Config.load(args.config, args.set)
