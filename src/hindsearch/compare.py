@@ -1,0 +1,409 @@
+"""``hindsearch compare``: GRPO vs HindSearch (with / without gold) vs IGSD, side by side.
+
+Protocol (only the method differs between runs):
+
+1. one protocol warm-up of the preset's model (``warmup.ensure_warmup`` with the warm-up seed,
+   cached), whose checkpoint is the **same initial model** of every (method, seed) run;
+2. each (method, seed) trains ``train.steps`` RL steps with ``train.seed = seed`` (same questions in
+   the same order for every method of a seed) into ``DIR/<method>-s<seed>/`` via ``run_train``;
+3. each trained model is evaluated greedily on the world's test split (EM overall and by hop
+   count) and, with ``--mini DIR``, on the seven mini benchmarks (their own BM25 index over the
+   mini-wiki); the numbers go to ``<run>/results.json`` and a ``<run>/done.json`` marks it finished;
+4. ``DIR/results.md``: method x benchmark, mean ± std over seeds (n seeds), the median step time
+   and its ratio to GRPO; ``DIR/curves.png``: training reward (moving average) and dev EM (before
+   and after RL) against steps, one line per method (mean over seeds).
+
+Resumable: finished runs (``done.json``) are skipped; an interrupted run resumes from its last
+checkpoint (``run_train(resume=...)``); a run trained but not yet evaluated is only evaluated.
+
+Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+METHOD_ALIASES: dict[str, list[str]] = {
+    "grpo": ["method=grpo"],
+    "hindsearch": ["method=hindsearch", "hindsearch.judge_sees_gold=true"],
+    "hindsearch-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false"],
+    "igsd": ["method=igsd"],
+    "hindsearch+igsd": ["method=hindsearch+igsd"],
+}
+MINI_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
+WORLD = "world"
+
+
+# --------------------------------------------------------------------------- planning
+def parse_methods(text: str) -> list[str]:
+    """Comma list of method names (aliases allowed); raises ``ValueError`` naming the bad one."""
+    methods = [m.strip() for m in text.split(",") if m.strip()]
+    if not methods:
+        raise ValueError("--methods is empty")
+    for m in methods:
+        if m not in METHOD_ALIASES:
+            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHOD_ALIASES)}")
+    if len(set(methods)) != len(methods):
+        raise ValueError(f"--methods lists a method twice: {text!r}")
+    return methods
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError as e:
+        raise ValueError(f"--seeds must be a comma list of integers, got {text!r}") from e
+    if not seeds:
+        raise ValueError("--seeds is empty")
+    return seeds
+
+
+def run_name(method: str, seed: int) -> str:
+    return f"{method}-s{seed}"
+
+
+def run_overrides(method: str, seed: int, run_dir: Path, init_model: str | None, base: Sequence[str]) -> list[str]:
+    """Config overrides of one run: the user's, the method's, the seed, the folder and the shared initial model."""
+    ov = list(base) + METHOD_ALIASES[method] + [f"train.seed={seed}", f'out="{run_dir.as_posix()}"']
+    if init_model is not None:
+        ov += [f'model.name="{Path(init_model).as_posix()}"', "warmup.enabled=false"]
+    return ov
+
+
+def run_state(run_dir: Path) -> str:
+    """``done`` (evaluated), ``trained`` (summary written, not evaluated), ``partial`` (has a checkpoint) or ``new``."""
+    if (run_dir / "done.json").exists():
+        return "done"
+    if (run_dir / "summary.json").exists() and (run_dir / "final").is_dir():
+        return "trained"
+    if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("checkpoint-*")):
+        return "partial"
+    return "new"
+
+
+# --------------------------------------------------------------------------- evaluation numbers
+def bench_numbers(res: Any) -> dict[str, Any]:
+    """``{"em", "em_1hop", "em_2hop", "n"}`` from one benchmark's entry of an ``evaluate`` result (tolerant)."""
+    if not isinstance(res, dict):
+        return {}
+    by = res.get("em_by_hops") or res.get("em_by_hop") or {}
+    return {
+        "em": res.get("em"),
+        "em_1hop": by.get("1", by.get(1)),
+        "em_2hop": by.get("2", by.get(2)),
+        "n": res.get("n", res.get("count")),
+        "searches": res.get("searches_per_question", res.get("searches")),
+        "validity": res.get("validity_rate", res.get("validity")),
+    }
+
+
+def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-benchmark numbers from ``evaluate``'s return value (``{name: {...}}`` or ``{"benchmarks": {...}}``)."""
+    table = result.get("benchmarks", result) if isinstance(result, dict) else {}
+    return {n: bench_numbers(table.get(n)) for n in names if n in table}
+
+
+def median_step_time(run_dir: Path) -> float | None:
+    """Median ``time/step`` (seconds) over the run's metrics rows."""
+    vals = []
+    p = run_dir / "metrics.jsonl"
+    if p.exists():
+        for line in p.read_text().splitlines():
+            if line.strip():
+                v = json.loads(line).get("time/step")
+                if isinstance(v, (int, float)):
+                    vals.append(float(v))
+    return statistics.median(vals) if vals else None
+
+
+# --------------------------------------------------------------------------- aggregation
+def columns(benchmarks: Sequence[str]) -> list[tuple[str, str, str]]:
+    """Table columns ``(header, benchmark, key)``: world EM, 1-hop, 2-hop, then each mini benchmark, then the mini average."""
+    cols = []
+    if WORLD in benchmarks:
+        cols += [("world EM", WORLD, "em"), ("world 1-hop", WORLD, "em_1hop"), ("world 2-hop", WORLD, "em_2hop")]
+    cols += [(b, b, "em") for b in benchmarks if b != WORLD]
+    if any(b != WORLD for b in benchmarks):
+        cols.append(("mini avg", "__mini_avg__", "em"))
+    return cols
+
+
+def mean_spread(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    m = sum(xs) / len(xs)
+    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
+    return m, s
+
+
+def aggregate(results: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per method: ``{column header: (mean, std, n)}`` over seeds plus ``step_s``; ``results`` are ``results.json`` dicts."""
+    benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
+    out: dict[str, dict[str, Any]] = {}
+    for m in methods:
+        rs = [r for r in results if r.get("method") == m]
+        row: dict[str, Any] = {"seeds": sorted(r.get("seed") for r in rs)}
+        for header, bench, key in columns(benches):
+            vals = []
+            for r in rs:
+                b = r.get("benchmarks", {})
+                if bench == "__mini_avg__":
+                    ems = [b[x]["em"] for x in b if x != WORLD and b[x].get("em") is not None]
+                    v = sum(ems) / len(ems) if ems else None
+                else:
+                    v = b.get(bench, {}).get(key)
+                if v is not None:
+                    vals.append(float(v))
+            row[header] = (*mean_spread(vals), len(vals)) if vals else None
+        steps = [r["step_s"] for r in rs if r.get("step_s") is not None]
+        row["step_s"] = statistics.median(steps) if steps else None
+        out[m] = row
+    return out
+
+
+def _bench_order(b: str) -> tuple[int, str]:
+    if b == WORLD:
+        return (0, b)
+    return (1 + MINI_BENCHMARKS.index(b), b) if b in MINI_BENCHMARKS else (99, b)
+
+
+def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
+    """The results table: EM x100 as ``mean ± std`` over seeds, step time and its ratio to GRPO."""
+    cols = columns(sorted(benches, key=_bench_order))
+    heads = ["method", "seeds"] + [c[0] for c in cols] + ["step s", "vs GRPO"]
+    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    base = agg.get("grpo", {}).get("step_s")
+    for m, row in agg.items():
+        cells = [m, str(len(row["seeds"]))]
+        for header, _, _ in cols:
+            v = row.get(header)
+            cells.append("-" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}")
+        st = row.get("step_s")
+        cells.append("-" if st is None else f"{st:.1f}")
+        cells.append("-" if st is None or not base else f"{st / base:.2f}x")
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "EM in %, mean ± sample std over seeds (the seeds column gives n). Step time: median seconds "
+              "per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO."]
+    return "\n".join(lines) + "\n"
+
+
+def pick_reward(row: dict[str, Any]) -> float:
+    """Mean rollout reward of a metrics row (our ``rollout/reward_mean``, else TRL's ``reward``)."""
+    for k in ("rollout/reward_mean", "reward_mean", "reward"):
+        if isinstance(row.get(k), (int, float)):
+            return float(row[k])
+    return 0.0
+
+
+def moving_average(xs: Sequence[float], w: int) -> list[float]:
+    out, acc = [], 0.0
+    for i, x in enumerate(xs):
+        acc += x
+        if i >= w:
+            acc -= xs[i - w]
+        out.append(acc / min(i + 1, w))
+    return out
+
+
+def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], path: Path, window: int = 10) -> Path:
+    """``curves.png``: training reward (moving average) and dev EM (step 0 and after RL) vs step, mean over seeds."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for m in methods:
+        per_seed, dev_pts = [], []
+        for s in seeds:
+            rd = out_dir / run_name(m, s)
+            rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()] \
+                if (rd / "metrics.jsonl").exists() else []
+            rew = [float(pick_reward(r)) for r in rows]
+            if rew:
+                per_seed.append(rew)
+            summ = rd / "summary.json"
+            if summ.exists():
+                d = json.loads(summ.read_text()).get("dev", {})
+                base = (d.get("base") or {}).get("em")
+                rl = (d.get("rl") or {}).get("em")
+                if base is not None and rl is not None:
+                    dev_pts.append((0, base, len(rows), rl))
+        if per_seed:
+            n = min(len(r) for r in per_seed)
+            mean = [sum(r[i] for r in per_seed) / len(per_seed) for i in range(n)]
+            ax1.plot(range(1, n + 1), moving_average(mean, window), label=m)
+        if dev_pts:
+            last = max(p[2] for p in dev_pts)
+            ax2.plot([0, last], [sum(p[1] for p in dev_pts) / len(dev_pts), sum(p[3] for p in dev_pts) / len(dev_pts)],
+                     marker="o", label=m)
+    ax1.set(title=f"training reward (moving avg {window})", xlabel="step", ylabel="reward")
+    ax2.set(title="dev EM before / after RL", xlabel="step", ylabel="EM")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
+    """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
+    results = []
+    for m in methods:
+        for s in seeds:
+            p = out_dir / run_name(m, s) / "results.json"
+            if p.exists():
+                results.append(json.loads(p.read_text()))
+    benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
+    md = results_markdown(aggregate(results, methods), benches, title)
+    (out_dir / "results.md").write_text(md)
+    plot_curves(out_dir, methods, seeds, out_dir / "curves.png")
+    return md
+
+
+# --------------------------------------------------------------------------- running
+def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
+    """Warm the preset's model up once (cached) and return the checkpoint every run starts from.
+
+    Returns None when the preset disables the warm-up (runs then start from the preset's model).
+    """
+    if not cfg.warmup.enabled:
+        return None
+    rec = out_dir / "init.json"
+    if rec.exists():
+        path = json.loads(rec.read_text())["init_model"]
+        if Path(path, "config.json").exists():
+            return path
+    from hindsearch.models import cache_dir, load_policy
+    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.train.run import load_records, resolve_data
+    from hindsearch.train.warmup import ensure_warmup
+
+    paths = resolve_data(cfg)
+    train, _ = load_records(cfg, paths)
+    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    model, tok = load_policy(cfg.model)
+    t0 = time.time()
+    wdir = ensure_warmup(cfg, model, tok, retriever, train, cache_dir() / "warmup")
+    log(f"shared warm-up checkpoint: {wdir} ({time.time() - t0:.0f}s)")
+    rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed}))
+    return str(wdir)
+
+
+def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:
+    """``[(name, records, index_dir)]``: the world test split and, with ``mini``, the seven mini benchmarks."""
+    from hindsearch.data.qa import load_qa
+    from hindsearch.train.run import resolve_data
+
+    paths = resolve_data(cfg)
+    test_path = Path(cfg.data.test) if cfg.data.test else Path(paths["world"]) / "test.jsonl"
+    sets = [(WORLD, load_qa(test_path)[:test_limit] if test_limit else load_qa(test_path), paths["index_dir"])]
+    if mini:
+        from hindsearch.retrieval.base import ensure_index
+
+        md = Path(mini)
+        if not (md / "corpus.jsonl").exists():
+            raise FileNotFoundError(f"--mini {md}: no corpus.jsonl (build it with: hindsearch data mini --out {md})")
+        index = ensure_index(md / "corpus.jsonl", md / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind)
+        for b in MINI_BENCHMARKS:
+            f = md / f"{b}.jsonl"
+            if not f.exists():
+                raise FileNotFoundError(f"--mini {md}: {f.name} missing")
+            recs = load_qa(f)
+            sets.append((b, recs[:mini_limit] if mini_limit else recs, index))
+    return sets
+
+
+def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]]) -> dict[str, dict[str, Any]]:
+    """Greedy evaluation of ``run_dir/final`` on every set (each with its own retriever)."""
+    from dataclasses import replace
+
+    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.eval import evaluate
+    from hindsearch.models import load_policy
+    from hindsearch.retrieval.base import load_retriever
+
+    model, tok = load_policy(replace(cfg.model, name=str(run_dir / "final"), gguf_file=None))
+    out: dict[str, dict[str, Any]] = {}
+    for name, records, index_dir in sets:
+        retriever = load_retriever(cfg.retrieval, index_dir)
+        engine = RolloutEngine(model, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
+                               backend=HFBackend(model, tok))
+        res = evaluate(engine, {name: records}, out_dir=run_dir / "eval" / f"test-{name}", batch_size=cfg.eval.batch_size)
+        out.update(eval_numbers(res, [name]))
+    return out
+
+
+def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: str | Path, steps: int | None = None,
+                overrides: Sequence[str] = (), mini: str | None = None, test_limit: int | None = None,
+                mini_limit: int | None = None, log: Any = print) -> str:
+    """Train and evaluate every (method, seed), resumably; returns the results markdown."""
+    from hindsearch.config import Config
+    from hindsearch.train.run import run_train
+
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base_ov = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
+    base_cfg = Config.load(config, base_ov + [f"train.seed={seeds[0]}"])
+    for m in methods:  # every run's config validates before anything trains
+        for s in seeds:
+            Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
+    (out_dir / "compare.json").write_text(json.dumps(
+        {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
+         "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
+    from hindsearch.micro import MICRO_ALIAS, resolve_alias
+
+    alias = base_cfg.model.name == MICRO_ALIAS
+    resolve_alias(base_cfg)  # the micro model is built (cached) before the warm-up
+    init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
+    sets = eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)
+    for m in methods:
+        for s in seeds:
+            rd = out_dir / run_name(m, s)
+            state = run_state(rd)
+            if state == "done":
+                log(f"{rd.name}: finished, skipped")
+                continue
+            cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
+            t0 = time.time()
+            if state == "partial":
+                log(f"{rd.name}: resuming from its last checkpoint")
+                run_train(None, resume=rd)
+            elif state == "new":
+                log(f"{rd.name}: training {cfg.train.steps} steps")
+                run_train(cfg)
+            numbers = evaluate_run(rd, cfg, sets)
+            res = {"method": m, "seed": s, "steps": cfg.train.steps, "benchmarks": numbers,
+                   "step_s": median_step_time(rd), "init_model": init, "train_seconds": time.time() - t0}
+            (rd / "results.json").write_text(json.dumps(res, indent=1))
+            (rd / "done.json").write_text(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
+            write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
+    return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
+
+
+def _title(config: str, cfg: Any) -> str:
+    judge = f", judge {cfg.hindsearch.judge_kind}"
+    return f"hindsearch compare: {Path(config).name} (model {Path(cfg.model.name).name}{judge}, {cfg.train.steps} steps)"
+
+
+def main_compare(args: argparse.Namespace) -> int:
+    """Entry point of ``hindsearch compare`` (arguments defined in ``hindsearch.report.register``)."""
+    methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
+    if not Path(args.config).exists():
+        raise FileNotFoundError(f"--config {args.config}: file not found")
+    md = run_compare(args.config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
+                     mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit)
+    print(md)
+    if not args.no_report:
+        from hindsearch.report import write_report
+
+        print(f"report: {write_report(args.out)}")
+    return 0

@@ -1,0 +1,272 @@
+"""The ``micro`` preset model: a small Llama-style causal LM trained from scratch on the fictional world.
+
+Small instruct models are slow on a CPU (one GRPO step of SmolLM2-135M costs minutes on 2 cores),
+so a method comparison with them only gets a handful of steps. ``micro`` is built for that
+comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
+
+``ensure_micro(world_dir, out_dir, seed)`` builds, once (cached by a hash of its inputs):
+
+1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` tokens, default 3,072) trained with
+   ``tokenizers`` on the world's passages and questions plus the Search-R1 protocol strings (the
+   instruction, the feedback/gold hindsight lines, the invalid notice and scripted-searcher
+   phrases), so the long instruction costs few tokens. The protocol tags (``<search>``,
+   ``</search>``, ``<answer>``, ``</answer>``, ``<information>``, ``</information>``, ``<think>``,
+   ``</think>``) are single (non-special) added tokens; ``<|im_start|>``, ``<|im_end|>`` (eos) and
+   ``<|pad|>`` are special tokens. Byte-level: any text round-trips, nothing maps to ``<unk>``;
+2. a ``PreTrainedTokenizerFast`` around it with a ChatML-like chat template
+   (``<|im_start|>user\\n{msg}<|im_end|>\\n<|im_start|>assistant\\n``), pad/eos set;
+3. a ``LlamaForCausalLM`` (``MicroSpec``: 4 layers, hidden 192, 6 heads, tied embeddings), randomly
+   initialised and then pretrained as a plain causal LM on the world's passages and questions
+   (``pretrain_steps``, all tokens, packed 256-token rows; 0 keeps the random init). Measured: a random
+   init warmed up by SFT on the demos' generated tokens alone (126 steps) learned the tag template but
+   not to copy the question or an answer (dev EM 0); the LM stage is there to teach the world's
+   language and copying first. Saved with ``save_pretrained`` next to the tokenizer,
+
+so ``load_policy(ModelConfig(name=str(path)))`` loads it like any local model. Teaching it the
+protocol is the warm-up's job (``configs/micro.toml``: long warm-up, feedback-conditioned demos).
+
+The ``micro`` alias of ``model.name`` is resolved by ``resolve_alias(cfg)`` (world built when missing,
+model cached under ``$HINDSEARCH_CACHE/models/micro-w<world seed>-<size>-s<seed>``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from hindsearch.agent import protocol
+
+PROTOCOL_TAGS = ("<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>",
+                 "<think>", "</think>")
+BOS, EOS, PAD = "<|im_start|>", "<|im_end|>", "<|pad|>"
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+MICRO_VERSION = 1
+MICRO_ALIAS = "micro"
+
+# Phrases the scripted searcher and the judges write; repeated in the tokenizer corpus so they merge.
+_PHRASES = (
+    "I need to look this up.", "I should find the first fact on its own.", "The passages point to",
+    "Now I need to find out about", "The passages say the answer is", "I am not sure. My best guess is",
+    "After the first search, search for", "and answer",
+    "Search with the question and answer with the name written in the passages.",
+    "Doc 1(Title: ", "Doc 2(Title: ", "Doc 3(Title: ",
+)
+
+
+@dataclass(frozen=True)
+class MicroSpec:
+    """Size of the micro model and its vocabulary (all fields enter the cache key)."""
+
+    vocab_size: int = 3072
+    hidden_size: int = 192
+    intermediate_size: int = 512
+    num_hidden_layers: int = 4
+    num_attention_heads: int = 6
+    max_position_embeddings: int = 2048
+    pretrain_steps: int = 300
+    """Causal-LM steps on the world's passages and questions (all tokens, packed) before saving; 0 = random init."""
+    pretrain_seq_len: int = 256
+    pretrain_batch_size: int = 16
+    pretrain_lr: float = 1e-3
+
+
+def protocol_texts() -> list[str]:
+    """The fixed protocol strings a micro tokenizer must encode compactly."""
+    return [
+        protocol.PROMPT_TEMPLATE.replace("{question}", ""),
+        protocol.FEEDBACK_TEMPLATE.replace("{critique}", ""),
+        protocol.GOLD_HINDSIGHT_TEMPLATE.replace("{answer}", ""),
+        protocol.INVALID_NOTICE,
+        *_PHRASES,
+    ]
+
+
+def world_texts(world_dir: str | Path) -> Iterator[str]:
+    """Passages (title + text) and questions with answers of a world folder.
+
+    Reads ``corpus.jsonl`` (required) and whichever of ``train/dev/test.jsonl`` exist; a bad
+    line raises ``ValueError`` naming the file and line.
+    """
+    world_dir = Path(world_dir)
+    corpus = world_dir / "corpus.jsonl"
+    if not corpus.exists():
+        raise FileNotFoundError(f"{corpus} not found (build the world first: hindsearch world --out {world_dir})")
+    from hindsearch.data.corpus import iter_corpus
+
+    for p in iter_corpus(corpus):
+        yield p.contents
+    for split in ("train", "dev", "test"):
+        path = world_dir / f"{split}.jsonl"
+        if not path.exists():
+            continue
+        with path.open() as f:
+            for i, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    yield f"{row['question']} {' '.join(row.get('golden_answers', []))}"
+                except (json.JSONDecodeError, KeyError, TypeError) as e:
+                    raise ValueError(f"{path}:{i}: bad question row ({e})") from e
+
+
+def train_tokenizer(texts: list[str], vocab_size: int = 3072) -> Any:
+    """Train a byte-level BPE on ``texts``; returns a transformers ``PreTrainedTokenizerFast``.
+
+    The protocol strings are added ``8`` times so their words merge into few tokens.
+    """
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=[PAD, BOS, EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts + protocol_texts() * 8, trainer=trainer)
+    tok.add_tokens([AddedToken(t, single_word=False, normalized=False, special=False) for t in PROTOCOL_TAGS])
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_model(tokenizer: Any, spec: MicroSpec, seed: int = 0) -> Any:
+    """A randomly initialised ``LlamaForCausalLM`` of size ``spec`` over ``tokenizer``'s vocabulary."""
+    import torch
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=spec.hidden_size, intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers, num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_attention_heads, max_position_embeddings=spec.max_position_embeddings,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(cfg)
+    model.generation_config = GenerationConfig(
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id
+    )
+    return model
+
+
+def pack(ids_list: list[list[int]], seq_len: int, eos_id: int) -> "torch.Tensor":
+    """Concatenate token lists (eos between them) and cut into rows: ``[N, seq_len]`` (the tail is dropped)."""
+    import torch
+
+    flat = [t for ids in ids_list for t in ids + [eos_id]]
+    n = len(flat) // seq_len
+    if n == 0:
+        raise ValueError(f"pretraining text too short: {len(flat)} tokens < seq_len {seq_len}")
+    return torch.tensor(flat[: n * seq_len]).view(n, seq_len)
+
+
+def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0) -> list[float]:
+    """Causal-LM pretraining on ``texts`` (all tokens): AdamW, linear warm-up then cosine; returns the losses.
+
+    Teaches the world's language and copying (names repeat within passages) before the protocol warm-up,
+    whose loss covers only the demonstrations' generated tokens.
+    """
+    import math
+
+    import torch
+
+    data = pack([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], spec.pretrain_seq_len,
+                tokenizer.eos_token_id)  # [N, S]
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.pretrain_lr, weight_decay=0.01)
+    n_warm = max(1, spec.pretrain_steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / n_warm if s < n_warm else
+                                              0.5 * (1 + math.cos(math.pi * (s - n_warm) / max(1, spec.pretrain_steps - n_warm))))
+    model.train()
+    losses = []
+    for _ in range(spec.pretrain_steps):
+        batch = data[torch.randint(0, len(data), (spec.pretrain_batch_size,), generator=g)]  # [B, S]
+        loss = model(input_ids=batch, labels=batch).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        losses.append(float(loss.detach()))
+    model.eval()
+    return losses
+
+
+def _cache_key(world_dir: Path, spec: MicroSpec, seed: int) -> str:
+    h = hashlib.sha256()
+    h.update(json.dumps({"spec": asdict(spec), "seed": seed, "v": MICRO_VERSION}, sort_keys=True).encode())
+    for name in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl"):
+        p = world_dir / name
+        if p.exists():
+            st = p.stat()
+            h.update(f"{name}:{st.st_size}:{int(st.st_mtime)}".encode())
+    return h.hexdigest()[:16]
+
+
+def ensure_micro(world_dir: str | Path, out_dir: str | Path, seed: int = 0, spec: MicroSpec | None = None) -> Path:
+    """Build (or reuse) the micro model for ``world_dir`` in ``out_dir``; returns ``out_dir``.
+
+    Cached: when ``out_dir/micro.json`` holds the same key (world files, spec, seed) nothing is
+    rebuilt. Written atomically (temporary folder, then rename).
+    """
+    spec = spec or MicroSpec()
+    world_dir, out = Path(world_dir), Path(out_dir)
+    key = _cache_key(world_dir, spec, seed)
+    meta = out / "micro.json"
+    if meta.exists() and (out / "config.json").exists():
+        try:
+            if json.loads(meta.read_text()).get("key") == key:
+                return out
+        except json.JSONDecodeError:
+            pass
+    texts = list(world_texts(world_dir))
+    tok = train_tokenizer(texts, spec.vocab_size)
+    model = build_model(tok, spec, seed)
+    losses = pretrain(model, tok, texts, spec, seed) if spec.pretrain_steps > 0 else []
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    model.save_pretrained(tmp)
+    tok.save_pretrained(tmp)
+    n_params = sum(p.numel() for p in model.parameters())
+    (tmp / "micro.json").write_text(json.dumps(
+        {"key": key, "seed": seed, "spec": asdict(spec), "vocab": len(tok), "params": n_params,
+         "world_dir": str(world_dir), "pretrain_loss": losses[::max(1, len(losses) // 50)]}, indent=1))
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
+    return out
+
+
+def micro_model_path(data_cfg: Any, seed: int = 0, spec: MicroSpec | None = None) -> Path:
+    """The ``micro`` alias: the micro model of the configured world (world built first when missing).
+
+    Cached under ``$HINDSEARCH_CACHE/models/micro-w<world_seed>-<n_entities|default>-s<seed>``.
+    """
+    from hindsearch.data.world import ensure_world
+    from hindsearch.models import cache_dir
+
+    world = ensure_world(data_cfg.world_dir, seed=data_cfg.world_seed, n_entities=data_cfg.world_entities)
+    size = data_cfg.world_entities or "default"
+    return ensure_micro(world, cache_dir() / "models" / f"micro-w{data_cfg.world_seed}-{size}-s{seed}", seed, spec)
+
+
+def resolve_alias(cfg: Any) -> Any:
+    """Replace ``model.name = "micro"`` by the built model's folder (in place); returns ``cfg``."""
+    if cfg.model.name == MICRO_ALIAS:
+        cfg.model.name = str(micro_model_path(cfg.data))
+        cfg.model.gguf_file = None
+    return cfg

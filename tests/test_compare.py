@@ -1,0 +1,174 @@
+"""``hindsearch compare``: method aliases, aggregation, the results table, resume states, and a tiny end-to-end compare.
+
+The end-to-end test is real: a micro model (tiny spec) built on a small generated world, the shared
+warm-up (a few demos), ``run_train`` through TRL for one step per (method, seed), greedy test evaluation,
+``results.md`` + ``curves.png``, then a rerun that skips the finished runs.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from hindsearch.compare import (
+    METHOD_ALIASES, aggregate, eval_numbers, mean_spread, median_step_time, parse_methods, parse_seeds,
+    results_markdown, run_compare, run_overrides, run_state, write_outputs,
+)
+from hindsearch.config import Config
+
+
+def test_parse_methods_and_seeds():
+    assert parse_methods("grpo, hindsearch-nogold") == ["grpo", "hindsearch-nogold"]
+    with pytest.raises(ValueError, match="unknown method 'ppo'"):
+        parse_methods("grpo,ppo")
+    with pytest.raises(ValueError, match="twice"):
+        parse_methods("grpo,grpo")
+    assert parse_seeds("0,1") == [0, 1]
+    with pytest.raises(ValueError, match="integers"):
+        parse_seeds("a")
+
+
+def test_method_aliases_make_valid_configs(tmp_path):
+    for m in METHOD_ALIASES:
+        cfg = Config.load(None, run_overrides(m, 3, tmp_path / m, "some/init", ["train.steps=2"]))
+        assert cfg.train.seed == 3 and cfg.out == (tmp_path / m).as_posix() and cfg.train.steps == 2
+        assert cfg.model.name == "some/init" and cfg.warmup.enabled is False
+    nogold = Config.load(None, run_overrides("hindsearch-nogold", 0, tmp_path, None, []))
+    gold = Config.load(None, run_overrides("hindsearch", 0, tmp_path, None, []))
+    assert nogold.method == gold.method == "hindsearch"
+    assert nogold.hindsearch.judge_sees_gold is False and gold.hindsearch.judge_sees_gold is True
+
+
+def fake_result(method, seed, world, nq=None, step_s=1.0):
+    b = {"world": {"em": world, "em_1hop": world + 0.1, "em_2hop": world - 0.1, "n": 10}}
+    if nq is not None:
+        b["nq"] = {"em": nq, "n": 5}
+    return {"method": method, "seed": seed, "benchmarks": b, "step_s": step_s}
+
+
+def test_aggregate_and_table():
+    res = [fake_result("grpo", 0, 0.2, 0.1, 2.0), fake_result("grpo", 1, 0.4, 0.3, 4.0),
+           fake_result("igsd", 0, 0.5, 0.0, 9.0)]
+    agg = aggregate(res, ["grpo", "igsd"])
+    m, s, n = agg["grpo"]["world EM"]
+    assert (m, n) == (pytest.approx(0.3), 2) and s == pytest.approx(mean_spread([0.2, 0.4])[1])
+    assert agg["grpo"]["mini avg"][0] == pytest.approx(0.2) and agg["igsd"]["world EM"][2] == 1
+    md = results_markdown(agg, ["world", "nq"], "t")
+    lines = md.splitlines()
+    assert lines[2].split("|")[1:-1][:4] == [" method ", " seeds ", " world EM ", " world 1-hop "]
+    grpo = [c.strip() for c in lines[4].split("|")[1:-1]]
+    assert grpo[:3] == ["grpo", "2", "30.0 ± 14.1"] and grpo[-2:] == ["3.0", "1.00x"]
+    igsd = [c.strip() for c in lines[5].split("|")[1:-1]]
+    assert igsd[2] == "50.0 ± 0.0" and igsd[-1] == "3.00x"
+
+
+def test_eval_numbers_and_step_time(tmp_path):
+    res = {"benchmarks": {"world": {"em": 0.5, "em_by_hops": {"1": 0.75, "2": 0.25}, "n": 8}}}
+    assert eval_numbers(res, ["world"])["world"] == {"em": 0.5, "em_1hop": 0.75, "em_2hop": 0.25, "n": 8,
+                                                     "searches": None, "validity": None}
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step": t}) + "\n" for i, t in
+                                                    enumerate([3.0, 1.0, 2.0])))
+    assert median_step_time(tmp_path) == 2.0
+
+
+def test_run_states(tmp_path):
+    assert run_state(tmp_path / "x") == "new"
+    (tmp_path / "checkpoints" / "checkpoint-2").mkdir(parents=True)
+    assert run_state(tmp_path) == "partial"
+    (tmp_path / "final").mkdir()
+    (tmp_path / "summary.json").write_text("{}")
+    assert run_state(tmp_path) == "trained"
+    (tmp_path / "done.json").write_text("{}")
+    assert run_state(tmp_path) == "done"
+
+
+def test_write_outputs_from_constructed_runs(tmp_path):
+    for m, s, em in (("grpo", 0, 0.2), ("hindsearch", 0, 0.4)):
+        d = tmp_path / f"{m}-s{s}"
+        d.mkdir()
+        (d / "results.json").write_text(json.dumps(fake_result(m, s, em)))
+        (d / "metrics.jsonl").write_text("".join(json.dumps({"step": i + 1, "rollout/reward_mean": em * i / 5,
+                                                             "time/step": 1.0}) + "\n" for i in range(5)))
+        (d / "summary.json").write_text(json.dumps({"dev": {"base": {"em": 0.1}, "rl": {"em": em}}}))
+    md = write_outputs(tmp_path, ["grpo", "hindsearch"], [0])
+    assert "| hindsearch | 1 | 40.0 ± 0.0" in md and (tmp_path / "results.md").read_text() == md
+    assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.fixture(scope="module")
+def tiny_preset(tmp_path_factory):
+    """A preset on a 60-entity world with a tiny micro model (built here) and a tiny warm-up."""
+    from hindsearch.data.world import ensure_world
+    from hindsearch.micro import MicroSpec, ensure_micro
+
+    d = tmp_path_factory.mktemp("cmp")
+    world = ensure_world(d / "world", seed=0, n_entities=60)
+    spec = MicroSpec(vocab_size=600, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                     pretrain_steps=0)
+    model = ensure_micro(world, d / "micro", spec=spec)
+    cfg = f"""
+method = "grpo"
+[model]
+name = "{model.as_posix()}"
+device = "cpu"
+[data]
+world_dir = "{world.as_posix()}"
+world_entities = 60
+[retrieval]
+topk = 2
+[rollout]
+max_turns = 1
+max_new_tokens_per_turn = 12
+max_total_tokens = 400
+num_generations = 2
+[warmup]
+num_demos = 4
+epochs = 1
+batch_size = 4
+[train]
+steps = 1
+questions_per_step = 2
+save_steps = 1
+eval_limit = 4
+[hindsearch]
+judge_kind = "oracle"
+[eval]
+batch_size = 8
+"""
+    (d / "preset.toml").write_text(cfg)
+    return d
+
+
+def test_tiny_compare_end_to_end_and_skip(tiny_preset, monkeypatch):
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
+    out = tiny_preset / "out"
+    logs: list[str] = []
+    md = run_compare(str(tiny_preset / "preset.toml"), ["grpo", "hindsearch-nogold"], [0], out, test_limit=4,
+                     log=logs.append)
+    init = json.loads((out / "init.json").read_text())["init_model"]
+    assert Path(init, "warmup.json").exists()  # one shared warmed-up checkpoint
+    for m in ("grpo", "hindsearch-nogold"):
+        rd = out / f"{m}-s0"
+        assert (rd / "done.json").exists()
+        res = json.loads((rd / "results.json").read_text())
+        assert res["benchmarks"]["world"]["n"] == 4 and res["step_s"] > 0
+        cfg = Config.load(rd / "config.toml")
+        assert cfg.model.name == init and cfg.warmup.enabled is False
+    assert Config.load(out / "hindsearch-nogold-s0" / "config.toml").hindsearch.judge_sees_gold is False
+    assert "| grpo | 1 |" in md and "| hindsearch-nogold | 1 |" in md and "1.00x" in md
+    assert (out / "curves.png").exists()
+    # rerun: everything is finished -> skipped, nothing retrained
+    stamp = (out / "grpo-s0" / "results.json").stat().st_mtime_ns
+    logs.clear()
+    run_compare(str(tiny_preset / "preset.toml"), ["grpo", "hindsearch-nogold"], [0], out, test_limit=4,
+                log=logs.append)
+    assert sum("skipped" in x for x in logs) == 2
+    assert (out / "grpo-s0" / "results.json").stat().st_mtime_ns == stamp
+    # a trained-but-not-evaluated run is only evaluated
+    (out / "grpo-s0" / "done.json").unlink()
+    assert run_state(out / "grpo-s0") == "trained"
+    logs.clear()
+    run_compare(str(tiny_preset / "preset.toml"), ["grpo"], [0], out, test_limit=4, log=logs.append)
+    assert not any("training" in x for x in logs) and (out / "grpo-s0" / "done.json").exists()

@@ -1,0 +1,93 @@
+"""The ``micro`` preset model: BPE trained on the world, protocol tags as single tokens, cached build, loadable."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.config import Config, DataConfig, ModelConfig
+from hindsearch.data.world import generate_world, write_world
+from hindsearch.micro import PROTOCOL_TAGS, MicroSpec, ensure_micro, resolve_alias, world_texts
+from hindsearch.models import load_policy
+
+SPEC = MicroSpec(vocab_size=800, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 pretrain_steps=0)
+
+
+@pytest.fixture(scope="module")
+def world_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("world")
+    write_world(generate_world(seed=0, n_entities=60), d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def micro(world_dir, tmp_path_factory):
+    return ensure_micro(world_dir, tmp_path_factory.mktemp("m") / "micro", seed=0, spec=SPEC)
+
+
+def test_micro_loads_and_encodes_protocol(micro, world_dir):
+    model, tok = load_policy(ModelConfig(name=str(micro), device="cpu"))
+    meta = json.loads((micro / "micro.json").read_text())
+    assert len(tok) == meta["vocab"] <= SPEC.vocab_size + len(PROTOCOL_TAGS)
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == len(tok)
+    assert tok.pad_token == "<|pad|>" and tok.eos_token == "<|im_end|>" and tok.padding_side == "left"
+    for tag in PROTOCOL_TAGS:
+        assert len(tok(tag, add_special_tokens=False).input_ids) == 1, tag
+    prompt = protocol.make_prompt(tok, "Where was Zoë Ångström born")
+    assert prompt.startswith("<|im_start|>user\n") and prompt.endswith("<|im_start|>assistant\n")
+    ids = tok(prompt, add_special_tokens=False).input_ids
+    assert tok.decode(ids) == prompt  # byte-level: any text round-trips
+    # the instruction was in the BPE corpus, so it costs far fewer tokens than characters / 2
+    assert len(ids) < len(prompt) / 3
+    passage = next(world_texts(world_dir))
+    assert tok.decode(tok(passage, add_special_tokens=False).input_ids) == passage
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([ids]))
+    assert out.logits.shape == (1, len(ids), len(tok))
+
+
+def test_micro_is_cached_and_rebuilt_on_change(micro, world_dir):
+    stamp = (micro / "model.safetensors").stat().st_mtime_ns
+    assert ensure_micro(world_dir, micro, seed=0, spec=SPEC) == micro
+    assert (micro / "model.safetensors").stat().st_mtime_ns == stamp
+    other = ensure_micro(world_dir, micro.with_name("micro2"), seed=1, spec=SPEC)
+    a = load_policy(ModelConfig(name=str(micro), device="cpu"))[0]
+    b = load_policy(ModelConfig(name=str(other), device="cpu"))[0]
+    assert not torch.equal(a.model.layers[0].mlp.up_proj.weight, b.model.layers[0].mlp.up_proj.weight)
+
+
+def test_bad_world_files_are_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="corpus.jsonl"):
+        ensure_micro(tmp_path, tmp_path / "m", spec=SPEC)
+    (tmp_path / "corpus.jsonl").write_text(json.dumps({"id": "1", "contents": '"A"\nA is a city.'}) + "\n")
+    (tmp_path / "train.jsonl").write_text('{"question": "Where?", "golden_answers": ["A"]}\n{"oops": 1}\n')
+    with pytest.raises(ValueError, match=r"train.jsonl:2"):
+        list(world_texts(tmp_path))
+
+
+def test_micro_alias_resolves(tmp_path, monkeypatch):
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path / "cache"))
+    cfg = Config.load(None, ['model.name="micro"', f'data.world_dir="{(tmp_path / "w").as_posix()}"',
+                             "data.world_entities=40"])
+    import hindsearch.micro as m
+
+    monkeypatch.setattr(m, "MicroSpec", lambda: SPEC)
+    resolve_alias(cfg)
+    assert (tmp_path / "cache" / "models").as_posix() in cfg.model.name
+    assert (tmp_path / "w" / "corpus.jsonl").exists()
+    model, tok = load_policy(ModelConfig(name=cfg.model.name, device="cpu"))
+    assert model.config.hidden_size == SPEC.hidden_size
+    assert DataConfig().world_dir == ".hindsearch/world"
+
+
+def test_pretraining_lowers_the_lm_loss(world_dir, tmp_path):
+    from dataclasses import replace
+
+    spec = replace(SPEC, pretrain_steps=30, pretrain_seq_len=64, pretrain_batch_size=8, pretrain_lr=3e-3)
+    out = ensure_micro(world_dir, tmp_path / "pre", spec=spec)
+    losses = json.loads((out / "micro.json").read_text())["pretrain_loss"]
+    assert len(losses) == 30 and sum(losses[-5:]) / 5 < losses[0] - 1.0
