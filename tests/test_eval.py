@@ -3,13 +3,9 @@
 from __future__ import annotations
 
 import json
-import socket
-import threading
-import time
 
 import pytest
 import torch
-import uvicorn
 
 from hindsearch.agent.rollout import RolloutEngine
 from hindsearch.config import RolloutConfig
@@ -18,7 +14,7 @@ from hindsearch.eval import canonical, column_order, evaluate, read_done
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.retrieval.base import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever
-from hindsearch.retrieval.server import create_app
+from hindsearch.retrieval.server import BackgroundServer, create_app
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -134,31 +130,12 @@ def test_eval_two_questions_end_to_end_and_resume(world, index_dir, model, tok, 
         evaluate(eng, data, out_dir=tmp_path, progress=False)
 
 
-class RunningServer:
-    """uvicorn on a free loopback port in a background thread."""
-
-    def __init__(self, app):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self):
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
 
 
 def test_eval_over_http_matches_in_process_and_records_outage(world, index_dir, model, tok, tmp_path):
     dev = world.splits["dev"][:2]
     local = load_index(index_dir)
-    srv = RunningServer(create_app(local, default_topk=3))
+    srv = BackgroundServer(create_app(local, default_topk=3))
     try:
         remote = RemoteRetriever(srv.url, timeout_s=10, retries=0)
         res_http = evaluate(make_engine(model, tok, remote, dev, {dev[1].id}), {"dev": dev}, out_dir=tmp_path / "http", progress=False)

@@ -2,18 +2,16 @@
 
 import json
 import socket
-import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
 
 from hindsearch.data.corpus import write_corpus
 from hindsearch.records import Passage, make_contents
 from hindsearch.retrieval.base import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever, RetrieverUnavailable
-from hindsearch.retrieval.server import ServerLimits, create_app
+from hindsearch.retrieval.server import BackgroundServer, ServerLimits, create_app
 
 TOWNS = ["Aldmere", "Brightwater", "Coldharbor", "Dunmore", "Eastfold", "Fenwick", "Glenhaven", "Highmoor"]
 
@@ -23,25 +21,6 @@ def compact(obj) -> bytes:
     return json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode()
 
 
-class RunningServer:
-    """uvicorn serving an app on a free 127.0.0.1 port in a background thread."""
-
-    def __init__(self, app):
-        self.sock = socket.socket()
-        self.sock.bind(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
-        self.thread.start()
-        deadline = time.time() + 20
-        while not self.server.started:
-            assert time.time() < deadline, "server did not start"
-            time.sleep(0.02)
-
-    def stop(self) -> None:
-        self.server.should_exit = True
-        self.thread.join(10)
-        self.sock.close()
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +36,7 @@ def retriever(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(retriever):
-    s = RunningServer(create_app(retriever, default_topk=3, limits=ServerLimits(max_queries=4, max_topk=5, max_query_chars=200, max_body_bytes=4000)))
+    s = BackgroundServer(create_app(retriever, default_topk=3, limits=ServerLimits(max_queries=4, max_topk=5, max_query_chars=200, max_body_bytes=4000)))
     yield s
     s.stop()
 
@@ -174,7 +153,7 @@ class BrokenRetriever:
 
 
 def test_retriever_failure_is_500_and_client_gives_up():
-    s = RunningServer(create_app(BrokenRetriever()))
+    s = BackgroundServer(create_app(BrokenRetriever()))
     try:
         r = post(s, {"queries": ["q"]})
         assert r.status_code == 500 and "index file vanished" in r.json()["error"]

@@ -32,8 +32,8 @@ class CorpusError(ValueError):
 
 
 @dataclass
-class CorpusStats:
-    """Counts filled while reading: rows kept, rows skipped and the first few skip reasons."""
+class RowStats:
+    """Counts filled while reading rows (corpus or QA): rows kept, rows skipped and the first skip reasons."""
 
     rows: int = 0
     skipped: int = 0
@@ -43,6 +43,9 @@ class CorpusStats:
         self.skipped += 1
         if len(self.errors) < 20:
             self.errors.append(msg)
+
+
+CorpusStats = RowStats
 
 
 def row_to_passage(obj: Any, default_id: str) -> Passage:

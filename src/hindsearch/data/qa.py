@@ -25,10 +25,11 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hindsearch.data.corpus import RowStats
 from hindsearch.records import QARecord
 
 log = logging.getLogger(__name__)
@@ -42,18 +43,8 @@ class QAError(ValueError):
     """A malformed QA row or file; the message names the file and the line/item."""
 
 
-@dataclass
-class QAStats:
-    """Counts filled while loading: rows kept, rows skipped and the first skip reasons."""
-
-    rows: int = 0
-    skipped: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    def skip(self, msg: str) -> None:
-        self.skipped += 1
-        if len(self.errors) < 20:
-            self.errors.append(msg)
+QAStats = RowStats
+"""Counts filled while loading QA rows (the same type as the corpus reader's)."""
 
 
 @dataclass(frozen=True)

@@ -163,3 +163,40 @@ def serve(
     app = create_app(load_index(index_dir, device=device), default_topk=topk, limits=limits,
                      info={"kind": meta.get("kind"), "encoder": meta.get("encoder")})
     uvicorn.run(app, host=host, port=port, log_level=log_level)
+
+
+class BackgroundServer:
+    """Serve an ASGI app with uvicorn on a free loopback port in a daemon thread (tests, notebooks).
+
+    ``url`` is ``http://127.0.0.1:PORT``; ``stop()`` shuts it down. Also a context manager.
+    """
+
+    def __init__(self, app: Any, start_timeout_s: float = 20.0) -> None:
+        import socket
+        import threading
+        import time
+
+        import uvicorn
+
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread.start()
+        deadline = time.time() + start_timeout_s
+        while not self.server.started:
+            if time.time() > deadline or not self.thread.is_alive():
+                raise RuntimeError(f"retrieval server on {self.url} did not start within {start_timeout_s} s")
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+        self.sock.close()
+
+    def __enter__(self) -> "BackgroundServer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

@@ -385,6 +385,9 @@ def cmd_sft(args: Any) -> int:
     from hindsearch.config import Config
 
     cfg = Config.load(args.config, args.set)
+    from hindsearch.micro import resolve_alias
+
+    resolve_alias(cfg)  # model.name = "micro" -> the world's micro model folder
     demos = args.demos or cfg.warmup.demos
     if demos and not Path(demos).exists():
         raise FileNotFoundError(f"demonstrations file not found: {demos}")
