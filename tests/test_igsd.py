@@ -243,3 +243,37 @@ def test_constructed_case_teacher_query_finds_evidence(retriever):
     assert "Edwin Marlow" not in [d.bare_title for d in p.docs["S"]]
     assert p.delta > 0 and p.gate > 0.5, (p.queries, p.ig)
     assert out["swap"].gate == 0.0
+
+
+def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever):
+    """Prefix-cached utilities / greedy completions (groups sharing a prefix, chunked micro-batches, ragged
+    lengths, an identical state twice, an empty answer) equal the plain full-sequence ones; the whole
+    driver gives the same u, IG, delta and gate with and without the prefix cache."""
+    trs = [make_traj(tok, q, ["Kestrel Bay"], x) for q, x in
+           (("Where was Edwin Marlow born", "Edwin Marlow painter"), ("What is rye bread", "rye bread recipe sour"),
+                                                           ("Where is Kestrel Bay", "Kestrel"))]
+    states, ctxs, answers, groups = [], [], [], []
+    for g, tr in enumerate(trs):
+        for t, docs in ((3, CORPUS[:2]), (5, CORPUS[2:5]), (5, []), (3, CORPUS[:2])):
+            ctx, ans = G.answer_split(tok, G.protocol.information_block(docs), "Kestrel Bay" if t == 3 else "a long gold answer")
+            states.append(tr.prompt_ids + tr.completion_ids[: t + 4 * (g % 2)])
+            ctxs.append(ctx), answers.append(ans), groups.append(g)
+    answers[2] = []
+    u = G.cached_utilities(model, states, ctxs, answers, groups, batch_size=2)  # 2 chunks of groups
+    plain = [float(continuation_logprobs(model, [s + c], [a])[0][0].mean()) if a else 0.0 for s, c, a in zip(states, ctxs, answers)]
+    assert u.shape == (12,) and u[2] == 0.0 and float(u[0]) == pytest.approx(float(u[3]), abs=1e-6)
+    assert u.tolist() == pytest.approx(plain, abs=1e-4)
+    prefixes = [s + [a[0] if a else 5] for s, a in zip(states, answers)]
+    cached = G.cached_greedy_complete(model, tok, prefixes, 5, groups, batch_size=2)
+    assert cached == G.greedy_complete(model, tok, prefixes, 5)
+    cfg = IGSDConfig(positions="all", max_positions_per_rollout=1, max_query_tokens=3, n_controls=2)
+    T = max(len(t.completion_ids) for t in trs)
+    runs = [G.run_igsd(trs[:2], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
+                       rng=random.Random(4), batch_size=2, prefix_cache=pc) for pc in (True, False)]
+    assert runs[0][1]["utility_evals"] == runs[1][1]["utility_evals"] > 0
+    assert torch.allclose(runs[0][0]["igsd_gate"], runs[1][0]["igsd_gate"], atol=1e-4)
+    for ra, rb in zip(runs[0][2], runs[1][2]):
+        for pa, pb in zip(ra["igsd_pairs"], rb["igsd_pairs"]):
+            assert (pa["q_T"], pa["q_S"], pa["control_ids"]) == (pb["q_T"], pb["q_S"], pb["control_ids"])
+            for key in ("u_S", "u_T", "ig_S", "ig_T", "delta", "gate"):
+                assert pa[key] == pytest.approx(pb[key], abs=1e-4), key

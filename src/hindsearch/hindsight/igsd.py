@@ -25,6 +25,12 @@ teacher-forced on the student's completion):
 6. ``delta = IG(q_T) - IG(q_S)``; gate per config (``losses.gate``).
 7. The teacher's pair distribution ``p_T`` over ``(b_t, a_t)`` is stored; the student's pair logits
    are read from the live logits at loss time (``losses.pair_kl``).
+
+Cost (``prefix_cache=True``, the default): all completions and utility evaluations of one search of
+one rollout share ``prompt + completion[:q_start]``; that prefix is run once per (rollout, search)
+into a KV cache and only the suffixes are run against row copies of it (``cached_greedy_complete``,
+``cached_utilities``; identical prefixes / sequences once; only answer-position logits kept). Same
+numbers as the plain full-sequence path (``prefix_cache=False``) up to float noise (tested).
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ from __future__ import annotations
 import inspect
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -192,6 +198,191 @@ def greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_t
     return res
 
 
+# ---- prefix-cached forwards: rows that share a long prefix (same rollout) read it from one KV cache ----
+
+
+def _cache_kw(model: Any) -> str:
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in transformers 5.2x
+
+
+def _cache_of(out: Any) -> Any:
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
+
+
+def _pad_id(tokenizer: Any) -> int:
+    return int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id or 0)
+
+
+def shared_prefix_len(seqs: Sequence[Sequence[int]], keep: int = 0) -> int:
+    """Length of the longest common prefix of ``seqs``, leaving at least ``keep`` ids of the shortest one."""
+    n = min(len(s) for s in seqs) - keep
+    c, first = 0, seqs[0]
+    while c < n and all(s[c] == first[c] for s in seqs):
+        c += 1
+    return c
+
+
+@torch.no_grad()
+def base_cache(model: Any, bases: Sequence[Sequence[int]], pad: int) -> tuple[Any, torch.Tensor]:
+    """KV cache of the left-padded ``bases`` (one forward, only the last logit kept) → ``(cache, att [n, P])``."""
+    dev = next(model.parameters()).device
+    P = max(len(b) for b in bases)
+    ids = torch.full((len(bases), P), pad, dtype=torch.long)
+    att = torch.zeros(len(bases), P, dtype=torch.long)
+    for i, b in enumerate(bases):
+        ids[i, P - len(b) :] = torch.tensor(list(b), dtype=torch.long)
+        att[i, P - len(b) :] = 1
+    pos = (att.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos.to(dev), use_cache=True, logits_to_keep=1)
+    return _cache_of(out), att.to(dev)
+
+
+def expand_cache(model: Any, cache: Any, idx: torch.Tensor) -> Any:
+    """A new cache whose row ``j`` is row ``idx[j]`` of ``cache`` (rows may repeat); ``cache`` is untouched."""
+    from transformers import DynamicCache
+
+    return DynamicCache([(layer.keys[idx], layer.values[idx]) for layer in cache.layers], config=model.config)
+
+
+@torch.no_grad()
+def suffix_forward(
+    model: Any, cache: Any, base_att: torch.Tensor, owner: Sequence[int], left: Sequence[Sequence[int]],
+    right: Sequence[Sequence[int]], pad: int, keep: int,
+) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """Forward ``left[j] + right[j]`` after cached base row ``owner[j]``: ``left`` parts are left-padded to a
+    common width (so every ``right`` part starts at the same column), ``right`` parts right-padded.
+
+    Returns ``(out, new cache, att [m, P + W], pos [m, W])``; ``out.logits`` holds the last ``keep`` columns.
+    The base cache is not modified (rows are copied with ``expand_cache``).
+    """
+    dev = base_att.device
+    m, W1, W2 = len(owner), max(len(x) for x in left), max((len(x) for x in right), default=0)
+    ids = torch.full((m, W1 + W2), pad, dtype=torch.long)
+    satt = torch.zeros(m, W1 + W2, dtype=torch.long)
+    for j, (lf, rt) in enumerate(zip(left, right)):
+        ids[j, W1 - len(lf) : W1 + len(rt)] = torch.tensor(list(lf) + list(rt), dtype=torch.long)
+        satt[j, W1 - len(lf) : W1 + len(rt)] = 1
+    idx = torch.tensor(list(owner), dtype=torch.long, device=dev)
+    batt = base_att[idx]
+    satt = satt.to(dev)
+    pos = (batt.sum(-1, keepdim=True) + satt.cumsum(-1) - 1).clamp(min=0)
+    att = torch.cat([batt, satt], dim=1)
+    kv = expand_cache(model, cache, idx)
+    out = model(input_ids=ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=keep,
+                **{_cache_kw(model): kv})
+    return out, _cache_of(out), att, pos
+
+
+def _chunks(groups: Sequence[Hashable], batch_size: int) -> list[tuple[list[Hashable], list[int]]]:
+    """Split row indices by group: ``[(group keys of a chunk, its rows)]``, at most ``batch_size`` groups a chunk."""
+    gids = list(dict.fromkeys(groups))
+    res = []
+    for s in range(0, len(gids), batch_size):
+        gs = set(gids[s : s + batch_size])
+        res.append((gids[s : s + batch_size], [i for i, g in enumerate(groups) if g in gs]))
+    return res
+
+
+@torch.no_grad()
+def cached_greedy_complete(
+    model: Any, tokenizer: Any, prefixes: list[list[int]], max_tokens: int, groups: Sequence[Hashable] | None = None,
+    batch_size: int = 16,
+) -> list[tuple[list[int], str, bool]]:
+    """``greedy_complete`` with shared prefixes computed once: prefixes of one group (e.g. one rollout) are
+    decoded from one KV cache of their common prefix; identical prefixes are completed once.
+    ``(new ids, new text, closed)`` per prefix, as ``greedy_complete``; up to ``2 * batch_size`` rows decode together."""
+    if not prefixes:
+        return []
+    groups = list(groups) if groups is not None else list(range(len(prefixes)))
+    uniq: dict[tuple[Hashable, tuple[int, ...]], int] = {}
+    rows: list[int] = []
+    for i, (g, p) in enumerate(zip(groups, prefixes)):
+        if (g, tuple(p)) not in uniq:
+            uniq[(g, tuple(p))] = i
+            rows.append(i)
+    new: dict[int, list[int]] = {i: [] for i in rows}
+    pad, eos = _pad_id(tokenizer), tokenizer.eos_token_id
+    for gs, members in _chunks([groups[i] for i in rows], batch_size):
+        members = [rows[j] for j in members]
+        base_len = {g: shared_prefix_len([prefixes[i] for i in members if groups[i] == g], keep=1) for g in gs}
+        cache, batt = base_cache(model, [prefixes[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)
+        gi = {g: k for k, g in enumerate(gs)}
+        members = sorted(members, key=lambda i: len(prefixes[i]) - base_len[groups[i]])  # less padding
+        for s in range(0, len(members), 2 * batch_size):
+            sub = members[s : s + 2 * batch_size]
+            left = [prefixes[i][base_len[groups[i]] :] for i in sub]
+            out, kv, att, pos = suffix_forward(model, cache, batt, [gi[groups[i]] for i in sub], left, [[]] * len(sub), pad, 1)
+            live, last = list(sub), pos[:, -1]
+            for _ in range(max_tokens):
+                nxt = out.logits[:, -1].argmax(-1)
+                keep = []
+                for j, (i, x) in enumerate(zip(live, nxt.tolist())):
+                    if x == eos:
+                        continue
+                    new[i].append(x)
+                    if CLOSE not in tokenizer.decode(prefixes[i][-1:] + new[i][-4:]):
+                        keep.append(j)
+                if not keep or len(new[live[keep[0]]]) >= max_tokens:
+                    break
+                if len(keep) < len(live):
+                    sel = torch.tensor(keep, device=att.device)
+                    kv.batch_select_indices(sel)
+                    att, nxt, last = att[sel], nxt[sel], last[sel]
+                    live = [live[j] for j in keep]
+                att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
+                last = last + 1
+                out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=last[:, None], use_cache=True,
+                            logits_to_keep=1, **{_cache_kw(model): kv})
+    res = []
+    for i, p in enumerate(prefixes):
+        g = new[uniq[(groups[i], tuple(p))]]
+        kept, closed = cut_completion(tokenizer, g, p[-1:])
+        res.append((kept, tokenizer.decode(kept), closed))
+    return res
+
+
+@torch.no_grad()
+def cached_utilities(
+    model: Any, states: Sequence[Sequence[int]], ctxs: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
+    groups: Sequence[Hashable], batch_size: int = 16,
+) -> torch.Tensor:
+    """``u [N]``: mean log-prob of ``answers[i]`` after ``states[i] + ctxs[i]`` (0 for an empty answer), with the
+    common prefix of the states of one group computed once and only answer-position logits materialised."""
+    u = torch.zeros(len(states))
+    pad = _pad_id_model(model)
+    for gs, members in _chunks(groups, batch_size):
+        base_len = {g: shared_prefix_len([states[i] for i in members if groups[i] == g]) for g in gs}
+        cache, batt = base_cache(model, [states[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)
+        gi = {g: k for k, g in enumerate(gs)}
+        members = sorted(members, key=lambda i: len(states[i]) - base_len[groups[i]] + len(ctxs[i]))  # less padding
+        for s in range(0, len(members), batch_size):
+            sub = [i for i in members[s : s + batch_size]]
+            Tb = max(len(answers[i]) for i in sub)
+            if Tb == 0:
+                continue
+            left = [list(states[i][base_len[groups[i]] :]) + list(ctxs[i]) for i in sub]
+            out, _, _, _ = suffix_forward(model, cache, batt, [gi[groups[i]] for i in sub], left,
+                                          [answers[i] for i in sub], pad, Tb + 1)
+            logits = out.logits[:, :Tb].float()  # [m, Tb, V]: column t predicts answer token t
+            tgt = torch.zeros(len(sub), Tb, dtype=torch.long)
+            amask = torch.zeros(len(sub), Tb)
+            for j, i in enumerate(sub):
+                tgt[j, : len(answers[i])] = torch.tensor(list(answers[i]), dtype=torch.long)
+                amask[j, : len(answers[i])] = 1
+            lp = (logits.gather(-1, tgt.to(logits.device)[..., None])[..., 0] - torch.logsumexp(logits, -1)).cpu()
+            u[sub] = (lp * amask).sum(-1) / amask.sum(-1).clamp(min=1)
+    return u
+
+
+def _pad_id_model(model: Any) -> int:
+    pid = getattr(model.config, "pad_token_id", None)
+    if pid is None:
+        pid = getattr(model.config, "eos_token_id", None)
+        pid = pid[0] if isinstance(pid, list) else pid
+    return int(pid or 0)
+
+
 def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[int]]:
     """Context ids (info block + ``<answer>``) and the gold answer's ids, tokenized naturally (module doc, 4)."""
     ctx = list(tokenizer(info + "<answer>", add_special_tokens=False)["input_ids"])
@@ -261,22 +452,32 @@ def query_start(query_mask: Sequence[int], t: int) -> int:
 
 def verify_pairs(
     pairs: list[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
-    topk: int, complete: CompleteFn, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
-    batch_size: int = 16,
+    topk: int, complete: CompleteFn | None, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
+    batch_size: int = 16, prefix_cache: bool = True,
 ) -> list[list[list[Passage]]]:
     """Matched completion, execution, utilities with shared controls, delta and gate, filled into ``pairs``.
 
+    ``complete=None`` decodes with ``policy`` here: ``cached_greedy_complete`` (one KV cache of each
+    rollout's shared prefix) when ``prefix_cache``, else ``greedy_complete``. Utilities are scored with
+    ``cached_utilities`` (each rollout's shared state prefix computed once) when ``prefix_cache``, else
+    by full-sequence forwards (``continuation_logprobs``); both compute the same numbers.
     Returns the control sets of each pair (``[]`` for pairs that could not be verified).
     """
     # matched completion: both proposals of every pair in one batched call
     t0 = time.perf_counter()
-    prefixes, keys = [], []
+    prefixes, keys, groups = [], [], []
     for k, p in enumerate(pairs):
         tr = trajs[p.row]
         for side, tok in (("T", p.b), ("S", p.a)):
             prefixes.append(list(tr.prompt_ids) + list(tr.completion_ids[: p.t]) + [tok])
             keys.append((k, side))
-    outs = complete(prefixes, cfg.max_query_tokens) if prefixes else []
+            groups.append((p.row, p.q_start))  # same rollout and search: prompt + completion[:q_start] shared
+    if complete is None and prefix_cache:
+        outs = cached_greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens, groups, batch_size)
+    elif complete is None:
+        outs = greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens)
+    else:
+        outs = complete(prefixes, cfg.max_query_tokens) if prefixes else []
     m["completions"] = float(len(prefixes))
     close = _close_ids(tokenizer)
     for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
@@ -311,8 +512,11 @@ def verify_pairs(
     seqs: dict[tuple, int] = {}
     prefs: list[list[int]] = []
     conts: list[list[int]] = []
+    slot_state: list[list[int]] = []
+    slot_ctx: list[list[int]] = []
+    slot_group: list[tuple[int, int]] = []
 
-    def slot(state: list[int], passages: Sequence[Passage], gold: str) -> int:
+    def slot(state: list[int], passages: Sequence[Passage], gold: str, group: tuple[int, int]) -> int:
         ctx, ans = answer_split(tokenizer, protocol.information_block(passages), gold)
         if len(ans) > cfg.max_answer_tokens:
             m["answers_cut"] += 1
@@ -322,6 +526,9 @@ def verify_pairs(
             seqs[key] = len(prefs)
             prefs.append(state + ctx)
             conts.append(ans)
+            slot_state.append(state)
+            slot_ctx.append(ctx)
+            slot_group.append(group)
         return seqs[key]
 
     plan, all_controls = [], []
@@ -332,10 +539,14 @@ def verify_pairs(
         gold = trajs[p.row].golden_answers[0]
         controls = [draw(topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
         all_controls.append(controls)
-        plan.append((k, {s: (slot(p.states[s], got[(k, s)], gold), [slot(p.states[s], c, gold) for c in controls]) for s in ("T", "S")}))
+        plan.append((k, {s: (slot(p.states[s], got[(k, s)], gold, (p.row, p.q_start)),
+                             [slot(p.states[s], c, gold, (p.row, p.q_start)) for c in controls])
+                         for s in ("T", "S")}))
     m["utility_evals"] = float(len(prefs))
     u: list[float] = []
-    if prefs:
+    if prefs and prefix_cache:
+        u = cached_utilities(policy, slot_state, slot_ctx, conts, slot_group, batch_size).tolist()
+    elif prefs:
         lp, _, _ = continuation_logprobs(policy, prefs, conts, 0, batch_size)
         lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
         u = (lp.sum(-1) / lens).tolist()
@@ -367,13 +578,17 @@ def run_igsd(
     corpus: Sequence[Passage] | None = None,
     rng: random.Random | None = None,
     batch_size: int = 16,
+    prefix_cache: bool = True,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float], list[dict[str, Any]]]:
     """The batched IGSD driver for one step → (tensors, metrics, samples) as in ``AuxBatch``.
 
     Tensors (``B = len(trajs)``, ``T = completion_len``): ``igsd_mask [B, T]`` (1 at verified
     positions), ``igsd_gate [B, T]``, ``igsd_a``/``igsd_b [B, T]`` (long), ``igsd_pT [B, T, 2]``
     (teacher pair distribution over ``(b, a)``). ``complete`` defaults to ``greedy_complete`` with
-    ``policy``; random controls come from ``control_sampler``.
+    ``policy``; random controls come from ``control_sampler``. ``prefix_cache`` (default) reads each
+    rollout's shared prefix from one KV cache in completion and scoring (same numbers, much cheaper);
+    a ``complete`` that is a rollout engine's HF decoding of ``policy`` is then replaced by the cached
+    greedy decoder (the same greedy decoding of the same model).
     """
     rng = rng or random.Random(0)
     B, T = len(trajs), completion_len
@@ -390,9 +605,10 @@ def run_igsd(
     m["time_proposal"] = time.perf_counter() - t0
     if not pairs:
         return tens, m, samples
-    complete = complete or (lambda p, n: greedy_complete(policy, tokenizer, p, n))
+    if prefix_cache and _is_hf_engine_of(complete, policy):
+        complete = None
     controls = verify_pairs(pairs, trajs, policy=policy, tokenizer=tokenizer, retriever=retriever, cfg=cfg, topk=topk,
-                            complete=complete, corpus=corpus, rng=rng, m=m, batch_size=batch_size)
+                            complete=complete, corpus=corpus, rng=rng, m=m, batch_size=batch_size, prefix_cache=prefix_cache)
     done = [(p, c) for p, c in zip(pairs, controls) if p.verified]
     for p, ctl in done:
         tens["igsd_mask"][p.row, p.t] = 1.0
@@ -407,6 +623,12 @@ def run_igsd(
         m["frac_delta_pos"] = sum(p.delta > 0 for p, _ in done) / len(done)
         m["mean_gate"] = sum(p.gate for p, _ in done) / len(done)
     return tens, m, samples
+
+
+def _is_hf_engine_of(complete: Any, policy: Any) -> bool:
+    """Whether ``complete`` is ``RolloutEngine.complete_queries`` of an engine decoding ``policy`` with transformers."""
+    backend = getattr(getattr(complete, "__self__", None), "backend", None)
+    return type(backend).__name__ == "HFBackend" and getattr(backend, "model", None) is policy
 
 
 def pair_record(p: Pair, controls: list[list[Passage]], tokenizer: Any) -> dict[str, Any]:
