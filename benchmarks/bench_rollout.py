@@ -6,8 +6,10 @@ Measures, in one run:
    and generated tokens/s (sampled, temperature 1);
 2. the limit the model sets: plain batched ``model.generate`` of the same number of tokens per
    row (B rows, no tool calls, min = max new tokens), and the engine's overhead over it, split
-   into prefill (every turn re-reads its context: prompt and earlier turns), decode, retrieval,
-   injection and the rest (parsing, masks, bookkeeping);
+   into prefill (prompts, then only each turn's new tokens: the cross-turn KV cache), decode,
+   KV saving, retrieval, injection and the rest (parsing, masks, bookkeeping); for comparison
+   the old engine that re-reads every context at every turn (``--skip-nokv`` to leave it out).
+   All variants run interleaved in each repeat and the overheads are per-repeat ratios;
 3. greedy ``evaluate`` on the first N questions of each world split (and each mini benchmark
    found under ``--mini DIR``), with the EM table.
 
@@ -38,6 +40,7 @@ def main() -> None:
     ap.add_argument("--eval-per-split", type=int, default=8)
     ap.add_argument("--mini", help="folder of mini benchmarks (corpus.jsonl + <name>.jsonl), optional")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--skip-nokv", action="store_true", help="no comparison run of the old re-prefill engine")
     ap.add_argument("--skip-throughput", action="store_true", help="only run the evaluation part")
     ap.add_argument("--skip-world-eval", action="store_true", help="no world-split evaluation (e.g. mini only)")
     ap.add_argument("--world", default=".hindsearch/world")
@@ -68,61 +71,89 @@ def main() -> None:
 
 
 def throughput(args, model, tok, retriever, cfg, qs) -> None:
-    from hindsearch.agent.rollout import RolloutEngine, left_pad
+    from hindsearch.agent.rollout import HFBackend, RolloutEngine, left_pad
 
-    def run_engine(records: list, batch: int) -> dict:
-        eng = RolloutEngine(model, tok, retriever, cfg, topk=3)
+    class NoKVBackend(HFBackend):
+        supports_kv_store = False  # the old engine: every turn re-reads its whole context
+
+    def run_engine(records: list, batch: int, kv: bool = True) -> dict:
+        eng = RolloutEngine(model, tok, retriever, cfg, topk=3, backend=(HFBackend if kv else NoKVBackend)(model, tok))
         t = time.perf_counter()
         trajs = []
         for i in range(0, len(records), batch):
             trajs += eng.rollout(records[i : i + batch], seed=i)
         wall = time.perf_counter() - t
         gen = sum(sum(x.gen_mask) for x in trajs)
+        print(f"  engine batch {batch}{'' if kv else ' no-kv'}: {len(trajs)} trajectories, {gen} tokens, {wall:.1f}s", flush=True)
         return {"wall": wall, "n": len(trajs), "gen": gen, "trajs": trajs, **eng.backend.stats, **eng.stats}
 
-    single = [run_engine(qs[: args.single], 1) for _ in range(args.repeats)]
-    batched = [run_engine(qs, args.batch) for _ in range(args.repeats)]
-
-    # plain batched generate: same rows, same tokens per row (mean generated tokens of the batched run)
-    per_row = max(1, round(statistics.median(r["gen"] for r in batched) / len(qs)))
     eng = RolloutEngine(model, tok, retriever, cfg)
-    prompts = [eng.prompt_ids(q.question) for q in qs]
-    ids, mask = left_pad(prompts, tok.pad_token_id, torch.device("cpu"))
-    plain = []
-    for r in range(args.repeats):
+    ids, mask = left_pad([eng.prompt_ids(q.question) for q in qs], tok.pad_token_id, torch.device("cpu"))
+
+    def run_plain(per_row: int, r: int) -> dict:
+        """Plain batched generate: same rows, ``per_row`` tokens each (the engine run's mean), no tools."""
         torch.manual_seed(r)
         t = time.perf_counter()
         with torch.no_grad():
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=per_row, min_new_tokens=per_row,
                            do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
-        plain.append({"wall": time.perf_counter() - t, "n": len(qs), "gen": per_row * len(qs)})
+        wall = time.perf_counter() - t
+        print(f"  plain generate: {len(qs)} x {per_row} tokens, {wall:.1f}s", flush=True)
+        return {"wall": wall, "n": len(qs), "gen": per_row * len(qs)}
+
+    # interleaved (the CPU is shared: each repeat measures every variant back to back, ratios per repeat)
+    single, batched, nokv, plain, plain_nokv = [], [], [], [], []
+    for r in range(args.repeats):
+        if args.single > 0:
+            single.append(run_engine(qs[: args.single], 1))
+        batched.append(run_engine(qs, args.batch))
+        plain.append(run_plain(max(1, round(batched[-1]["gen"] / len(qs))), r))
+        if not args.skip_nokv:
+            nokv.append(run_engine(qs, args.batch, kv=False))
+            plain_nokv.append(run_plain(max(1, round(nokv[-1]["gen"] / len(qs))), r))
 
     def med(runs: list, key: str) -> float:
         return statistics.median(r[key] for r in runs)
+
+    def tps(run: dict) -> float:
+        return run["gen"] / run["wall"]
 
     def line(name: str, runs: list) -> str:
         w, n, g = med(runs, "wall"), med(runs, "n"), med(runs, "gen")
         return f"| {name} | {n:.0f} | {g:.0f} | {w:.1f} | {60 * n / w:.1f} | {g / w:.1f} |"
 
     print(f"\n## Rollout throughput ({args.model}, CPU, {torch.get_num_threads()} threads, max_turns={args.max_turns}, "
-          f"max_new_tokens_per_turn={args.max_new}, sampled T=1, median of {args.repeats})\n")
+          f"max_new_tokens_per_turn={args.max_new}, sampled T=1, median of {args.repeats}, interleaved)\n")
     print("| run | trajectories | generated tokens | wall s | trajectories/min | gen tokens/s |")
     print("|---|---|---|---|---|---|")
-    print(line("engine, batch 1", single))
-    print(line(f"engine, batch {args.batch}", batched))
-    print(line(f"plain generate, batch {args.batch}, {per_row} tok/row, no tools", plain))
-    tps1, tpsB, tpsP = (med(x, "gen") / med(x, "wall") for x in (single, batched, plain))
-    print(f"\nbatching gain (engine tokens/s, batch {args.batch} / batch 1): {tpsB / tps1:.2f}x")
-    print(f"engine overhead vs plain generate (time per generated token): {100 * (tpsP / tpsB - 1):.1f}%")
+    if single:
+        print(line("engine, batch 1", single))
+    print(line(f"engine, batch {args.batch} (cross-turn KV cache)", batched))
+    print(line(f"plain generate, batch {args.batch}, same tok/row, no tools", plain))
+    if nokv:
+        print(line(f"engine, batch {args.batch}, re-prefill every turn (old)", nokv))
+        print(line(f"plain generate for the old run's tok/row", plain_nokv))
+    if single:
+        print(f"\nbatching gain (engine tokens/s, batch {args.batch} / batch 1): {med(batched, 'gen') / med(batched, 'wall') / (med(single, 'gen') / med(single, 'wall')):.2f}x")
+    over = [100 * (tps(p) / tps(b) - 1) for b, p in zip(batched, plain)]
+    print(f"engine overhead vs plain generate (time per generated token, per-repeat ratios {', '.join(f'{o:.1f}%' for o in over)}): "
+          f"median {statistics.median(over):.1f}%")
+    if nokv:
+        over = [100 * (tps(p) / tps(b) - 1) for b, p in zip(nokv, plain_nokv)]
+        print(f"old engine (re-prefill) overhead, same runs: median {statistics.median(over):.1f}% "
+              f"({', '.join(f'{o:.1f}%' for o in over)})")
 
-    b = batched[len(batched) // 2]
-    other = b["wall"] - b["prefill_s"] - b["decode_s"] - b["retrieve_s"] - b["inject_s"]
+    b = sorted(batched, key=lambda x: x["wall"])[len(batched) // 2]
+    other = b["wall"] - b["prefill_s"] - b["decode_s"] - b["kv_save_s"] - b["retrieve_s"] - b["inject_s"]
     turns = sum(len(x.turns) for x in b["trajs"])
-    print(f"\n## Where the batch-{args.batch} engine time goes (one run: {turns} model turns, "
-          f"{b['prefill_tokens']} prefill tokens, {b['decode_steps']} decode steps)\n")
+    ctx = sum(len(x.prompt_ids) + len(x.completion_ids) for x in b["trajs"])
+    print(f"\n## Where the batch-{args.batch} engine time goes (median run: {turns} model turns, "
+          f"{b['prefill_tokens']} prefill tokens for {ctx} context tokens, {b['decode_steps']} decode steps)\n")
     print("| part | seconds | share |")
     print("|---|---|---|")
-    for k, v in (("prefill (prompt + earlier turns, every turn)", b["prefill_s"]), ("decode (cached steps)", b["decode_s"]),
+    for k, v in (("prefill (prompts, then only the new tokens of each turn)", b["prefill_s"]),
+                 ("decode (cached steps, incl. stop-string checks)", b["decode_s"]),
+                 ("KV save (copy finished rows' caches)", b["kv_save_s"]),
                  ("retrieval (BM25, batched)", b["retrieve_s"]), ("injection (tokenize observations)", b["inject_s"]),
                  ("other (parse, masks, bookkeeping)", other)):
         print(f"| {k} | {v:.2f} | {100 * v / b['wall']:.1f}% |")

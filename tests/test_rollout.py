@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.rollout import RolloutEngine, SamplingParams, sample_tokens, top_p_filter
+from hindsearch.agent.rollout import HFBackend, KVStore, RolloutEngine, SamplingParams, sample_tokens, top_p_filter
 from hindsearch.config import RolloutConfig
 from hindsearch.config import ModelConfig
 from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
@@ -219,6 +219,67 @@ def test_sampling_seeded_batched_logprobs(model, tok, retriever):
     g_batch = eng.rollout([Q1, Q2], greedy=True)
     g_single = [eng.rollout([q], greedy=True)[0] for q in (Q1, Q2)]
     assert [t.completion_ids for t in g_batch] == [t.completion_ids for t in g_single]
+
+
+class FirstTurnScript(ScriptHook):
+    """Force turn 0 of trajectory i to ``scripts[i][0]`` (no EOS after it); later turns sample freely."""
+
+    def __call__(self, rows, new_ids, logits):
+        logits = logits.clone()
+        for j, ((traj, turn, _qid), ids) in enumerate(zip(rows, new_ids)):
+            script = self.ids[traj % len(self.ids)][0] if turn == 0 else []
+            if len(ids) < len(script):
+                logits[j] = float("-inf")
+                logits[j, script[len(ids)]] = 0.0
+        return logits
+
+
+class NoKVBackend(HFBackend):
+    """The HF backend without the cross-turn cache: every turn re-reads its whole context."""
+
+    supports_kv_store = False
+
+
+def test_cross_turn_kv_cache_matches_full_forward(model, tok, retriever):
+    # rows stop at different steps (queries of different lengths, one free invalid turn) so later turns
+    # resume from caches of different lengths with information blocks / notices of different lengths
+    scripts = [["<search> Zorbin </search>"], ["<search> Glass Orchard author of the novel </search>"], ["no tags"]]
+    eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=10, max_turns=2)
+    eng.logits_hook = FirstTurnScript(tok, scripts)
+    trajs = eng.rollout([Q1, Q2, Q1], num_generations=1, seed=3)
+    assert eng.backend.stats["prefill_tokens"] < sum(  # earlier turns were not re-read
+        len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
+    for t in trajs:
+        assert len(t.turns) == 3 and {tr.action for tr in t.turns[1:]} <= {"invalid", "truncated"}
+        # every log-prob of the free (sampled) turns equals a teacher-forced forward of the whole sequence
+        ids = torch.tensor([t.prompt_ids + t.completion_ids])
+        with torch.no_grad():
+            logp = model(ids).logits[0, :-1].float().log_softmax(-1)
+        for tr in t.turns[1:]:
+            a, b = tr.gen_span
+            P = len(t.prompt_ids)
+            ref = logp[P + a - 1 : P + b - 1].gather(-1, ids[0, P + a : P + b, None]).squeeze(-1)
+            assert torch.allclose(ref, torch.tensor(t.logprobs[a:b]), atol=1e-4)
+    # same seed without the cross-turn cache: the same trajectories
+    eng2 = make_engine(model, tok, retriever, max_new_tokens_per_turn=10, max_turns=2)
+    eng2.backend, eng2.logits_hook = NoKVBackend(model, tok), eng.logits_hook
+    ref_trajs = eng2.rollout([Q1, Q2, Q1], num_generations=1, seed=3)
+    assert [t.completion_ids for t in ref_trajs] == [t.completion_ids for t in trajs]
+    assert torch.allclose(torch.tensor([x for t in ref_trajs for x in t.logprobs]),
+                          torch.tensor([x for t in trajs for x in t.logprobs]), atol=1e-4)
+
+
+def test_kv_store_take_checks_prefix():
+    store = KVStore()
+    store.rows["a"] = ([1, 2, 3], [])
+    assert store.take("a", [1, 2, 4, 5]) is None and "a" not in store.rows  # not a prefix: dropped
+    store.rows["a"] = ([1, 2, 3], [])
+    assert store.take("a", [1, 2, 3]) is None  # nothing new to feed
+    store.rows["a"] = ([1, 2, 3], [])
+    assert store.take("a", [1, 2, 3, 9]) == ([1, 2, 3], [])
+    store.rows["b"] = ([1], [])
+    store.discard(["b", "zz"])
+    assert store.rows == {}
 
 
 def test_sampling_helpers():

@@ -35,17 +35,20 @@ injected text: Search-R1's invalid notice itself contains ``<answer> and </answe
 
 Stop reasons: ``answer``, ``eos``, ``max_turns``, ``length``, ``error`` (prompt alone over budget).
 
-Cost: the KV cache lives inside a turn only; each turn re-reads its whole context (prompt,
-earlier turns, observations) in one batched prefill. That is the engine's main overhead over
-plain ``generate`` (see ``benchmarks/bench_rollout.py``); reusing the cache across turns is the
-known next step.
+Cost: with the HF backend each trajectory's KV cache is kept across turns (``KVStore``): a
+turn feeds only the tokens not yet cached (the last sampled token plus the injected ids) on
+top of the cached keys/values, so earlier turns are never re-read. Rows are laid out so that
+padding is only ever on the left (``resume_inputs``): the rows of a batch share one chunk
+width W (the longest uncached tail), and a row with a shorter tail re-feeds its last few
+cached tokens instead of padding inside its sequence. The vLLM backend gets full contexts
+(vLLM's prefix caching does the same job there).
 """
 
 from __future__ import annotations
 
 import inspect
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -132,11 +135,78 @@ def left_pad(contexts: list[list[int]], pad_id: int, device: torch.device) -> tu
     return ids.to(device), mask.to(device)
 
 
-class HFBackend:
-    """Turn generation with a transformers causal LM: one prefill, then cached decode steps.
+RowKV = tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]
+"""A row's cache: the ids fed so far and their (keys, values) per layer, each ``[1, H, len(ids), D]``."""
 
-    Rows that finish are dropped from the batch and the KV cache (``batch_select_indices``).
+
+@dataclass
+class KVStore:
+    """Per-trajectory KV caches kept across the turns of one rollout (HF backend).
+
+    ``rows[key]``: the ids already fed for that trajectory (its context minus the last sampled
+    token) and their keys/values. Scoped to one rollout: weights may change between rollouts.
     """
+
+    rows: dict[Hashable, RowKV] = field(default_factory=dict)
+
+    def take(self, key: Hashable, context: list[int]) -> RowKV | None:
+        """Pop the row's cache if its ids are a strict prefix of ``context`` (else None: full prefill)."""
+        entry = self.rows.pop(key, None)
+        if entry is None or len(entry[0]) >= len(context) or context[: len(entry[0])] != entry[0]:
+            return None
+        return entry
+
+    def discard(self, keys: Iterable[Hashable]) -> None:
+        for k in keys:
+            self.rows.pop(k, None)
+
+
+def resume_inputs(
+    contexts: list[list[int]], cached: list[RowKV | None], pad_id: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, Any]:
+    """Inputs that continue each row from its cached KV with padding on the left only.
+
+    ``cached[i]`` covers a strict prefix of ``contexts[i]`` (or is None). All rows feed a chunk of
+    W = max uncached tail tokens; row i feeds its last ``min(len_i, W)`` tokens and keeps
+    ``k_i = max(0, len_i - W) <= cached_i`` cached tokens, left-padded to K = max k_i. A row whose
+    tail is shorter than W thus re-feeds a few cached tokens instead of padding mid-sequence.
+    -> (input_ids [B, W], attention_mask [B, K + W], position_ids [B, W], DynamicCache of K or None).
+    """
+    from transformers import DynamicCache
+
+    n_cached = [len(c[0]) if c is not None else 0 for c in cached]
+    W = max(len(x) - c for x, c in zip(contexts, n_cached))
+    keep = [max(0, len(x) - W) for x in contexts]
+    K = max(keep)
+    ids, chunk_mask = left_pad([x[k:] for x, k in zip(contexts, keep)], pad_id, device)
+    past_mask = torch.zeros((len(contexts), K), dtype=torch.long, device=device)
+    for i, k in enumerate(keep):
+        past_mask[i, K - k :] = 1
+    mask = torch.cat([past_mask, chunk_mask], dim=1)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, K:]
+    if K == 0:
+        return ids, mask, pos, None
+    ref = next(c[1] for c, k in zip(cached, keep) if k > 0)
+    layers = []
+    for li, (k0, v0) in enumerate(ref):
+        kk = k0.new_zeros((len(contexts), k0.shape[1], K, k0.shape[3]))
+        vv = v0.new_zeros((len(contexts), v0.shape[1], K, v0.shape[3]))
+        for i, k in enumerate(keep):
+            if k > 0:
+                kk[i, :, K - k :] = cached[i][1][li][0][0, :, :k]
+                vv[i, :, K - k :] = cached[i][1][li][1][0, :, :k]
+        layers.append((kk, vv))
+    return ids, mask, pos, DynamicCache(ddp_cache_data=layers)
+
+
+class HFBackend:
+    """Turn generation with a transformers causal LM: one (resumed) prefill, then cached decode steps.
+
+    Rows that finish are dropped from the batch and the KV cache (``batch_select_indices``);
+    with a ``kv_store`` their keys/values are saved first, so the next turn resumes from them.
+    """
+
+    supports_kv_store = True
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
@@ -147,12 +217,27 @@ class HFBackend:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
         params = inspect.signature(model.forward).parameters if model is not None else {}
         self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x renamed it
-        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0}
+        self.stats = {"prefill_tokens": 0, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0, "kv_save_s": 0.0}
 
     @staticmethod
     def _cache_of(out: Any) -> Any:
         cache = getattr(out, "cache", None)
         return cache if cache is not None else out.past_key_values
+
+    @staticmethod
+    def _storable(cache: Any) -> bool:
+        """Only plain full-attention layers can be sliced per row and resumed (not sliding windows)."""
+        from transformers.cache_utils import DynamicLayer
+
+        return all(type(layer) is DynamicLayer for layer in getattr(cache, "layers", [None]))
+
+    def _save(self, store: KVStore, key: Hashable, fed: list[int], cache: Any, mask: torch.Tensor, j: int) -> None:
+        """Copy row j's keys/values (its ``len(fed)`` real, right-aligned positions) into the store."""
+        n = len(fed)
+        if int(mask[j].sum()) != n:
+            raise RuntimeError(f"KV row {j} holds {int(mask[j].sum())} tokens, expected {n}")
+        store.rows[key] = (fed, [(layer.keys[j : j + 1, :, -n:].clone(), layer.values[j : j + 1, :, -n:].clone())
+                                 for layer in cache.layers])
 
     def _hit_stop(self, ids: list[int], stop_strings: Sequence[str]) -> bool:
         tail = self.tokenizer.decode(ids[-12:], skip_special_tokens=False)
@@ -167,21 +252,32 @@ class HFBackend:
         stop_strings: Sequence[str],
         generator: torch.Generator | None = None,
         logits_hook: LogitsHook | None = None,
+        kv_store: KVStore | None = None,
+        kv_keys: Sequence[Hashable] | None = None,
     ) -> list[GenOutput]:
+        """One turn for each context. With ``kv_store`` (and one ``kv_keys`` entry per context) rows
+        resume from their stored caches and leave theirs in the store for the next call."""
+        if kv_store is not None and (kv_keys is None or len(kv_keys) != len(contexts)):
+            raise ValueError("kv_store needs one kv_keys entry per context")
         device = next(self.model.parameters()).device
         outs = [GenOutput([], [], "length") for _ in contexts]
         rows = [i for i in range(len(contexts)) if max_new_tokens[i] > 0]
         if not rows:
             return outs
         t0 = time.perf_counter()
-        ids, mask = left_pad([contexts[i] for i in rows], self.pad_id, device)
-        pos = (mask.cumsum(-1) - 1).clamp(min=0)
+        cached = [kv_store.take(kv_keys[i], contexts[i]) if kv_store is not None else None for i in rows]
+        ids, mask, pos, cache = resume_inputs([contexts[i] for i in rows], cached, self.pad_id, device)
+        del cached
         # logits_to_keep=1: only the last position's logits are needed (saves a [B, L, V] tensor)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        self.stats["prefill_tokens"] += int(mask.sum())
+        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
+                         **({self._cache_kw: cache} if cache is not None else {}))
+        self.stats["prefill_tokens"] += int(mask[:, -ids.shape[1] :].sum())
         self.stats["prefill_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
         cache, logits, last_pos = self._cache_of(out), out.logits[:, -1, :].float(), pos[:, -1]
+        if kv_store is not None and not self._storable(cache):
+            kv_store = None  # e.g. sliding-window layers: every turn re-reads its context
+        save_s = 0.0
         while True:
             if logits_hook is not None:
                 logits = logits_hook(rows, [outs[i].ids for i in rows], logits)
@@ -200,6 +296,13 @@ class HFBackend:
                 else:
                     keep.append(j)
             self.stats["decode_steps"] += 1
+            if kv_store is not None and len(keep) < len(rows):
+                ts = time.perf_counter()
+                kept = set(keep)
+                for j, i in enumerate(rows):
+                    if j not in kept:  # cached: the context and all new ids but the last (never fed)
+                        self._save(kv_store, kv_keys[i], contexts[i] + outs[i].ids[:-1], cache, mask, j)
+                save_s += time.perf_counter() - ts
             if not keep:
                 break
             if len(keep) < len(rows):
@@ -214,7 +317,8 @@ class HFBackend:
                 use_cache=True, **{self._cache_kw: cache},
             )
             cache, logits = self._cache_of(out), out.logits[:, -1, :].float()
-        self.stats["decode_s"] += time.perf_counter() - t0
+        self.stats["kv_save_s"] += save_s
+        self.stats["decode_s"] += time.perf_counter() - t0 - save_s
         return outs
 
 
@@ -374,21 +478,26 @@ class RolloutEngine:
                     t.errors.append(f"prompt has {len(pids)} tokens, over max_total_tokens={self.cfg.max_total_tokens}")
                 states.append(s)
         sampling = self.sampling(greedy)
+        kv = KVStore() if getattr(self.backend, "supports_kv_store", False) else None
         while active := [s for s in states if not s.done]:
-            self._turn(active, sampling, gen)
+            self._turn(active, sampling, gen, kv)
+            if kv is not None:
+                kv.discard(s.index for s in active if s.done)
         for s in states:
             self._finish(s.traj)
         return [s.traj for s in states]
 
-    def _turn(self, active: list[_State], sampling: SamplingParams, gen: torch.Generator | None) -> None:
+    def _turn(self, active: list[_State], sampling: SamplingParams, gen: torch.Generator | None,
+              kv: KVStore | None = None) -> None:
         budgets = [min(self.cfg.max_new_tokens_per_turn, self._room(s)) for s in active]
         hook = None
         if self.logits_hook is not None:
             user_hook = self.logits_hook
             hook = lambda rows, ids, lg: user_hook(  # noqa: E731
                 [(active[i].index, len(active[i].traj.turns), active[i].traj.qid) for i in rows], ids, lg)
+        kw = {"kv_store": kv, "kv_keys": [s.index for s in active]} if kv is not None else {}
         outs = self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in active], budgets,
-                                     sampling, protocol.STOP_STRINGS, gen, hook)
+                                     sampling, protocol.STOP_STRINGS, gen, hook, **kw)
         searches: list[_State] = []
         for s, o, budget in zip(active, outs, budgets):
             text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
