@@ -93,15 +93,9 @@ def bench_numbers(res: Any) -> dict[str, Any]:
     """``{"em", "em_1hop", "em_2hop", "n"}`` from one benchmark's entry of an ``evaluate`` result (tolerant)."""
     if not isinstance(res, dict):
         return {}
-    by = res.get("em_by_hops") or res.get("em_by_hop") or {}
-    return {
-        "em": res.get("em"),
-        "em_1hop": by.get("1", by.get(1)),
-        "em_2hop": by.get("2", by.get(2)),
-        "n": res.get("n", res.get("count")),
-        "searches": res.get("searches_per_question", res.get("searches")),
-        "validity": res.get("validity_rate", res.get("validity")),
-    }
+    from hindsearch.eval import bench_row
+
+    return bench_row(res)
 
 
 def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict[str, Any]]:

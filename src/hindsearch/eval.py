@@ -181,3 +181,17 @@ def evaluate(
     if out:
         (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def bench_row(r: dict[str, Any]) -> dict[str, Any]:
+    """EM overall and by hop count, n, searches per question and validity from one benchmark's entry
+    of an ``evaluate`` result (the row of the before/after and comparison tables)."""
+    by_hops = r.get("em_by_hops") or {}
+    return {
+        "em": r.get("em"),
+        "em_1hop": by_hops.get("1"),
+        "em_2hop": by_hops.get("2"),
+        "n": r.get("n"),
+        "searches": r.get("searches_per_question"),
+        "validity": r.get("validity_rate"),
+    }

@@ -230,15 +230,9 @@ def summary_row(res: dict[str, Any]) -> dict[str, Any]:
     r = res.get("dev", res) if isinstance(res, dict) else {}
     if isinstance(r, dict) and "benchmarks" in res:
         r = res["benchmarks"].get("dev", r)
-    by_hops = r.get("em_by_hops") or r.get("em_by_hop") or {}
-    return {
-        "em": r.get("em"),
-        "em_1hop": by_hops.get("1", by_hops.get(1)),
-        "em_2hop": by_hops.get("2", by_hops.get(2)),
-        "searches": r.get("searches_per_question", r.get("searches")),
-        "validity": r.get("validity_rate", r.get("validity")),
-        "n": r.get("n", r.get("count")),
-    }
+    from hindsearch.eval import bench_row
+
+    return bench_row(r) if isinstance(r, dict) else {}
 
 
 def format_table(rows: dict[str, dict[str, Any]]) -> str:
