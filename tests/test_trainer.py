@@ -185,3 +185,28 @@ def test_run_train_end_to_end(tmp_path, monkeypatch):
     summary2 = run_train(resume=run, log=lines.append)  # already finished: no step is repeated
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1]
     assert summary2["dev"]["rl"]["em"] == summary["dev"]["rl"]["em"]
+
+
+def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
+    """Two steps of --method hindsearch with the default LM judge (the frozen initial policy) writing real
+    critiques by greedy generation; every failed rollout with a search is judged, and each critique is
+    either used for distillation or counted as a fallback."""
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="lm"',
+                                         "hindsearch.critique_max_tokens=12"])
+    run = tmp_path / "run"
+    trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
+    trainer.train()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["hind/failed"] == 2.0 and r["hind/eligible"] == 2.0  # odd rollouts answer wrongly, after a search
+        assert r["hind/judge_kind_oracle"] == 0.0 and r["hind/judge_time"] > 0
+        assert r["hind/critiques"] + r["hind/degenerate"] + r["hind/judge_errors"] == r["hind/eligible"]
+        assert torch.isfinite(torch.tensor([r["loss"], r["hind/loss"]])).all()
+        if r["hind/critiques"] > 0:
+            assert r["hind/teacher_time"] > 0 and r["hind/query_tokens"] > 0
+    samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    judged = [s["hind"] for s in samples if s["reward"] == 0 and "hind" in s]
+    assert judged and all(j["judge_kind"] == "lm" and j["critique_raw"] for j in judged)
+    assert all(j["critique_usable"] == ("query_tokens" in j) for j in judged)
