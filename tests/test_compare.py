@@ -97,6 +97,15 @@ def test_write_outputs_from_constructed_runs(tmp_path):
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_dev_curve_joins_base_periodic_and_final_evals(tmp_path):
+    from hindsearch.compare import dev_curve
+
+    assert dev_curve(tmp_path) == []
+    (tmp_path / "summary.json").write_text(json.dumps({"steps": 30, "dev": {"base": {"em": 0.1}, "rl": {"em": 0.3}}}))
+    (tmp_path / "dev_curve.jsonl").write_text(json.dumps({"step": 10, "em": 0.2}) + "\n" + json.dumps({"step": 20, "em": None}) + "\n")
+    assert dev_curve(tmp_path) == [(0, 0.1), (10, 0.2), (30, 0.3)]
+
+
 @pytest.fixture(scope="module")
 def tiny_preset(tmp_path_factory):
     """A preset on a 60-entity world with a tiny micro model (built here) and a tiny warm-up."""
@@ -128,10 +137,11 @@ num_demos = 4
 epochs = 1
 batch_size = 4
 [train]
-steps = 1
+steps = 2
 questions_per_step = 2
 save_steps = 1
 eval_limit = 4
+eval_steps = 1
 [hindsearch]
 judge_kind = "oracle"
 [eval]
@@ -156,6 +166,8 @@ def test_tiny_compare_end_to_end_and_skip(tiny_preset, monkeypatch):
         assert res["benchmarks"]["world"]["n"] == 4 and res["step_s"] > 0
         cfg = Config.load(rd / "config.toml")
         assert cfg.model.name == init and cfg.warmup.enabled is False
+        curve = [json.loads(x) for x in (rd / "dev_curve.jsonl").read_text().splitlines()]
+        assert [c["step"] for c in curve] == [1] and curve[0]["n"] == 4  # step 2 is the final 'rl' evaluation
     assert Config.load(out / "hindsearch-nogold-s0" / "config.toml").hindsearch.judge_sees_gold is False
     assert "| grpo | 1 |" in md and "| hindsearch-nogold | 1 |" in md and "1.00x" in md
     assert (out / "curves.png").exists()

@@ -205,8 +205,29 @@ def moving_average(xs: Sequence[float], w: int) -> list[float]:
     return out
 
 
+def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """Dev EM against step of one run: the base evaluation (step 0), ``dev_curve.jsonl`` (every
+    ``train.eval_steps``) and the evaluation after RL (at ``steps``); missing parts are left out."""
+    pts: dict[int, float] = {}
+    summ = run_dir / "summary.json"
+    d = json.loads(summ.read_text()) if summ.exists() else {}
+    dev = d.get("dev", {})
+    if (dev.get("base") or {}).get("em") is not None:
+        pts[0] = float(dev["base"]["em"])
+    cur = run_dir / "dev_curve.jsonl"
+    for line in cur.read_text().splitlines() if cur.exists() else []:
+        if line.strip():
+            row = json.loads(line)
+            if row.get("em") is not None:
+                pts[int(row["step"])] = float(row["em"])
+    if (dev.get("rl") or {}).get("em") is not None and d.get("steps") is not None:
+        pts[int(d["steps"])] = float(dev["rl"]["em"])
+    return sorted(pts.items())
+
+
 def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], path: Path, window: int = 10) -> Path:
-    """``curves.png``: training reward (moving average) and dev EM (step 0 and after RL) vs step, mean over seeds."""
+    """``curves.png``: training reward (moving average) and dev EM (``dev_curve``) vs step, mean over seeds
+    (dev EM at the steps every seed evaluated)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -214,7 +235,7 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
     for m in methods:
-        per_seed, dev_pts = [], []
+        per_seed, curves = [], []
         for s in seeds:
             rd = out_dir / run_name(m, s)
             rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()] \
@@ -222,23 +243,18 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
             rew = [float(pick_reward(r)) for r in rows]
             if rew:
                 per_seed.append(rew)
-            summ = rd / "summary.json"
-            if summ.exists():
-                d = json.loads(summ.read_text()).get("dev", {})
-                base = (d.get("base") or {}).get("em")
-                rl = (d.get("rl") or {}).get("em")
-                if base is not None and rl is not None:
-                    dev_pts.append((0, base, len(rows), rl))
+            c = dict(dev_curve(rd))
+            if c:
+                curves.append(c)
         if per_seed:
             n = min(len(r) for r in per_seed)
             mean = [sum(r[i] for r in per_seed) / len(per_seed) for i in range(n)]
             ax1.plot(range(1, n + 1), moving_average(mean, window), label=m)
-        if dev_pts:
-            last = max(p[2] for p in dev_pts)
-            ax2.plot([0, last], [sum(p[1] for p in dev_pts) / len(dev_pts), sum(p[3] for p in dev_pts) / len(dev_pts)],
-                     marker="o", label=m)
+        if curves:
+            steps = sorted(set.intersection(*(set(c) for c in curves)))
+            ax2.plot(steps, [sum(c[t] for c in curves) / len(curves) for t in steps], marker="o", label=m)
     ax1.set(title=f"training reward (moving avg {window})", xlabel="step", ylabel="reward")
-    ax2.set(title="dev EM before / after RL", xlabel="step", ylabel="EM")
+    ax2.set(title="dev EM (greedy)", xlabel="step", ylabel="EM")
     for ax in (ax1, ax2):
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)

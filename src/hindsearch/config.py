@@ -141,6 +141,8 @@ class TrainConfig:
     """Rollouts written to samples.jsonl per step."""
     eval_limit: int = 50
     """Dev questions evaluated before and after RL."""
+    eval_steps: int = 0
+    """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = None
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
 

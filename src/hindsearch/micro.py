@@ -6,7 +6,8 @@ comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
 
 ``ensure_micro(world_dir, out_dir, seed)`` builds, once (cached by a hash of its inputs):
 
-1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` tokens, default 3,072) trained with
+1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` at most, default 8,192;
+   ``min_frequency`` 1, so every word of the world is one token and copying a name is copying one token) trained with
    ``tokenizers`` on the world's passages and questions plus the Search-R1 protocol strings (the
    instruction, the feedback/gold hindsight lines, the invalid notice and scripted-searcher
    phrases), so the long instruction costs few tokens. The protocol tags (``<search>``,
@@ -49,7 +50,7 @@ CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-MICRO_VERSION = 1
+MICRO_VERSION = 2
 MICRO_ALIAS = "micro"
 
 # Phrases the scripted searcher and the judges write; repeated in the tokenizer corpus so they merge.
@@ -66,13 +67,13 @@ _PHRASES = (
 class MicroSpec:
     """Size of the micro model and its vocabulary (all fields enter the cache key)."""
 
-    vocab_size: int = 3072
+    vocab_size: int = 8192
     hidden_size: int = 192
     intermediate_size: int = 512
     num_hidden_layers: int = 4
     num_attention_heads: int = 6
     max_position_embeddings: int = 2048
-    pretrain_steps: int = 300
+    pretrain_steps: int = 800
     """Causal-LM steps on the world's passages and questions (all tokens, packed) before saving; 0 = random init."""
     pretrain_seq_len: int = 256
     pretrain_batch_size: int = 16
@@ -119,7 +120,7 @@ def world_texts(world_dir: str | Path) -> Iterator[str]:
                     raise ValueError(f"{path}:{i}: bad question row ({e})") from e
 
 
-def train_tokenizer(texts: list[str], vocab_size: int = 3072) -> Any:
+def train_tokenizer(texts: list[str], vocab_size: int = 8192) -> Any:
     """Train a byte-level BPE on ``texts``; returns a transformers ``PreTrainedTokenizerFast``.
 
     The protocol strings are added ``8`` times so their words merge into few tokens.
@@ -131,7 +132,7 @@ def train_tokenizer(texts: list[str], vocab_size: int = 3072) -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=2, special_tokens=[PAD, BOS, EOS],
+        vocab_size=vocab_size, min_frequency=1, special_tokens=[PAD, BOS, EOS],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(texts + protocol_texts() * 8, trainer=trainer)
@@ -173,7 +174,8 @@ def pack(ids_list: list[list[int]], seq_len: int, eos_id: int) -> "torch.Tensor"
     return torch.tensor(flat[: n * seq_len]).view(n, seq_len)
 
 
-def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0) -> list[float]:
+def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0,
+             progress: bool = True) -> list[float]:
     """Causal-LM pretraining on ``texts`` (all tokens): AdamW, linear warm-up then cosine; returns the losses.
 
     Teaches the world's language and copying (names repeat within passages) before the protocol warm-up,
@@ -182,6 +184,7 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
     import math
 
     import torch
+    from tqdm.auto import tqdm
 
     data = pack([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], spec.pretrain_seq_len,
                 tokenizer.eos_token_id)  # [N, S]
@@ -192,7 +195,8 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
                                               0.5 * (1 + math.cos(math.pi * (s - n_warm) / max(1, spec.pretrain_steps - n_warm))))
     model.train()
     losses = []
-    for _ in range(spec.pretrain_steps):
+    bar = tqdm(range(spec.pretrain_steps), desc="micro pretrain", disable=not progress)
+    for _ in bar:
         batch = data[torch.randint(0, len(data), (spec.pretrain_batch_size,), generator=g)]  # [B, S]
         loss = model(input_ids=batch, labels=batch).loss
         opt.zero_grad(set_to_none=True)
@@ -201,6 +205,7 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
     model.eval()
     return losses
 

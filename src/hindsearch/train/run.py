@@ -225,6 +225,34 @@ def evaluate_dev(engine: Any, dev: list[Any], out_dir: Path, cfg: Config) -> dic
                     seed=cfg.eval.seed)
 
 
+def dev_curve_callback(cfg: Config, trainer: Any, make_engine: Any, dev: list[Any], run_dir: Path) -> Any:
+    """A ``TrainerCallback`` that evaluates ``dev`` greedily every ``train.eval_steps`` steps.
+
+    One row per evaluation in ``RUN_DIR/dev_curve.jsonl``: ``{"step", "em", "em_1hop", "em_2hop",
+    "searches", "valid", "n", "time_s"}`` (the columns of the summary table). The policy is put back
+    in training mode afterwards; the evaluation's trajectories are not kept.
+    """
+    import tempfile
+
+    from transformers import TrainerCallback
+
+    class DevCurve(TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            step = state.global_step
+            if step % cfg.train.eval_steps or step >= cfg.train.steps:  # the final model gets the full 'rl' eval
+                return
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            t0 = time.time()
+            with tempfile.TemporaryDirectory() as tmp:
+                row = summary_row(evaluate_dev(make_engine(model), dev, Path(tmp), cfg))
+            model.train()
+            row = {"step": step, **row, "time_s": round(time.time() - t0, 2)}
+            with (run_dir / "dev_curve.jsonl").open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    return DevCurve()
+
+
 def summary_row(res: dict[str, Any]) -> dict[str, Any]:
     """EM overall / by hops, searches per question and validity rate from an ``evaluate`` result."""
     r = res.get("dev", res) if isinstance(res, dict) else {}
@@ -275,13 +303,14 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         raise FileExistsError(f"{run_dir} already holds checkpoints; use --resume {run_dir} or another --out")
     run_dir.mkdir(parents=True, exist_ok=True)
     if resume is None:
-        for name in ("metrics.jsonl", "samples.jsonl"):
+        for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
     cfg.save(run_dir / "config.toml")
     done = checkpoint_step(ckpt) if ckpt else 0
     if ckpt is not None:
         truncate_jsonl(run_dir / "metrics.jsonl", done)
         truncate_jsonl(run_dir / "samples.jsonl", done)
+        truncate_jsonl(run_dir / "dev_curve.jsonl", done)
         log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
 
     from hindsearch.agent.rollout import HFBackend, RolloutEngine
@@ -339,6 +368,8 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     elif cfg.train.steps > 0:
         model.train()
         trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
+        if cfg.train.eval_steps > 0 and not distributed:
+            trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
         from hindsearch.train.trainer import NonFiniteLoss
 
         try:
