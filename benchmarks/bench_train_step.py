@@ -23,6 +23,15 @@ from pathlib import Path
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
+AUX_KEYS = ("hind/", "igsd/")
+DETAIL = {  # per method family: (column title, metrics key) of the aux cost table
+    "hind": [("failed", "hind/failed"), ("critiques", "hind/critiques"), ("judge s", "hind/judge_time"),
+             ("teacher s", "hind/teacher_time")],
+    "igsd": [("failed", "igsd/failed"), ("verified", "igsd/positions_verified"), ("proposal s", "igsd/time_proposal"),
+             ("complete s", "igsd/time_completion"), ("retrieve s", "igsd/time_retrieval"),
+             ("score s", "igsd/time_scoring"), ("ret calls", "igsd/retrieval_calls"),
+             ("cache hit", "igsd/cache_hit_rate"), ("util evals", "igsd/utility_evals")],
+}
 KEYS = ("time/rollout", "time/reward", "time/aux_prepare", "time/update", "time/step")
 
 
@@ -82,6 +91,8 @@ def main() -> None:
         results[method]["gen_tokens"] = statistics.median(r.get("rollout/generated_len", 0.0) for r in rows)
         results[method]["completion_len"] = statistics.median(r.get("rollout/completion_len", 0.0) for r in rows)
         results[method]["wall"] = time.time() - t0
+        results[method]["aux"] = {k: statistics.median(r.get(k, 0.0) for r in rows)
+                                  for k in sorted({k for r in rows for k in r if k.startswith(AUX_KEYS)})}
         del trainer, model, engine
 
     g = cfg.rollout.num_generations
@@ -95,6 +106,17 @@ def main() -> None:
         ratio = f"{r['time/step'] / base:.2f}" if base else "-"
         print(f"{m:<16}{r['time/rollout']:>9.1f}{r['time/reward']:>8.3f}{r['time/aux_prepare']:>10.1f}"
               f"{r['time/update']:>8.1f}{r['time/step']:>8.1f}{ratio:>8}{r['gen_tokens']:>9.0f}{r['completion_len']:>10.0f}")
+    for fam, cols in DETAIL.items():
+        rows = [(m, r["aux"]) for m, r in results.items() if any(k.startswith(fam + "/") for k in r["aux"])]
+        if not rows:
+            continue
+        head = f"{'method':<16}" + "".join(f"{c:>12}" for c, _ in cols) + f"{'s/failed':>10}"
+        print(f"\n{fam} term, medians over steps (s/failed = (judge+teacher | proposal+completion+retrieval+scoring) per failed rollout)")
+        print(head + "\n" + "-" * len(head))
+        for m, a in rows:
+            cost = sum(a.get(k, 0.0) for c, k in cols if c.endswith(" s"))
+            per = cost / a[f"{fam}/failed"] if a.get(f"{fam}/failed") else float("nan")
+            print(f"{m:<16}" + "".join(f"{a.get(k, 0.0):>12.2f}" for _, k in cols) + f"{per:>10.2f}")
     print(f"runs: {root}")
 
 

@@ -322,3 +322,24 @@ def test_sft_cli_scripted_then_from_a_trajectories_file(tmp_path):
     args = parser.parse_args(["sft", *common, "--demos", str(tmp_path / "missing.jsonl"), "--out", str(tmp_path / "c")])
     with pytest.raises(FileNotFoundError, match="missing.jsonl"):
         args.func(args)
+
+
+def test_warmup_key_changes_when_a_local_model_folder_is_rebuilt(tmp_path):
+    """The same model path with other weights (a rebuilt micro model) must not hit the old warm-up."""
+    import json as _json
+
+    from hindsearch.config import Config
+    from hindsearch.train.warmup import warmup_key
+
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "micro.json").write_text(_json.dumps({"key": "a"}))
+    cfg = Config.load(None, [f'model.name="{d.as_posix()}"'])
+    k1 = warmup_key(cfg, [])
+    (d / "micro.json").write_text(_json.dumps({"key": "b"}))
+    assert warmup_key(cfg, []) != k1
+    (d / "micro.json").unlink()
+    (d / "config.json").write_text("{}")
+    k3 = warmup_key(cfg, [])
+    (d / "config.json").write_text('{"hidden_size": 8}')
+    assert warmup_key(cfg, []) != k3

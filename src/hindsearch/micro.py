@@ -73,7 +73,7 @@ class MicroSpec:
     num_hidden_layers: int = 4
     num_attention_heads: int = 6
     max_position_embeddings: int = 2048
-    pretrain_steps: int = 800
+    pretrain_steps: int = 0
     """Causal-LM steps on the world's passages and questions (all tokens, packed) before saving; 0 = random init."""
     pretrain_seq_len: int = 256
     pretrain_batch_size: int = 16

@@ -338,13 +338,32 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
     return info
 
 
+def model_fingerprint(name: str) -> str | None:
+    """Identity of a local model folder's contents (None for a hub id): the same path rebuilt with other
+    weights (e.g. the ``micro`` model after a spec change) must not reuse a warm-up of the old weights.
+
+    Uses ``micro.json``'s build key when present, else the names, sizes and mtimes of the folder's files.
+    """
+    d = Path(name)
+    if not d.is_dir():
+        return None
+    meta = d / "micro.json"
+    if meta.exists():
+        try:
+            return "micro:" + str(json.loads(meta.read_text())["key"])
+        except (json.JSONDecodeError, KeyError):
+            pass
+    st = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in sorted(d.iterdir()) if f.is_file()]
+    return hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16]
+
+
 def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Path | None = None) -> str:
     """Cache key: hash of (model, warm-up config, rollout budget, retrieval, seed, data)."""
     h = hashlib.sha256()
     path = demos_path or cfg.warmup.demos
     parts = {
         "version": CACHE_VERSION,
-        "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype],
+        "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype, model_fingerprint(cfg.model.name)],
         "warmup": asdict(cfg.warmup),
         "rollout": [cfg.rollout.max_turns, cfg.rollout.max_total_tokens],
         "retrieval": [cfg.retrieval.kind, cfg.retrieval.index_dir, cfg.retrieval.url, cfg.retrieval.topk,
