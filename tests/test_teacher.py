@@ -81,3 +81,16 @@ def test_select_teacher():
         T.select_teacher("ema", ctx)
     with pytest.raises(ValueError, match="one of"):
         T.select_teacher("other", ctx)
+
+
+def test_through_last_query_keeps_the_query_scores_exact(model):
+    comp = [5, 6, 7, 8, 9, 10, 11, 12]
+    qmask = [0, 1, 1, 0, 0, 1, 0, 0]
+    assert T.through_last_query(comp, qmask, 8) == [5, 6, 7, 8, 9, 10]
+    assert T.through_last_query(comp, qmask, 3) == [5, 6, 7]
+    assert T.through_last_query(comp, [0] * 8, 8) == []
+    prompt = [3, 4]
+    full, _, _ = T.teacher_token_logprobs(model, [prompt], [comp])
+    cut, _, _ = T.teacher_token_logprobs(model, [prompt], [T.through_last_query(comp, qmask, 8)])
+    q = torch.tensor(qmask[:6]).bool()
+    assert torch.allclose(full[0, :6][q], cut[0][q], atol=1e-5)

@@ -46,7 +46,7 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.hindsight import losses
-from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs
+from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs, through_last_query
 from hindsearch.records import Passage, Trajectory
 
 CLOSE = "</search>"
@@ -427,7 +427,7 @@ def propose_pairs(
     if not rows:
         return []
     prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
-    comps = [list(trajs[i].completion_ids[:T]) for i in rows]
+    comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
     lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)
     pairs = []
     for j, i in enumerate(rows):

@@ -48,6 +48,18 @@ def select_teacher(kind: str, ctx: Any) -> Any:
     return model
 
 
+def through_last_query(completion_ids: Sequence[int], query_mask: Sequence[int], limit: int) -> list[int]:
+    """``completion_ids[:min(limit, last query token + 1)]``: the part a teacher forward must see.
+
+    Both distillation terms read teacher log-probs only at query tokens; a causal model's scores
+    there do not depend on later tokens, so the final information block and the answer turn after
+    the last query (often half the completion) need no forward. ``[]`` when there is no query token.
+    """
+    qm = list(query_mask[:limit])
+    last = max((t for t, q in enumerate(qm) if q), default=-1)
+    return list(completion_ids[: last + 1])
+
+
 def _pad_id(model: Any) -> int:
     pid = getattr(model.config, "pad_token_id", None)
     if pid is None:

@@ -23,7 +23,7 @@ import torch
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd import igsd_term_loss, run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
-from hindsearch.hindsight.teacher import hindsearch_prompt_ids, select_teacher, teacher_token_logprobs
+from hindsearch.hindsight.teacher import hindsearch_prompt_ids, select_teacher, teacher_token_logprobs, through_last_query
 from hindsearch.records import Trajectory
 from hindsearch.train.aux import AuxBatch, AuxContext, AuxTerm
 
@@ -98,7 +98,7 @@ class HindSearchTerm:
         teacher = select_teacher(c.teacher, ctx)
         by_row = {i: cr for i, cr in zip(elig, crits)}
         prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, by_row[i].text) for i in use]
-        comps = [list(trajectories[i].completion_ids[:T]) for i in use]
+        comps = [through_last_query(trajectories[i].completion_ids, trajectories[i].query_mask, T) for i in use]  # exact
         lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=k)
         met["teacher_time"] = time.perf_counter() - t0
         ws, diffs = [], []
