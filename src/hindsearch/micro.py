@@ -17,14 +17,19 @@ comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
 2. a ``PreTrainedTokenizerFast`` around it with a ChatML-like chat template
    (``<|im_start|>user\\n{msg}<|im_end|>\\n<|im_start|>assistant\\n``), pad/eos set;
 3. a ``LlamaForCausalLM`` (``MicroSpec``: 4 layers, hidden 192, 6 heads, tied embeddings), randomly
-   initialised and then pretrained as a plain causal LM on the world's passages and questions
-   (``pretrain_steps``, all tokens, packed 256-token rows; 0 keeps the random init). Measured: a random
-   init warmed up by SFT on the demos' generated tokens alone (126 steps) learned the tag template but
-   not to copy the question or an answer (dev EM 0); the LM stage is there to teach the world's
-   language and copying first. Saved with ``save_pretrained`` next to the tokenizer,
+   initialised and optionally pretrained as a plain causal LM on the world's passages and questions
+   (``pretrain_steps``, all tokens, packed 256-token rows; default 0 = the random init). Saved with ``save_pretrained`` next to the tokenizer,
 
 so ``load_policy(ModelConfig(name=str(path)))`` loads it like any local model. Teaching it the
 protocol is the warm-up's job (``configs/micro.toml``: long warm-up, feedback-conditioned demos).
+
+**Status (measured on 2 CPU cores): micro does not yet learn the task.** After the 375-step warm-up it
+writes well-formed searches and answers (validity 90-100%) but copies neither the question's entity
+into its query nor a name from the passages into its answer: dev EM 0.0 in three builds (3k BPE with
+names at ~2.5 tokens and random init; the same after 300 LM-pretraining steps; 8k vocabulary with every
+world word one token and random init). Learning to copy needs more training than the comparison's
+budget (one pretraining step of 16x256 tokens cost ~2.5 s), so ``hindsearch compare`` runs on
+SmolLM2-135M (``configs/tiny-cpu.toml``), which copies after 16 warm-up steps.
 
 The ``micro`` alias of ``model.name`` is resolved by ``resolve_alias(cfg)`` (world built when missing,
 model cached under ``$HINDSEARCH_CACHE/models/micro-w<world seed>-<size>-s<seed>``).
