@@ -107,6 +107,10 @@ def test_redact_and_clean():
     ("", True), ("   \n", True), ("...!?", True), ("ok", True), ("Searchbirthplace", True),
     ("Critique:", True), ("In 1-2 sentences, say what the searches should have looked for.", True),
     ("Search for the painter's birthplace instead.", False),
+    # a protocol-tuned judge answering as the agent (seen in a real tiny-cpu comparison run)
+    ("<think> I need to look this up. </think> <search> Who founded the Skoukhar Company?", True),
+    ("The answer should be in <answer> tags", True),
+    ("Search for who founded the company, not where it is.", False),
 ])
 def test_is_degenerate(text, bad):
     assert J.is_degenerate(text, TEMPLATE) is bad

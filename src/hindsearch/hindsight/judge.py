@@ -149,12 +149,19 @@ def clean_critique(text: str, max_sentences: int = 2) -> str:
     return " ".join(parts[:max_sentences]).strip()
 
 
+AGENT_TAGS = re.compile(r"</?(search|answer|think|information)>")
+
+
 def is_degenerate(critique: str, template: str | None = None) -> bool:
     """True for critiques that cannot guide: empty/whitespace, fewer than 8 letters or digits or
-    fewer than 2 words, punctuation only, or an echo of the judge template (the critique is part of
-    the template, or contains one of its fixed lines)."""
+    fewer than 2 words, punctuation only, an agent action instead of a critique (any Search-R1 tag:
+    a judge that is itself a protocol-tuned policy tends to answer the question as the agent would),
+    or an echo of the judge template (the critique is part of the template, or contains one of its
+    fixed lines)."""
     c = critique.strip()
     if sum(ch.isalnum() for ch in c) < MIN_CRITIQUE_CHARS or len(c.split()) < 2:
+        return True
+    if AGENT_TAGS.search(c):
         return True
     if template:
         norm = lambda s: " ".join(s.lower().split())  # noqa: E731
