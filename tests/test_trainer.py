@@ -146,17 +146,21 @@ def test_rollout_adapter_shapes(world, tok):
 
 
 @pytest.mark.parametrize("method", ["hindsearch", "igsd"])
-def test_one_step_with_hindsight_terms(method, world, tok, tmp_path):
-    """The real HindSearch / IGSD terms through the trainer: their metrics are logged, the loss is finite."""
+def test_two_steps_with_hindsight_terms(method, world, tok, tmp_path):
+    """Two steps with the real HindSearch (oracle judge) / IGSD terms through the trainer: their metrics are
+    logged every step, the loss is finite."""
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + [f'method="{method}"', "train.steps=1", "train.beta=0.0",
+    cfg = Config.load(None, OVERRIDES + [f'method="{method}"', "train.steps=2", "train.beta=0.0",
                                          'hindsearch.judge_kind="oracle"', "igsd.max_positions_per_rollout=2",
                                          "igsd.max_query_tokens=4", "igsd.n_controls=1"])
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
     trainer.train()
-    row = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    row = rows[0]
     name = {"hindsearch": "hind", "igsd": "igsd"}[method]
+    assert all(f"{name}/loss" in r for r in rows)
     assert any(k.startswith(f"{name}/") for k in row), sorted(row)
     assert row[f"{name}/loss"] == row[f"{name}/loss"] and row["time/aux_prepare"] > 0
     assert torch.isfinite(torch.tensor(row["loss"]))
