@@ -326,20 +326,23 @@ def test_sft_cli_scripted_then_from_a_trajectories_file(tmp_path):
 
 def test_warmup_key_changes_when_a_local_model_folder_is_rebuilt(tmp_path):
     """The same model path with other weights (a rebuilt micro model) must not hit the old warm-up."""
-    import json as _json
+    import os
 
     from hindsearch.config import Config
     from hindsearch.train.warmup import warmup_key
 
     d = tmp_path / "model"
     d.mkdir()
-    (d / "micro.json").write_text(_json.dumps({"key": "a"}))
+    w = d / "model.safetensors"
+    w.write_bytes(b"a" * 8)
+    os.utime(w, ns=(1_000_000_000, 1_000_000_000))
     cfg = Config.load(None, [f'model.name="{d.as_posix()}"'])
     k1 = warmup_key(cfg, [])
-    (d / "micro.json").write_text(_json.dumps({"key": "b"}))
-    assert warmup_key(cfg, []) != k1
-    (d / "micro.json").unlink()
-    (d / "config.json").write_text("{}")
-    k3 = warmup_key(cfg, [])
-    (d / "config.json").write_text('{"hidden_size": 8}')
-    assert warmup_key(cfg, []) != k3
+    assert warmup_key(cfg, []) == k1  # unchanged folder: cache hit
+    w.write_bytes(b"b" * 8)  # same size, rewritten later
+    os.utime(w, ns=(2_000_000_000, 2_000_000_000))
+    k2 = warmup_key(cfg, [])
+    assert k2 != k1
+    w.write_bytes(b"b" * 9)
+    os.utime(w, ns=(2_000_000_000, 2_000_000_000))
+    assert warmup_key(cfg, []) not in (k1, k2)

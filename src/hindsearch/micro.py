@@ -6,8 +6,8 @@ comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
 
 ``ensure_micro(world_dir, out_dir, seed)`` builds, once (cached by a hash of its inputs):
 
-1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` at most, default 8,192;
-   ``min_frequency`` 1, so every word of the world is one token and copying a name is copying one token) trained with
+1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` at most, default 8,192; ``min_frequency`` 1,
+   so every word of the world is one token and copying a name is copying one token) trained with
    ``tokenizers`` on the world's passages and questions plus the Search-R1 protocol strings (the
    instruction, the feedback/gold hindsight lines, the invalid notice and scripted-searcher
    phrases), so the long instruction costs few tokens. The protocol tags (``<search>``,
@@ -18,7 +18,8 @@ comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
    (``<|im_start|>user\\n{msg}<|im_end|>\\n<|im_start|>assistant\\n``), pad/eos set;
 3. a ``LlamaForCausalLM`` (``MicroSpec``: 4 layers, hidden 192, 6 heads, tied embeddings), randomly
    initialised and optionally pretrained as a plain causal LM on the world's passages and questions
-   (``pretrain_steps``, all tokens, packed 256-token rows; default 0 = the random init). Saved with ``save_pretrained`` next to the tokenizer,
+   (``pretrain_steps``, all tokens, packed 256-token rows; default 0 = the random init). Saved with
+   ``save_pretrained`` next to the tokenizer,
 
 so ``load_policy(ModelConfig(name=str(path)))`` loads it like any local model. Teaching it the
 protocol is the warm-up's job (``configs/micro.toml``: long warm-up, feedback-conditioned demos).

@@ -229,7 +229,7 @@ def dev_curve_callback(cfg: Config, trainer: Any, make_engine: Any, dev: list[An
     """A ``TrainerCallback`` that evaluates ``dev`` greedily every ``train.eval_steps`` steps.
 
     One row per evaluation in ``RUN_DIR/dev_curve.jsonl``: ``{"step", "em", "em_1hop", "em_2hop",
-    "searches", "valid", "n", "time_s"}`` (the columns of the summary table). The policy is put back
+    "n", "searches", "validity", "time_s"}`` (the columns of the summary table). The policy is put back
     in training mode afterwards; the evaluation's trajectories are not kept.
     """
     import tempfile

@@ -339,21 +339,15 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
 
 
 def model_fingerprint(name: str) -> str | None:
-    """Identity of a local model folder's contents (None for a hub id): the same path rebuilt with other
-    weights (e.g. the ``micro`` model after a spec change) must not reuse a warm-up of the old weights.
+    """Identity of a local model folder's contents (None for a hub id or alias): the same path rebuilt with
+    other weights (e.g. the ``micro`` model after a spec change) must not reuse a warm-up of the old weights.
 
-    Uses ``micro.json``'s build key when present, else the names, sizes and mtimes of the folder's files.
+    A hash of the names, sizes and modification times (ns) of the folder's files.
     """
     d = Path(name)
     if not d.is_dir():
         return None
-    meta = d / "micro.json"
-    if meta.exists():
-        try:
-            return "micro:" + str(json.loads(meta.read_text())["key"])
-        except (json.JSONDecodeError, KeyError):
-            pass
-    st = [(f.name, f.stat().st_size, int(f.stat().st_mtime)) for f in sorted(d.iterdir()) if f.is_file()]
+    st = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.iterdir()) if f.is_file()]
     return hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16]
 
 
