@@ -184,3 +184,37 @@ def test_tiny_compare_end_to_end_and_skip(tiny_preset, monkeypatch):
     logs.clear()
     run_compare(str(tiny_preset / "preset.toml"), ["grpo"], [0], out, test_limit=4, log=logs.append)
     assert not any("training" in x for x in logs) and (out / "grpo-s0" / "done.json").exists()
+
+
+def test_stopping_compare_stops_its_isolated_run(tmp_path):
+    """SIGTERM to the parent must not leave the spawned training process running (an orphan on the CPU)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    pid_file = tmp_path / "child.pid"
+    script = (
+        "import time\n"
+        "from hindsearch.compare import run_isolated\n"
+        f"run_isolated(time.sleep, (120,), 'sleeper', on_start=lambda pid: open({str(pid_file)!r}, 'w').write(str(pid)))\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script])
+    deadline = time.time() + 60
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    os.kill(child, 0)  # the child runs
+    parent.send_signal(signal.SIGTERM)
+    assert parent.wait(timeout=60) != 0
+    deadline = time.time() + 30
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the spawned run outlived its stopped parent")

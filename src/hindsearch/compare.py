@@ -391,18 +391,50 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
                 f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
             job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit)
             if isolate:
-                import multiprocessing as mp
-
-                proc = mp.get_context("spawn").Process(target=_one_run, args=job, name=rd.name)
-                proc.start()
-                proc.join()
-                if proc.exitcode != 0:
-                    raise RuntimeError(f"{rd.name} failed (exit code {proc.exitcode}; its traceback is printed above). "
+                code = run_isolated(_one_run, job, rd.name)
+                if code != 0:
+                    raise RuntimeError(f"{rd.name} failed (exit code {code}; its traceback is printed above). "
                                        f"Rerun the same command to resume: finished runs are kept.")
             else:
                 _one_run(*job)
             write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
+
+
+def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> int | None:
+    """Run ``target(*args)`` in a spawned process and wait; returns its exit code.
+
+    Stopping the parent (Ctrl-C or SIGTERM) stops the child too, so an interrupted comparison
+    leaves no orphan training on the CPU (the run resumes from its checkpoint next time).
+    ``on_start(pid)`` is called once the child runs.
+    """
+    import multiprocessing as mp
+    import signal
+
+    proc = mp.get_context("spawn").Process(target=target, args=args, name=name)
+
+    def _term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        prev = signal.signal(signal.SIGTERM, _term)
+    except ValueError:  # not the main thread: signals stay as they are
+        prev = None
+    try:
+        proc.start()
+        if on_start is not None:
+            on_start(proc.pid)
+        proc.join()
+        return proc.exitcode
+    finally:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(30)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
 
 
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
