@@ -61,7 +61,7 @@ def test_aggregate_and_table():
     grpo = [c.strip() for c in lines[4].split("|")[1:-1]]
     assert grpo[:3] == ["grpo", "2", "30.0 ± 14.1"] and grpo[-2:] == ["3.0", "1.00x"]
     igsd = [c.strip() for c in lines[5].split("|")[1:-1]]
-    assert igsd[2] == "50.0 ± 0.0" and igsd[-1] == "3.00x"
+    assert igsd[2] == "50.0" and igsd[-1] == "3.00x"  # one seed: no spread printed
 
 
 def test_eval_numbers_and_step_time(tmp_path):
@@ -93,7 +93,7 @@ def test_write_outputs_from_constructed_runs(tmp_path):
                                                              "time/step": 1.0}) + "\n" for i in range(5)))
         (d / "summary.json").write_text(json.dumps({"dev": {"base": {"em": 0.1}, "rl": {"em": em}}}))
     md = write_outputs(tmp_path, ["grpo", "hindsearch"], [0])
-    assert "| hindsearch | 1 | 40.0 ± 0.0" in md and (tmp_path / "results.md").read_text() == md
+    assert "| hindsearch | 1 | 40.0 |" in md and (tmp_path / "results.md").read_text() == md
     assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -177,12 +177,13 @@ def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], tit
         cells = [m, str(len(row["seeds"]))]
         for header, _, _ in cols:
             v = row.get(header)
-            cells.append("-" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}")
+            # one seed has no spread: print the mean alone rather than a misleading "± 0.0"
+            cells.append("-" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}" if v[2] > 1 else f"{100 * v[0]:.1f}")
         st = row.get("step_s")
         cells.append("-" if st is None else f"{st:.1f}")
         cells.append("-" if st is None or not base else f"{st / base:.2f}x")
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "EM in %, mean ± sample std over seeds (the seeds column gives n). Step time: median seconds "
+    lines += ["", "EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). Step time: median seconds "
               "per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO."]
     return "\n".join(lines) + "\n"
 
