@@ -97,8 +97,8 @@ class MicroSpec:
     world tokens followed by the same tokens, loss on the repeat). This teaches copying (induction heads), which
     the protocol needs (the query repeats the question, the answer repeats a name in the passages)
     and which a few hundred steps of plain text or of demonstrations do not teach a model this size
-    (measured: ~150 steps of copy rows reach 100% copy accuracy; 300 steps of passages alone and the
-    375-step warm-up alone left dev EM at 0)."""
+    (measured with the default spec: copy accuracy 0.02 at step 300, 1.00 by step 600; 300 steps of
+    passages alone and the 375-step warm-up alone left dev EM at 0)."""
 
 
 def protocol_texts() -> list[str]:
@@ -202,7 +202,7 @@ def copy_rows(pool: "torch.Tensor", n: int, seq_len: int, generator: "torch.Gene
     Returns ``(input_ids [n, 2 * (seq_len // 2)], labels [n, 2 * (seq_len // 2)])``; labels are -100
     on the random first half, so the loss is on the repeat only (nothing there is predictable
     except by copying). Measured: rows packing several shorter ``x x`` episodes (8-64 tokens) left
-    copy accuracy at chance after 800 steps; one long episode per row does not.
+    copy accuracy at chance after 800 steps; one long episode per row reached 1.0.
     """
     import torch
 
