@@ -253,7 +253,7 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
     acc_before = copy_accuracy(model, pool, spec.pretrain_seq_len)
     model.train()
     losses: list[float] = []
-    curve: list[list[float]] = []  # [step, copy accuracy], 8 points
+    curve: list[list[float]] = []  # [step, copy accuracy]: every `every` steps and the last
     every = max(1, spec.pretrain_steps // 8)
     bar = tqdm(range(spec.pretrain_steps), desc="micro pretrain", disable=not progress)
     for _ in bar:
@@ -274,13 +274,12 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
         sched.step()
         losses.append(float(loss.detach()))
         bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-        if len(losses) % every == 0:
+        if len(losses) % every == 0 or len(losses) == spec.pretrain_steps:
             model.eval()
             curve.append([len(losses), copy_accuracy(model, pool, spec.pretrain_seq_len)])
             model.train()
     model.eval()
-    return {"loss": losses, "copy_acc_before": acc_before, "copy_acc_after": copy_accuracy(model, pool, spec.pretrain_seq_len),
-            "copy_acc_curve": curve}
+    return {"loss": losses, "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
 
 def _cache_key(world_dir: Path, spec: MicroSpec, seed: int) -> str:
