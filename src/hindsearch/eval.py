@@ -11,8 +11,13 @@ order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then other name
 given order, then Avg).
 
 Resume: each finished batch is appended to ``trajectories.jsonl`` (one row per question, with
-its ``benchmark``); a rerun skips every (benchmark, question id) already there. A torn last
-line (a crash mid-write) is dropped and redone; any other bad line is an error naming it.
+its ``benchmark``); a rerun skips every (benchmark, question id) already there, except rows that
+recorded an error (e.g. the retrieval server was down): those are removed from the file and
+redone, and the rerun says how many (``redo_errors=False``, ``hindsearch eval --keep-errors``,
+keeps them). A torn last line (a crash mid-write) is dropped and redone; any other bad line is an
+error naming it. One writer per folder: ``OUT/.hindsearch.lock`` holds the evaluating process'
+PID and a second evaluation into the same folder is refused (a stale lock is taken over).
+``OUT/results.md`` holds the markdown table.
 """
 
 from __future__ import annotations
@@ -97,6 +102,32 @@ def format_table(benchmarks: dict[str, dict[str, Any]], order: list[str]) -> str
     return "\n".join(lines)
 
 
+def drop_error_rows(path: Path) -> int:
+    """Remove the rows of ``path`` that recorded an error (they are redone); returns how many.
+
+    The file is rewritten through a temporary file and an atomic rename, so a crash keeps either
+    the old or the new file.
+    """
+    if not path.exists():
+        return 0
+    keep, dropped = [], 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            keep.append(line)  # read_done reports it
+            continue
+        if isinstance(row, dict) and row.get("errors"):
+            dropped += 1
+        else:
+            keep.append(line)
+    if dropped:
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+        tmp.replace(path)
+    return dropped
+
+
 def read_done(path: Path) -> dict[tuple[str, str], Trajectory]:
     """Finished trajectories of an earlier run, keyed by (benchmark, question id)."""
     done: dict[tuple[str, str], Trajectory] = {}
@@ -127,12 +158,15 @@ def evaluate(
     greedy: bool = True,
     seed: int = 0,
     progress: bool = True,
+    redo_errors: bool = True,
+    log: Any = print,
 ) -> dict[str, Any]:
     """Evaluate ``engine`` on ``{benchmark: records}``; returns the summary (also ``out_dir/summary.json``).
 
     Batches may mix benchmarks. ``seed`` seeds sampling when ``greedy`` is False (batch ``b``
     uses ``seed + b``). With ``out_dir``, finished questions are appended to
-    ``trajectories.jsonl`` after every batch and skipped on a rerun.
+    ``trajectories.jsonl`` after every batch and skipped on a rerun (rows with an error are redone
+    unless ``redo_errors`` is False); the folder is locked against a second writer.
     """
     for name, recs in datasets.items():
         seen: set[str] = set()
@@ -141,9 +175,24 @@ def evaluate(
                 raise ValueError(f"benchmark {name!r}: duplicate question id {r.id!r} (ids key the resume)")
             seen.add(r.id)
     out = Path(out_dir) if out_dir is not None else None
+    if out is not None and out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out}: is a file, not a folder; choose a folder for the evaluation")
+    if out is None:
+        return _evaluate(engine, datasets, None, batch_size, greedy, seed, progress, redo_errors, log)
+    from hindsearch.fsutil import FolderLock
+
+    with FolderLock(out, "evaluation folder", log=log):
+        return _evaluate(engine, datasets, out, batch_size, greedy, seed, progress, redo_errors, log)
+
+
+def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None, batch_size: int, greedy: bool,
+              seed: int, progress: bool, redo_errors: bool, log: Any) -> dict[str, Any]:
     traj_path = out / "trajectories.jsonl" if out else None
-    if out:
-        out.mkdir(parents=True, exist_ok=True)
+    if traj_path and redo_errors:
+        n = drop_error_rows(traj_path)
+        if n:
+            log(f"{traj_path}: redoing {n} question(s) whose earlier rows recorded an error "
+                "(--keep-errors keeps such rows)")
     done = read_done(traj_path) if traj_path else {}
     todo = [(name, r) for name, recs in datasets.items() for r in recs if (name, r.id) not in done]
     total = sum(len(v) for v in datasets.values())
@@ -180,7 +229,20 @@ def evaluate(
     }
     if out:
         (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+        (out / "results.md").write_text(results_markdown(result), encoding="utf-8")
     return result
+
+
+def results_markdown(result: dict[str, Any]) -> str:
+    """``results.md``: the EM/F1 table and the overall validity, errors and stop reasons."""
+    o = result.get("overall", {})
+    mode = "greedy" if result.get("greedy") else f"sampled (seed {result.get('seed')})"
+    return (f"# Evaluation results\n\n{result['table']}\n\n"
+            f"- decoding: {mode}\n"
+            f"- questions: {o.get('n', 0)}\n"
+            f"- valid protocol: {100 * o.get('validity_rate', 0):.1f}%\n"
+            f"- trajectories with a retrieval error: {o.get('errors', 0)}\n"
+            f"- stop reasons: {o.get('stop_reasons', {})}\n")
 
 
 def bench_row(r: dict[str, Any]) -> dict[str, Any]:

@@ -14,17 +14,22 @@ import time
 
 
 def cmd_world(args: argparse.Namespace) -> int:
-    import shutil
     from pathlib import Path
 
-    from hindsearch.data.world import ensure_world, world_is_current
+    from hindsearch.data.world import ensure_world, generate_world, world_is_current, write_world
+    from hindsearch.fsutil import check_replaceable, json_marker, publish, staging
 
     out = Path(args.out)
-    if args.force and out.exists():
-        shutil.rmtree(out)
-    cached = world_is_current(out, args.seed, args.entities)
+    cached = world_is_current(out, args.seed, args.entities) and not args.force
+    if not cached:  # a rebuild replaces the folder: only a world folder (world.json) or an empty one
+        check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")
     t0 = time.perf_counter()
-    ensure_world(out, seed=args.seed, n_entities=args.entities)
+    if args.force:
+        with staging(out) as tmp:
+            write_world(generate_world(args.seed, args.entities), tmp)
+            publish(tmp, out)
+    else:
+        ensure_world(out, seed=args.seed, n_entities=args.entities)
     dt = time.perf_counter() - t0
     meta = json.loads((out / "world.json").read_text())
     c = meta["counts"]

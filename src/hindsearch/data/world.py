@@ -458,11 +458,15 @@ def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = No
     """Build the world into ``out_dir`` unless it is already there (same seed/size/version).
 
     Atomic: written to a temporary sibling folder, then renamed over ``out_dir``, so a crash
-    never leaves a half-written world that looks complete.
+    never leaves a half-written world that looks complete. An existing ``out_dir`` is replaced only
+    when it is a world folder (``world.json``) or empty; anything else is refused (``UnsafeOutput``).
     """
     out = Path(out_dir)
     if world_is_current(out, seed, n_entities):
         return out
+    from hindsearch.fsutil import check_replaceable, json_marker
+
+    check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")  # never replace user data
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     write_world(generate_world(seed, n_entities), tmp)

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import json
 import mmap
-import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 from hindsearch.data.corpus import CorpusStats, file_sha256, iter_corpus
+from hindsearch.fsutil import check_replaceable, publish, staging
 from hindsearch.records import Passage
 
 if TYPE_CHECKING:
@@ -122,6 +122,15 @@ def read_meta(index_dir: str | Path) -> dict:
     return json.loads(path.read_text())
 
 
+def is_index_dir(path: Path) -> bool:
+    """True when ``path`` holds an ``index.json`` hindsearch wrote (the marker that it may be replaced)."""
+    try:
+        meta = json.loads((Path(path) / "index.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(meta, dict) and meta.get("kind") in KINDS and "version" in meta
+
+
 def build_index(
     corpus: str | Path | Iterable[Passage],
     out_dir: str | Path,
@@ -135,38 +144,43 @@ def build_index(
 ) -> dict:
     """Build an index folder from a corpus file or passages; returns its ``index.json`` content.
 
-    Built into a temporary sibling folder and renamed, so an interrupted build leaves no
-    half-written index behind.
+    Built into a temporary sibling folder (removed if the build fails) and renamed into place, so
+    an interrupted build leaves no half-written index behind. An existing ``out_dir`` is replaced
+    only when it is an index folder (it has ``index.json``) or empty; a file, the current folder,
+    a folder holding the corpus, or any other folder is refused (``UnsafeOutput``).
     """
     if kind not in KINDS:
         raise ValueError(f"index kind {kind!r} is not supported; choose one of {', '.join(KINDS)}")
     out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    corpus_path = Path(corpus) if isinstance(corpus, (str, Path)) else None
+    if corpus_path is not None:
+        if corpus_path.is_dir():
+            raise IsADirectoryError(f"--corpus {corpus_path}: is a folder; give the corpus file (.jsonl, .jsonl.gz or .json)")
+        if not corpus_path.exists():
+            raise FileNotFoundError(f"--corpus {corpus_path}: file not found")
+    check_replaceable(out, is_index_dir, "index folder", protect=(corpus_path,) if corpus_path else ())
     stats = CorpusStats()
     meta: dict = {"version": INDEX_VERSION, "kind": kind}
-    if isinstance(corpus, (str, Path)):
-        meta.update(corpus=Path(corpus).name, corpus_sha256=file_sha256(corpus), corpus_bytes=Path(corpus).stat().st_size)
-        passages: Iterable[Passage] = iter_corpus(corpus, skip_bad=skip_bad, stats=stats)
-    else:
-        passages = corpus
-    texts = write_store(passages, tmp)
-    if not texts:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise ValueError(f"corpus {corpus if isinstance(corpus, (str, Path)) else '<passages>'} has no passages")
-    if kind == "bm25":
-        from hindsearch.retrieval.bm25 import build_bm25
+    with staging(out) as tmp:
+        if corpus_path is not None:
+            meta.update(corpus=corpus_path.name, corpus_sha256=file_sha256(corpus_path), corpus_bytes=corpus_path.stat().st_size)
+            passages: Iterable[Passage] = iter_corpus(corpus_path, skip_bad=skip_bad, stats=stats)
+        else:
+            passages = corpus
+        texts = write_store(passages, tmp)
+        if not texts:
+            raise ValueError(f"corpus {corpus_path or '<passages>'} has no passages")
+        if kind == "bm25":
+            from hindsearch.retrieval.bm25 import build_bm25
 
-        build_bm25(texts, tmp / "bm25", show_progress=show_progress)
-    else:
-        from hindsearch.retrieval.dense import build_dense
+            build_bm25(texts, tmp / "bm25", show_progress=show_progress)
+        else:
+            from hindsearch.retrieval.dense import build_dense
 
-        meta.update(build_dense(texts, tmp, encoder, hnsw=hnsw, device=device, batch_size=batch_size, show_progress=show_progress))
-    meta.update(n_docs=len(texts), skipped_rows=stats.skipped, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-    (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
-    shutil.rmtree(out, ignore_errors=True)
-    tmp.rename(out)
+            meta.update(build_dense(texts, tmp, encoder, hnsw=hnsw, device=device, batch_size=batch_size, show_progress=show_progress))
+        meta.update(n_docs=len(texts), skipped_rows=stats.skipped, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
+        publish(tmp, out)
     return meta
 
 

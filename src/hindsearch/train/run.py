@@ -15,13 +15,16 @@ Order (everything that can fail on a bad config fails in ``preflight`` before a 
 
 ``RUN_DIR`` holds ``config.toml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``,
 ``checkpoints/``, ``eval/<stage>/`` and ``summary.json``. ``run_train(cfg, resume=RUN_DIR)`` reloads
-``RUN_DIR/config.toml`` and continues from the last checkpoint (finished evaluations are reused,
-metrics rows past the checkpoint are dropped so no step is logged twice). A non-finite loss
+``RUN_DIR/config.toml`` and continues from the last complete checkpoint (checkpoints are written
+atomically; an incomplete one is skipped with a message; finished evaluations are reused, metrics
+rows past the checkpoint are dropped so no step is logged twice). ``RUN_DIR/.hindsearch.lock``
+keeps a second trainer out of the folder while one runs. A non-finite loss
 saves a checkpoint of the last good weights and stops with an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -192,14 +195,19 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     return trainer
 
 
-def last_checkpoint(run_dir: Path) -> Path | None:
-    from transformers.trainer_utils import get_last_checkpoint
+def last_checkpoint(run_dir: Path, log: Any = None) -> Path | None:
+    """The newest complete checkpoint of ``run_dir``; incomplete ones (a save that was killed) are
+    skipped, moved aside to ``checkpoints/.torn-checkpoint-N`` and reported through ``log``."""
+    from hindsearch.fsutil import complete_checkpoints
 
-    d = run_dir / "checkpoints"
-    if not d.is_dir():
-        return None
-    last = get_last_checkpoint(str(d))
-    return Path(last) if last else None
+    good, skipped = complete_checkpoints(run_dir / "checkpoints")
+    for p, why in skipped:
+        if log is not None:
+            aside = p.with_name(f".torn-{p.name}")
+            if not aside.exists():
+                p.rename(aside)
+            log(f"skipping {p.name}: {why}; kept as {aside.name}")
+    return good[0] if good else None
 
 
 def checkpoint_step(ckpt: Path) -> int:
@@ -291,7 +299,6 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         if not (run_dir / "config.toml").exists():
             raise FileNotFoundError(f"--resume {run_dir}: no config.toml there (not a run folder)")
         cfg = Config.load(run_dir / "config.toml")
-        ckpt = last_checkpoint(run_dir)
     if cfg is None:
         raise ValueError("run_train needs a config or a run folder to resume")
     preflight(cfg)
@@ -299,9 +306,22 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
 
     resolve_alias(cfg)  # model.name = "micro" -> the world's micro model folder (built and cached on first use)
     run_dir = Path(resume) if resume is not None else Path(cfg.out)
-    if resume is None and last_checkpoint(run_dir) is not None:
+    if run_dir.exists() and not run_dir.is_dir():
+        raise NotADirectoryError(f"--out {run_dir}: is a file, not a run folder")
+    from hindsearch.fsutil import FolderLock, complete_checkpoints
+
+    good, torn = complete_checkpoints(run_dir / "checkpoints")
+    if resume is None and (good or torn):
         raise FileExistsError(f"{run_dir} already holds checkpoints; use --resume {run_dir} or another --out")
-    run_dir.mkdir(parents=True, exist_ok=True)
+    rank0 = int(os.environ.get("RANK", "0")) == 0  # distributed: the first process holds the lock for all
+    with FolderLock(run_dir, "run folder", log=log) if rank0 else contextlib.nullcontext():  # one trainer per folder
+        if resume is not None:
+            ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
+        return _run_locked(cfg, run_dir, resume, ckpt, t_start, log)
+
+
+def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, t_start: float,
+                log: Any) -> dict[str, Any]:
     if resume is None:
         for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
@@ -368,6 +388,9 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     elif cfg.train.steps > 0:
         model.train()
         trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
+        from hindsearch.fsutil import atomic_checkpoints
+
+        atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
         if cfg.train.eval_steps > 0 and not distributed:
             trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
         from hindsearch.train.trainer import NonFiniteLoss
