@@ -24,6 +24,29 @@ class ConfigError(ValueError):
 
 
 @dataclass
+class LoRAConfig:
+    """``[model.lora]``: train a LoRA adapter (``peft``) in RL instead of the whole policy.
+
+    Off while ``r = 0``. With ``r > 0`` TRL wraps the policy with ``peft.LoraConfig(r, lora_alpha =
+    alpha, lora_dropout = dropout, target_modules)``; only the adapter is trained, the KL reference is
+    the base with the adapter disabled, the frozen teacher and judge are copies of the initial policy
+    (no adapter), and checkpoints and ``final/`` hold the adapter (``adapter_model.safetensors``) with
+    its ``adapter_config.json``. The protocol warm-up, which runs before RL, still trains the model itself.
+    Needs ``pip install peft`` (extra ``lora``).
+    """
+
+    r: int = 0
+    """LoRA rank; 0 = no LoRA (the whole policy is trained)."""
+    alpha: int = 16
+    """LoRA scaling numerator (``lora_alpha``); the update is scaled by ``alpha / r``."""
+    dropout: float = 0.0
+    """Dropout on the adapter's input (``lora_dropout``), in [0, 1)."""
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    """Module names to adapt (e.g. ``["q_proj", "v_proj"]``); ``["all-linear"]`` = every linear layer
+    but the output head (peft's ``"all-linear"``)."""
+
+
+@dataclass
 class ModelConfig:
     name: str = "smollm2-135m"
     """Policy model: a short alias (``smollm2-135m``, ``tiny-random``, ``micro``), an HF hub id or a local path."""
@@ -35,6 +58,8 @@ class ModelConfig:
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
     attn_implementation: str | None = None
     """Passed to ``from_pretrained`` (e.g. ``flash_attention_2`` on GPU); None = library default."""
+    lora: LoRAConfig = field(default_factory=LoRAConfig)
+    """``[model.lora]``: LoRA adapter training in RL (off by default, see ``LoRAConfig``)."""
 
 
 @dataclass
@@ -145,6 +170,14 @@ class TrainConfig:
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = None
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
+    trl: dict[str, Any] = field(default_factory=dict)
+    """``[train.trl]``: raw TRL ``GRPOConfig`` fields passed through, e.g. ``report_to = ["tensorboard"]``,
+    ``lr_scheduler_type = "cosine"``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``,
+    ``save_total_limit``, ``push_to_hub`` / ``hub_model_id``. They replace our defaults (``report_to =
+    "none"``, constant LR, ``save_total_limit = 2``, ...), but a field that one of our keys sets
+    (``learning_rate`` from ``train.lr``, ``max_steps`` from ``train.steps``, ...; see
+    ``train.run.OWNED_GRPO_FIELDS``) keeps our key's value, with a warning. An unknown field name is a
+    config error."""
 
 
 @dataclass
@@ -290,8 +323,11 @@ class Config:
             _assign(self, parts[0], value, "--set")
         elif len(parts) == 2:
             _assign(self, parts[0], {parts[1]: value}, "--set")
+        elif len(parts) == 3:  # a key of a sub-table: model.lora.r=8, train.trl.weight_decay=0.1
+            _assign(self, parts[0], {parts[1]: {parts[2]: value}}, "--set")
         else:
-            raise ConfigError(f"--set key must be 'section.field' or a top-level field, got {key!r}")
+            raise ConfigError(f"--set key must be 'section.field', 'section.table.field' or a top-level field, "
+                              f"got {key!r}")
 
     # ------------------------------------------------------------ validate
     def validate(self) -> "Config":
@@ -351,7 +387,56 @@ class Config:
         if g.lam < 0:
             raise ConfigError(f"igsd.lam must be >= 0, got {g.lam}")
         _positive("eval.batch_size", self.eval.batch_size)
+        self._validate_lora()
+        self._validate_trl()
         return self
+
+    def _validate_lora(self) -> None:
+        lo = self.model.lora
+        _positive("model.lora.r", lo.r, allow_zero=True)
+        _positive("model.lora.alpha", lo.alpha)
+        if not 0.0 <= lo.dropout < 1.0:
+            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {lo.dropout}")
+        if not lo.target_modules or not all(isinstance(m, str) and m for m in lo.target_modules):
+            raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, "
+                              f"got {lo.target_modules!r}")
+        if lo.r == 0:
+            return
+        for key, teacher in (("hindsearch.teacher", self.hindsearch.teacher), ("igsd.teacher", self.igsd.teacher)):
+            if teacher == "ema":
+                raise ConfigError(f"{key} = 'ema' is not supported with model.lora (the EMA copy averages the "
+                                  f"whole policy); use 'frozen' or 'live', or set model.lora.r = 0")
+        try:
+            import peft  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("model.lora.r > 0 needs the peft package: pip install peft "
+                              "(or pip install -e \".[lora]\")") from e
+
+    def _validate_trl(self) -> None:
+        if not self.train.trl:
+            return
+        from dataclasses import fields as dc_fields
+
+        from trl import GRPOConfig
+
+        known = {f.name for f in dc_fields(GRPOConfig)}
+        for k in self.train.trl:
+            if k not in known:
+                import difflib
+
+                close = difflib.get_close_matches(k, sorted(known), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"train.trl.{k} is not a field of TRL's GRPOConfig (trl==1.16.0){hint}")
+        report_to = self.train.trl.get("report_to", "none")
+        for target in [report_to] if isinstance(report_to, str) else list(report_to):
+            if target in ("none", "all"):
+                continue
+            from transformers.integrations import get_available_reporting_integrations
+
+            if target not in get_available_reporting_integrations():
+                need = {"tensorboard": "tensorboard (or tensorboardX)"}.get(target, target)
+                raise ConfigError(f"train.trl.report_to = {report_to!r}: {target!r} needs the {need} package "
+                                  f"installed (pip install {target if target != 'tensorboard' else 'tensorboardX'})")
 
 
 def _drop_none(d: Any) -> Any:
@@ -360,21 +445,22 @@ def _drop_none(d: Any) -> Any:
     return d
 
 
-def _assign(obj: Any, key: str, value: Any, source: str) -> None:
+def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> None:
     names = {f.name: f for f in fields(obj)}
     if key not in names:
-        raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: {sorted(names)}")
+        if not prefix:
+            raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: {sorted(names)}")
+        raise ConfigError(f"{source}: unknown key {prefix}{key}; allowed: {sorted(names)}")
     current = getattr(obj, key)
     if hasattr(current, "__dataclass_fields__"):
         if not isinstance(value, dict):
-            raise ConfigError(f"{source}: [{key}] must be a table, got {value!r}")
+            raise ConfigError(f"{source}: [{prefix}{key}] must be a table, got {value!r}")
         for k, v in value.items():
-            sub_names = {f.name for f in fields(current)}
-            if k not in sub_names:
-                raise ConfigError(f"{source}: unknown key {key}.{k}; allowed: {sorted(sub_names)}")
-            setattr(current, k, _coerce(f"{key}.{k}", getattr(current, k), v, source))
+            _assign(current, k, v, source, f"{prefix}{key}.")
         return
-    setattr(obj, key, _coerce(key, current, value, source))
+    if isinstance(current, dict) and isinstance(value, dict):
+        value = {**current, **value}  # a raw table (train.trl): --set adds one key, keeps the others
+    setattr(obj, key, _coerce(prefix + key, current, value, source))
 
 
 def _coerce(key: str, current: Any, value: Any, source: str) -> Any:

@@ -201,3 +201,20 @@ def load_tokenizer_from(path: str | Path, gguf_file: str | None = None) -> Any:
 
     kw = {"gguf_file": gguf_file} if gguf_file else {}
     return _prepare_tokenizer(AutoTokenizer.from_pretrained(path, **kw))
+
+
+def lora_peft_config(lora_cfg: Any) -> Any:
+    """``peft.LoraConfig`` for a ``[model.lora]`` table, or None when LoRA is off (``r = 0``).
+
+    ``target_modules = ["all-linear"]`` becomes peft's ``"all-linear"`` (every linear layer but the
+    output head). ``Config.validate`` has already checked the values and that peft is installed.
+    """
+    if lora_cfg is None or lora_cfg.r == 0:
+        return None
+    from peft import LoraConfig
+
+    targets: Any = list(lora_cfg.target_modules)
+    if targets == ["all-linear"]:
+        targets = "all-linear"
+    return LoraConfig(r=lora_cfg.r, lora_alpha=lora_cfg.alpha, lora_dropout=lora_cfg.dropout,
+                      target_modules=targets, bias="none", task_type="CAUSAL_LM")

@@ -109,9 +109,31 @@ def load_records(cfg: Config, paths: dict[str, Any]) -> tuple[list[Any], list[An
 
 
 # ---------------------------------------------------------------- trainer
+# GRPOConfig fields that our own keys set: a [train.trl] entry for one of them is overridden (with a warning).
+OWNED_GRPO_FIELDS = {
+    "output_dir": "out", "per_device_train_batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.micro_batch_size", "steps_per_generation": "train.micro_batch_size",
+    "num_generations": "rollout.num_generations", "max_completion_length": "rollout.max_total_tokens",
+    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "learning_rate": "train.lr",
+    "beta": "train.beta", "epsilon": "train.epsilon", "loss_type": "train.loss_type", "max_steps": "train.steps",
+    "save_steps": "train.save_steps", "seed": "train.seed", "use_cpu": "model.device", "bf16": "model.dtype",
+    "fp16": "model.dtype", "gradient_checkpointing": "train.gradient_checkpointing", "use_vllm": "rollout.backend",
+}
+# our defaults for GRPOConfig fields no key of ours sets; [train.trl] replaces them
+GRPO_DEFAULTS = {
+    "lr_scheduler_type": "constant", "save_total_limit": 2, "logging_steps": 1, "report_to": "none",
+    "vllm_mode": "colocate", "log_completions": False, "disable_tqdm": False,
+}
+
+
 def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> Any:
     """``GRPOConfig`` from our config: one optimizer step per generation batch of
-    ``questions_per_step * num_generations`` rollouts (split evenly over processes)."""
+    ``questions_per_step * num_generations`` rollouts (split evenly over processes).
+
+    Field values: ``GRPO_DEFAULTS``, replaced by ``[train.trl]``, replaced by the fields our keys set
+    (``OWNED_GRPO_FIELDS``; a differing ``[train.trl]`` value for one of them is warned about)."""
+    import warnings
+
     from trl import GRPOConfig
 
     g = cfg.rollout.num_generations
@@ -126,7 +148,7 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
     micro = cfg.train.micro_batch_size or per_device  # rollouts per forward/backward
     if per_device % micro:
         raise ConfigError(f"train.micro_batch_size = {micro} must divide the rollouts per process ({per_device})")
-    return GRPOConfig(
+    ours = dict(
         output_dir=str(output_dir),
         per_device_train_batch_size=micro,
         gradient_accumulation_steps=per_device // micro,
@@ -136,26 +158,24 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         top_p=cfg.rollout.top_p,
         learning_rate=cfg.train.lr,
-        lr_scheduler_type="constant",
         beta=cfg.train.beta,
         epsilon=cfg.train.epsilon,
         loss_type=cfg.train.loss_type,
         max_steps=cfg.train.steps,
         save_steps=cfg.train.save_steps,
-        save_total_limit=2,
-        logging_steps=1,
         seed=cfg.train.seed,
-        report_to="none",
         use_cpu=on_cpu,
         bf16=cfg.model.dtype == "bfloat16" and not on_cpu,
         fp16=cfg.model.dtype == "float16" and not on_cpu,
         gradient_checkpointing=cfg.train.gradient_checkpointing,
         use_vllm=cfg.rollout.backend == "vllm",
-        vllm_mode="colocate",
-        log_completions=False,
-        dataloader_pin_memory=not on_cpu,
-        disable_tqdm=False,
     )
+    for k, v in cfg.train.trl.items():
+        if k in ours and v != ours[k]:
+            warnings.warn(f"train.trl.{k} = {v!r} is ignored: {OWNED_GRPO_FIELDS.get(k, 'our config')} sets "
+                          f"{k} = {ours[k]!r}", stacklevel=2)
+    kw = {**GRPO_DEFAULTS, "dataloader_pin_memory": not on_cpu, **cfg.train.trl, **ours}
+    return GRPOConfig(**kw)
 
 
 def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
@@ -175,8 +195,12 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     from hindsearch.train.aux import AuxContext
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
+    from hindsearch.models import lora_peft_config
+
     terms = make_terms(cfg)
-    frozen = copy.deepcopy(model).eval() if terms and cfg.train.beta == 0 else None
+    peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
+    # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
+    frozen = copy.deepcopy(model).eval() if terms and (cfg.train.beta == 0 or peft_config is not None) else None
     ema = copy.deepcopy(model).eval() if any(getattr(t, "needs_ema", False) for t in terms) else None
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever, rollout_engine=engine,
                      config=cfg, device=next(model.parameters()).device, ema=ema) if terms else None
@@ -184,7 +208,8 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     trainer = HindsearchGRPOTrainer(
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
         tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
-        format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay)
+        format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay,
+        peft_config=peft_config)
     if ctx is not None:
         if ctx.frozen is None:
             ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term

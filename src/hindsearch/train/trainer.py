@@ -217,7 +217,10 @@ class HindsearchGRPOTrainer(GRPOTrainer):
     @contextmanager
     def _capture_hidden(self, model: Any):
         """Collect the backbone's last hidden states of forwards run inside the block."""
-        base = self.accelerator.unwrap_model(model).base_model
+        m = self.accelerator.unwrap_model(model)
+        if hasattr(m, "get_base_model"):  # peft (model.lora): a PeftModel's base_model is the LoRA wrapper
+            m = m.get_base_model()
+        base = m.base_model
         captured: list[torch.Tensor] = []
 
         def hook(_mod, _args, output):
