@@ -154,6 +154,8 @@ class _RangeHandler(BaseHTTPRequestHandler):
             return
         body = data[start:]
         self.send_response(206 if rng else 200)
+        if rng:  # RFC 9110: a 206 names the range it carries
+            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body if self.cut_after is None else body[: self.cut_after])

@@ -21,11 +21,114 @@ COMMAND_MODULES = (
 )
 
 
+# ---------------------------------------------------------------- argument types (argparse names the flag)
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
+    return v
+
+
+def http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        u.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL ({e})") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an http:// or https:// URL with a host")
+    return text
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hindsearch")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each flag's default: ``(default: X)``, ``(default: off)`` for a switch, ``(default: none)``
+    when unset, unless the help text already says what the default is."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        h = action.help or ""
+        if "default" in h or action.required or not action.option_strings:
+            return h
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            return h + " (default: off)" if isinstance(action, argparse._StoreTrueAction) else h + " (default: on)"
+        if action.default is argparse.SUPPRESS:
+            return h
+        if action.default is None or action.default == []:
+            return h + " (default: none)"
+        return h + " (default: %(default)s)"
+
+
+def _finish(parser: argparse.ArgumentParser, help_text: str | None) -> None:
+    """Every (sub)command: a description, defaults shown in ``--help``, and ``--debug``."""
+    if not parser.description and help_text:
+        parser.description = help_text[0].upper() + help_text[1:] + "."
+    parser.formatter_class = HelpFormatter
+    if "--debug" not in parser._option_string_actions:
+        parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                            help="on an error, show the full traceback instead of one line")
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            helps = {a.dest: a.help for a in action._choices_actions}
+            for name, sub in action.choices.items():
+                _finish(sub, helps.get(name))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hindsearch",
         description="Train and evaluate Search-R1 agents with GRPO, HindSearch and IGSD.",
     )
+    parser.add_argument("--version", action="version", version=f"hindsearch {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMAND_MODULES:
         try:
@@ -35,7 +138,32 @@ def build_parser() -> argparse.ArgumentParser:
                 continue
             raise
         mod.register(sub)
+    _finish(parser, None)
     return parser
+
+
+EXPECTED = (ValueError, OSError, ConnectionError, RuntimeError, LookupError)
+"""Errors that carry a message meant for the user; anything else is also one line, marked unexpected."""
+
+
+def describe(e: BaseException) -> str:
+    """One line for an error: its message, with the path an ``OSError`` names when the message lacks it."""
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in str(e.args[-1] if e.args else ""):
+        what = e.strerror or type(e).__name__
+        path = f"{e.filename} -> {e.filename2}" if e.filename2 else str(e.filename)
+        msg = f"{path}: {what}"
+        if isinstance(e, (FileExistsError, NotADirectoryError)):
+            msg += " (a file is in the way of a folder, or the other way round)"
+        elif isinstance(e, PermissionError):
+            msg += " (choose a folder you can write to)"
+    else:
+        msg = str(e) or type(e).__name__
+        if isinstance(e, KeyError):
+            msg = f"missing key {msg}"
+    line = " ".join(msg.split())
+    if not isinstance(e, EXPECTED) or isinstance(e, RecursionError):
+        line = f"{type(e).__name__}: {line} (unexpected; run again with --debug for the traceback)"
+    return line[:2000]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,10 +177,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted; finished work is kept and a rerun resumes it", file=sys.stderr)
         return 130
-    except (ValueError, FileNotFoundError, ConnectionError, RuntimeError) as e:
+    except Exception as e:  # one line, never a traceback, unless --debug
         if getattr(args, "debug", False):
             raise
-        print(f"hindsearch {args.command}: error: {e}", file=sys.stderr)
+        print(f"hindsearch {args.command}: error: {describe(e)}", file=sys.stderr)
         return 1
     return int(rc or 0)
 

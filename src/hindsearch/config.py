@@ -11,6 +11,7 @@ names the key and the allowed values.
 
 from __future__ import annotations
 
+import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -464,6 +465,8 @@ def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> No
 
 
 def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):  # nan/inf pass every < and > check
+        raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
     if current is None or value is None:
         return value
     if isinstance(current, bool):

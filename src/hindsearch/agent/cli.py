@@ -5,8 +5,9 @@
 
 Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
 ``--retriever-url`` the config's retriever (default: the world's BM25 index, built on first use).
-Prints the EM/F1 table and writes ``OUT/summary.json`` and ``OUT/trajectories.jsonl``; a rerun
-with the same ``--out`` resumes.
+Prints the EM/F1 table and writes ``OUT/summary.json``, ``OUT/results.md`` and
+``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
+rows recorded an error unless ``--keep-errors``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import argparse
 import json
 from pathlib import Path
 from typing import Any
+
+from hindsearch.cli import http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -37,20 +40,26 @@ def parse_data_arg(spec: str) -> list[tuple[str, str]]:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("eval", help="evaluate a model on QA benchmarks (EM/F1 table, resumable)")
+    p = sub.add_parser("eval", help="evaluate a model on QA benchmarks (EM/F1 table, resumable)",
+                       description="Evaluate a model on QA benchmarks with Search-R1 rollouts (greedy by default): an "
+                                   "EM/F1 table per benchmark in OUT/summary.json and OUT/results.md. A rerun with the "
+                                   "same --out resumes and redoes the questions whose rows recorded an error.")
     p.add_argument("--model", help="alias (smollm2-135m, tiny-random), HF id or local path (default: config model.name)")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--index", help="index folder (hindsearch index)")
-    g.add_argument("--retriever-url", help="Search-R1-compatible retrieval server URL")
+    g.add_argument("--index", help="index folder from `hindsearch index` (default: the config's retriever)")
+    g.add_argument("--retriever-url", type=http_url,
+                   help="Search-R1-compatible retrieval server URL (default: the config's retriever)")
     p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
-    p.add_argument("--limit", type=int, help="questions per benchmark (default: eval.limit)")
-    p.add_argument("--out", required=True, help="output folder (summary.json, trajectories.jsonl); reruns resume")
-    p.add_argument("--config", help="TOML preset")
+    p.add_argument("--limit", type=positive_int, help="questions per benchmark (default: eval.limit)")
+    p.add_argument("--out", required=True, help="output folder (summary.json, results.md, trajectories.jsonl); reruns resume")
+    p.add_argument("--config", help="TOML preset (default: built-in defaults)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
-    p.add_argument("--batch-size", type=int, help="trajectories per batch (default: eval.batch_size)")
+    p.add_argument("--batch-size", type=positive_int, help="trajectories per batch (default: eval.batch_size)")
     p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
-    p.add_argument("--seed", type=int, help="sampling seed (default: eval.seed)")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=nonneg_int, help="sampling seed (default: eval.seed)")
+    p.add_argument("--keep-errors", action="store_true",
+                   help="on a rerun, keep rows that recorded an error (e.g. retrieval server down) instead of redoing them")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=cmd_eval)
 
@@ -62,7 +71,11 @@ def load_datasets(specs: list[tuple[str, str]], limit: int | None) -> dict[str, 
     for name, path in specs:
         if not Path(path).exists():
             raise FileNotFoundError(f"--data {name}={path}: file not found")
+        if Path(path).is_dir():
+            raise IsADirectoryError(f"--data {name}={path}: is a folder; give a QA file (.jsonl, .json or .parquet)")
         out[name] = load_qa(path, name=name, limit=limit)
+        if not out[name]:
+            raise ValueError(f"--data {name}={path}: no questions in the file (an evaluation of 0 questions means nothing)")
     return out
 
 
@@ -73,6 +86,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.models import load_policy
     from hindsearch.retrieval.base import load_index, load_retriever
 
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"--out {out}: is a file, not a folder; choose a folder for the evaluation")
+    for parent in out.parents:
+        if parent.exists() and not parent.is_dir():
+            raise NotADirectoryError(f"--out {out}: {parent} is a file, not a folder")
     overrides = list(args.set)
     if args.model:
         overrides.append(f"model.name={json.dumps(args.model)}")
@@ -103,10 +122,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
     res = evaluate(engine, datasets, out_dir=args.out, batch_size=args.batch_size or cfg.eval.batch_size,
                    greedy=not args.sample and cfg.eval.greedy, seed=args.seed if args.seed is not None else cfg.eval.seed,
-                   progress=not args.no_progress)
+                   progress=not args.no_progress, redo_errors=not args.keep_errors)
     print(res["table"])
     o = res["overall"]
     print(f"\nvalid protocol {100 * o.get('validity_rate', 0):.1f}% | retrieval errors {o.get('errors', 0)} | "
           f"stop reasons {o.get('stop_reasons', {})}")
-    print(f"wrote {Path(args.out) / 'summary.json'} and {Path(args.out) / 'trajectories.jsonl'}")
+    print(f"wrote {out / 'summary.json'}, {out / 'results.md'} and {out / 'trajectories.jsonl'}")
     return 0

@@ -12,6 +12,8 @@ import argparse
 import json
 import time
 
+from hindsearch.cli import http_url, nonneg_int, positive_float, positive_int
+
 
 def cmd_world(args: argparse.Namespace) -> int:
     from pathlib import Path
@@ -57,21 +59,27 @@ def cmd_mini(args: argparse.Namespace) -> int:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    w = sub.add_parser("world", help="build the fictional world (corpus + train/dev/test questions)")
-    w.add_argument("--out", required=True, help="output folder")
-    w.add_argument("--seed", type=int, default=0, help="generator seed (default 0)")
-    w.add_argument("--entities", type=int, default=None, help="number of entities (default ~2,000 passages)")
+    w = sub.add_parser("world", help="build the fictional world (corpus + train/dev/test questions)",
+                       description="Build the fictional world: corpus.jsonl and train/dev/test.jsonl (cached; an existing "
+                                   "--out is replaced only when it is a world folder or empty).")
+    w.add_argument("--out", required=True, help="output folder (new, empty, or an earlier world)")
+    w.add_argument("--seed", type=nonneg_int, default=0, help="generator seed")
+    w.add_argument("--entities", type=positive_int, default=None,
+                   help="number of entities, at least 40 (default: about 2,000, one passage each)")
     w.add_argument("--force", action="store_true", help="rebuild even when the folder is up to date")
     w.set_defaults(func=cmd_world)
 
     d = sub.add_parser("data", help="real QA data: fetch from the HF hub, or build the mini-wiki")
     dsub = d.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     d.set_defaults(func=lambda a: (d.print_help(), 2)[1])
-    f = dsub.add_parser("fetch", help="download train / test sets / wiki-18 (needs network)")
-    f.add_argument("--what", choices=["train", "test", "wiki18", "all"], default="test")
+    f = dsub.add_parser("fetch", help="download train / test sets / wiki-18 (needs network)",
+                        description="Download the Search-R1 training set, the seven FlashRAG test sets or the wiki-18 "
+                                    "corpus from the Hugging Face hub (resumable; row counts checked, SHA-256 recorded in fetch.json).")
+    f.add_argument("--what", choices=["train", "test", "wiki18", "all"], default="test", help="what to download")
     f.add_argument("--out", required=True, help="output folder (one subfolder per dataset)")
-    f.add_argument("--endpoint", default=None, help="hub URL (default $HF_ENDPOINT or https://huggingface.co)")
-    f.add_argument("--connect-timeout", type=float, default=5.0, help="seconds to wait for a connection")
+    f.add_argument("--endpoint", type=http_url, default=None,
+                   help="hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
+    f.add_argument("--connect-timeout", type=positive_float, default=5.0, help="seconds to wait for a connection")
     f.add_argument("--no-verify", action="store_true", help="skip the row-count check")
     f.set_defaults(func=cmd_fetch)
     m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")

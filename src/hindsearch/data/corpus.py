@@ -6,7 +6,9 @@ Accepted inputs:
   or ``text`` (+ optional ``title``, then contents = ``'"title"\\ntext'``), and an id under
   ``id``, ``_id`` or ``docid`` (str or int; missing -> the 1-based line number);
 * ``.json``: a list of such objects (HippoRAG's ``{title, text}`` corpora), ids default to
-  the 1-based list position.
+  the 1-based list position;
+* either of them gzip-compressed (``.jsonl.gz``, ``.json.gz``: wiki-18 as ``data fetch`` writes it),
+  read transparently.
 
 A bad row (invalid JSON, not an object, no text, wrong types) raises ``CorpusError`` naming
 the file and line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``.
@@ -77,11 +79,36 @@ def row_to_passage(obj: Any, default_id: str) -> Passage:
     return Passage(id=str(pid), contents=contents)
 
 
+def _is_json_list(path: Path) -> bool:
+    return path.name.endswith((".json", ".json.gz"))
+
+
+def _open_text(path: Path) -> Any:
+    """The file as UTF-8 text, decompressing ``.gz`` on the fly."""
+    if path.suffix == ".gz":
+        import gzip
+
+        return gzip.open(path, "rt", encoding="utf-8")
+    return path.open("r", encoding="utf-8")
+
+
 def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:
     """Yield (line-or-position, parse error or None, parsed object)."""
-    if path.suffix == ".json":
+    try:
+        yield from _rows_of(path)
+    except UnicodeDecodeError as e:
+        raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); a corpus is UTF-8 JSON lines") from None
+    except (OSError, EOFError) as e:  # a truncated or corrupt .gz
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise
+        raise CorpusError(f"{path}: cannot read it: {e}") from None
+
+
+def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
+    if _is_json_list(path):
         try:
-            data = json.loads(path.read_text(encoding="utf-8"))
+            with _open_text(path) as f:
+                data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
         if not isinstance(data, list):
@@ -89,7 +116,7 @@ def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:
         for i, obj in enumerate(data, 1):
             yield i, None, obj
         return
-    with path.open("r", encoding="utf-8") as f:
+    with _open_text(path) as f:
         for i, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -104,7 +131,7 @@ def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | N
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus not found: {path}")
-    where = "item" if path.suffix == ".json" else "line"
+    where = "item" if _is_json_list(path) else "line"
     for n, err, obj in _rows(path):
         try:
             if err is not None:

@@ -10,7 +10,9 @@ What is fetched (each to its own folder under ``--out``):
 Downloads are resumable: bytes go to ``<file>.part`` and a rerun asks the server for the rest
 with an HTTP ``Range`` header. A finished file is checked by row count (QA files are parsed
 with ``hindsearch.data.qa.load_qa``, so a format change fails loudly) and recorded with its
-SHA-256 in ``fetch.json``. Without network the first request fails within the connect
+SHA-256 in ``fetch.json``; a later run accepts an existing file only when its size and SHA-256
+match that record, and a resumed download is appended only when the server's ``Content-Range``
+starts where the ``.part`` file ends. Without network the first request fails within the connect
 timeout with a ``ConnectionError`` naming the URL. ``HF_ENDPOINT`` (or ``endpoint=``) points
 at a mirror.
 """
@@ -79,6 +81,9 @@ def download(url: str, dest: str | Path, connect_timeout: float = 5.0, read_time
                 return dest
             if r.status_code not in (200, 206):
                 raise ConnectionError(f"download of {url} failed: HTTP {r.status_code}")
+            if r.status_code == 206 and not r.headers.get("content-range", "").startswith(f"bytes {offset}-"):
+                raise ConnectionError(f"download of {url}: the server resumed at {r.headers.get('content-range')!r}, "
+                                      f"not at byte {offset}; delete {part} to start over")
             mode = "ab" if r.status_code == 206 else "wb"  # 200: server ignored Range, start over
             with part.open(mode) as f:
                 for block in r.iter_raw():  # as received, so a dropped connection keeps its bytes
@@ -120,9 +125,13 @@ def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool 
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     for rem in todo:
         dest, url = out / rem.dest, rem.url(endpoint)
-        if dest.exists() and manifest.get(rem.dest, {}).get("bytes") == dest.stat().st_size:
-            log(f"{rem.name}: already fetched ({dest})")
-            continue
+        known = manifest.get(rem.dest, {})
+        if dest.exists() and known.get("bytes") == dest.stat().st_size:
+            if known.get("sha256") == file_sha256(dest):
+                log(f"{rem.name}: already fetched ({dest}, SHA-256 matches fetch.json)")
+                continue
+            raise ValueError(f"{dest}: its SHA-256 differs from the one fetch.json recorded when it was downloaded "
+                             "(the file changed on disk); delete it to download it again")
         log(f"{rem.name}: {url} -> {dest}")
         download(url, dest, connect_timeout=connect_timeout)
         rows = count_rows(dest) if verify else None

@@ -38,11 +38,11 @@ def find_config(name: str | None) -> Path:
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="warm-up + GRPO/HindSearch/IGSD training with dev EM before and after")
     p.add_argument("--config", default=None, help=f"TOML file or preset name (default: {DEFAULT_PRESET})")
-    p.add_argument("--method", choices=METHODS, default=None, help="override the config's method")
+    p.add_argument("--method", choices=METHODS, default=None, help="override the config's method (default: the config's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last complete checkpoint (default: start a new run)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train)
     q = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
