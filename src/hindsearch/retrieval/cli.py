@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import argparse
 
+from hindsearch.cli import http_url, port_number, positive_float, positive_int
+from hindsearch.retrieval.limits import ServerLimits
+
 
 def cmd_index(args: argparse.Namespace) -> int:
     from hindsearch.retrieval.base import build_index
@@ -39,38 +42,70 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from hindsearch.retrieval.server import ServerLimits, serve
 
-    limits = ServerLimits(max_queries=args.max_queries, max_topk=args.max_topk)
-    serve(args.index, host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device)
+    limits = ServerLimits(max_queries=args.max_queries, max_topk=args.max_topk, max_query_chars=args.max_query_chars,
+                          max_body_bytes=args.max_body_bytes, max_hits=args.max_hits, max_inflight=args.max_inflight,
+                          max_pending=args.max_pending, queue_timeout_s=args.queue_timeout,
+                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+    if args.topk > args.max_topk:
+        raise ValueError(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
+    serve(args.index, host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs)
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("index", help="build a BM25 or dense index from a corpus")
-    p.add_argument("--corpus", required=True, help="corpus .jsonl (id, contents | title+text) or .json list")
-    p.add_argument("--out", required=True, help="index folder to write")
-    p.add_argument("--kind", choices=("bm25", "dense"), default="bm25")
+    p = sub.add_parser("index", help="build a BM25 or dense index from a corpus",
+                       description="Build a BM25 or dense index folder from a corpus file (.jsonl, .jsonl.gz or .json). "
+                                   "An existing --out is replaced only when it is an index folder or empty.")
+    p.add_argument("--corpus", required=True,
+                   help="corpus .jsonl or .jsonl.gz (id, contents | title+text per line) or .json list")
+    p.add_argument("--out", required=True, help="index folder to write (new, empty, or an earlier index)")
+    p.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="retriever kind")
     p.add_argument("--encoder", default="minilm", help="dense encoder: minilm, e5-base-v2 or an HF path/id")
     p.add_argument("--skip-bad", action="store_true", help="skip and count malformed rows instead of failing")
-    p.add_argument("--hnsw", type=int, default=None, metavar="M", help="dense: HNSW graph with M links (default: flat)")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--hnsw", type=positive_int, default=None, metavar="M",
+                   help="dense: HNSW graph with M links (default: a flat, exact index)")
+    p.add_argument("--device", default="cpu", help="dense: device of the encoder (cpu, cuda)")
+    p.add_argument("--batch-size", type=positive_int, default=64, help="dense: passages per encoder batch")
     p.set_defaults(func=cmd_index)
 
-    p = sub.add_parser("search", help="print the top-k passages for queries")
-    p.add_argument("query", nargs="+")
-    p.add_argument("--index", help="index folder")
-    p.add_argument("--url", help="retrieval server URL instead of --index")
-    p.add_argument("-k", type=int, default=3)
-    p.add_argument("--snippet", type=int, default=160, help="characters of text shown per hit")
-    p.add_argument("--timeout", type=float, default=10.0)
+    p = sub.add_parser("search", help="print the top-k passages for queries",
+                       description="Print the top-k passages for each query, from an index folder or a retrieval server.")
+    p.add_argument("query", nargs="+", help="one or more queries (quote each)")
+    p.add_argument("--index", help="index folder (default: none; give this or --url)")
+    p.add_argument("--url", type=http_url, help="retrieval server URL instead of --index (default: none)")
+    p.add_argument("-k", type=positive_int, default=3, help="passages per query")
+    p.add_argument("--snippet", type=positive_int, default=160, help="characters of text shown per hit")
+    p.add_argument("--timeout", type=positive_float, default=10.0, help="seconds to wait for the server (--url)")
     p.set_defaults(func=cmd_search)
 
-    p = sub.add_parser("serve", help="serve an index over HTTP (Search-R1 /retrieve API)")
-    p.add_argument("--index", required=True)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--topk", type=int, default=3, help="default topk when a request gives none")
-    p.add_argument("--max-queries", type=int, default=512)
-    p.add_argument("--max-topk", type=int, default=100)
-    p.add_argument("--device", default="cpu")
+    lim = ServerLimits()
+    p = sub.add_parser(
+        "serve", help="serve an index over HTTP (Search-R1 /retrieve API)",
+        description="Serve an index folder over HTTP with Search-R1's POST /retrieve API (and GET /health). "
+                    "Requests over a limit get a 4xx JSON error; every limit below is a flag. "
+                    "Memory stays bounded by about max-pending x max-body-bytes of buffered bodies plus "
+                    "max-inflight parses and responses.")
+    p.add_argument("--index", required=True, help="index folder to serve (from `hindsearch index`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
+    p.add_argument("--port", type=port_number, default=8000, help="TCP port (0..65535)")
+    p.add_argument("--topk", type=positive_int, default=3, help="passages per query when a request gives no topk")
+    p.add_argument("--max-queries", type=positive_int, default=lim.max_queries,
+                   help="queries per request; Search-R1's trainer sends a whole batch (512 x 5 = 2,560) in one POST")
+    p.add_argument("--max-topk", type=positive_int, default=lim.max_topk, help="largest topk a request may ask for")
+    p.add_argument("--max-query-chars", type=positive_int, default=lim.max_query_chars, help="characters per query")
+    p.add_argument("--max-body-bytes", type=positive_int, default=lim.max_body_bytes, help="request body size")
+    p.add_argument("--max-hits", type=positive_int, default=lim.max_hits,
+                   help="queries x topk per request (bounds the response size)")
+    p.add_argument("--max-inflight", type=positive_int, default=lim.max_inflight,
+                   help="requests parsed and retrieved at the same time")
+    p.add_argument("--max-pending", type=positive_int, default=lim.max_pending,
+                   help="further requests that may wait for a slot; beyond them a request gets 503")
+    p.add_argument("--queue-timeout", type=positive_float, default=lim.queue_timeout_s,
+                   help="seconds a request may wait for a slot before a 503")
+    p.add_argument("--header-timeout", type=positive_float, default=lim.header_timeout_s,
+                   help="seconds a connection has to send its request head before it is dropped")
+    p.add_argument("--body-timeout", type=positive_float, default=lim.body_timeout_s,
+                   help="seconds a request has to send its body before a 408")
+    p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")
+    p.add_argument("--docs", action="store_true", help="also serve /docs and /openapi.json")
     p.set_defaults(func=cmd_serve)

@@ -7,32 +7,43 @@ with scores or ``{"result": [[{"id", "contents"}, ...], ...]}`` without, seriali
 FastAPI serialises Search-R1's dict. ``GET /health`` reports the index and the limits.
 
 Bad requests never crash the server: they get a 4xx JSON ``{"error": "..."}`` (400 malformed
-JSON, 413 body too large, 422 wrong fields/types or a limit exceeded); a retriever failure
-gets 500 ``{"error": ...}``. Binds 127.0.0.1 by default.
+JSON, too deeply nested or an over-long number; 408 a body that arrives too slowly; 413 body
+too large; 422 wrong fields/types or a limit exceeded); a retriever failure gets 500
+``{"error": ...}``. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json`` only with
+``docs=True`` (``serve --docs``).
+
+Bounds (``ServerLimits``, all ``serve`` flags): at most ``max_queries`` queries (4,096: Search-R1
+sends a whole training batch, 512 x 5 = 2,560, in one POST) of ``max_query_chars`` each,
+``topk <= max_topk``, ``queries x topk <= max_hits`` (the response size), a body of at most
+``max_body_bytes``. At most ``max_inflight`` requests are parsed and retrieved at once; up to
+``max_pending`` more wait for a slot (at most ``queue_timeout_s``), beyond that 503 JSON. A
+connection must send its headers within ``header_timeout_s`` and its body within
+``body_timeout_s``, or it is dropped (408 for a slow body). Memory therefore stays bounded by
+about ``max_pending x max_body_bytes`` of buffered bodies plus ``max_inflight`` parses and
+responses.
 """
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
 import json
-from dataclasses import asdict, dataclass
+import logging
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from starlette.requests import ClientDisconnect
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from hindsearch.retrieval.base import IndexedRetriever, Retriever
+from hindsearch.retrieval.limits import ServerLimits
 
 
-@dataclass
-class ServerLimits:
-    """Per-request limits of ``/retrieve``."""
-
-    max_queries: int = 512
-    max_topk: int = 100
-    max_query_chars: int = 4096
-    max_body_bytes: int = 4 << 20
+log = logging.getLogger("hindsearch.server")
 
 
 class BadRequest(Exception):
@@ -51,8 +62,10 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
         raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
     try:
         req = json.loads(body)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise BadRequest(400, f"request body is not valid JSON: {e}") from None
+    except RecursionError:
+        raise BadRequest(400, "request body is nested too deeply") from None
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
     if not isinstance(req, dict):
         raise BadRequest(422, 'request body must be a JSON object like {"queries": [...], "topk": 3}')
     if "queries" not in req:
@@ -74,6 +87,9 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
         raise BadRequest(422, f"'topk' must be a non-negative integer, got {req.get('topk')!r}")
     if topk > limits.max_topk:
         raise BadRequest(422, f"'topk' = {topk} exceeds the limit {limits.max_topk}")
+    if len(queries) * topk > limits.max_hits:
+        raise BadRequest(422, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages in one answer; "
+                         f"the limit is {limits.max_hits}")
     scores = req.get("return_scores", False)
     if scores is None:
         scores = False
@@ -106,43 +122,134 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     return b'{"result":[' + b",".join(lists) + b"]}"
 
 
-def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None) -> FastAPI:
-    """The FastAPI app serving ``retriever``."""
-    limits = limits or ServerLimits()
+def _trim_memory() -> None:
+    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None,
+               docs: bool = False) -> FastAPI:
+    """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
+    limits = (limits or ServerLimits()).validate()
     if not 0 < default_topk <= limits.max_topk:
-        raise ValueError(f"default topk {default_topk} must be in 1..{limits.max_topk}")
-    app = FastAPI(title="hindsearch retrieval server")
+        raise ValueError(f"--topk {default_topk} must be in 1..{limits.max_topk} (--max-topk)")
+    if docs:
+        app = FastAPI(title="hindsearch retrieval server")
+    else:
+        app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
+    slots = asyncio.Semaphore(limits.max_inflight)
+    state = {"pending": 0}
 
     @app.get("/health")
     def health() -> dict:
         n = len(retriever) if hasattr(retriever, "__len__") else None
         return {"status": "ok", "n_docs": n, "default_topk": default_topk, **asdict(limits), **(info or {})}
 
-    @app.post("/retrieve")
-    async def retrieve(request: Request) -> JSONResponse:
+    async def read_body(request: Request) -> bytes | JSONResponse:
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return _error(413, f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
         chunks, size = [], 0
-        async for chunk in request.stream():  # stop reading a (chunked) body as soon as it is too large
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
-            chunks.append(chunk)
         try:
-            queries, topk, scores = parse_request(b"".join(chunks), default_topk, limits)
+            async with asyncio.timeout(limits.body_timeout_s):
+                async for chunk in request.stream():  # stop reading a (chunked) body as soon as it is too large
+                    size += len(chunk)
+                    if size > limits.max_body_bytes:
+                        return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+                    chunks.append(chunk)
+        except TimeoutError:
+            return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
+        return b"".join(chunks)
+
+    def work(body: bytes) -> bytes | JSONResponse:
+        hits = 0
+        try:
+            queries, topk, scores = parse_request(body, default_topk, limits)
+            hits = len(queries) * topk
+            if isinstance(retriever, IndexedRetriever):
+                return render_ids(retriever, queries, topk, scores)
+            return JSONResponse(format_result(retriever.retrieve(queries, topk), scores))
         except BadRequest as e:
             return _error(e.status, str(e))
-        try:
-            if isinstance(retriever, IndexedRetriever):
-                body = await run_in_threadpool(render_ids, retriever, queries, topk, scores)
-                return Response(body, media_type="application/json")
-            hits = await run_in_threadpool(retriever.retrieve, queries, topk)
         except Exception as e:  # a retriever bug must not take the server down
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
-        return JSONResponse(format_result(hits, scores))
+        finally:
+            if len(body) > 1 << 20 or hits > 4096:
+                _trim_memory()
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request) -> Response:
+        if state["pending"] >= limits.max_inflight + limits.max_pending:
+            return _error(503, f"server busy: {state['pending']} requests in progress; retry later")
+        state["pending"] += 1
+        try:
+            body = await read_body(request)
+            if isinstance(body, Response):
+                return body
+            try:
+                await asyncio.wait_for(slots.acquire(), limits.queue_timeout_s)
+            except TimeoutError:
+                return _error(503, f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later")
+            try:
+                out = await run_in_threadpool(work, body)
+            finally:
+                slots.release()
+            return out if isinstance(out, Response) else Response(out, media_type="application/json")
+        except ClientDisconnect:
+            log.info("client %s disconnected before its request was read", request.client)
+            return Response(status_code=400)
+        finally:
+            state["pending"] -= 1
 
     return app
+
+
+def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a header timeout: a connection that has not sent a complete
+    request head within ``header_timeout_s`` of opening (or of its last response) is closed."""
+
+    class GuardedH11Protocol(H11Protocol):
+        _timer: asyncio.TimerHandle | None = None
+        _armed_cycle: Any = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._armed_cycle = self.cycle
+            self._timer = self.loop.call_later(header_timeout_s, self._expire)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _expire(self) -> None:
+            self._timer = None
+            if self.cycle is self._armed_cycle and not self.transport.is_closing():
+                log.info("dropped %s: no complete request head within %g s", self.client, header_timeout_s)
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._timer is not None and self.cycle is not self._armed_cycle:
+                self._disarm()  # a request head arrived
+
+        def on_response_complete(self) -> None:
+            if not self.transport.is_closing():
+                self._arm()
+            super().on_response_complete()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return GuardedH11Protocol
 
 
 def serve(
@@ -153,16 +260,28 @@ def serve(
     limits: ServerLimits | None = None,
     device: str = "cpu",
     log_level: str = "info",
+    docs: bool = False,
 ) -> None:
     """Load ``index_dir`` and serve it with uvicorn until interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import load_index, read_meta
 
+    limits = (limits or ServerLimits()).validate()
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port {port}: must be in 0..65535")
     meta = read_meta(index_dir)
     app = create_app(load_index(index_dir, device=device), default_topk=topk, limits=limits,
-                     info={"kind": meta.get("kind"), "encoder": meta.get("encoder")})
-    uvicorn.run(app, host=host, port=port, log_level=log_level)
+                     info={"kind": meta.get("kind"), "encoder": meta.get("encoder")}, docs=docs)
+    import socket
+
+    try:  # fail with one line (port in use, no permission) before uvicorn logs its own traceback
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((host, port))
+    except OSError as e:
+        raise OSError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from e
+    uvicorn.run(app, host=host, port=port, log_level=log_level, http=guarded_protocol(limits.header_timeout_s))
 
 
 class BackgroundServer:
@@ -171,7 +290,7 @@ class BackgroundServer:
     ``url`` is ``http://127.0.0.1:PORT``; ``stop()`` shuts it down. Also a context manager.
     """
 
-    def __init__(self, app: Any, start_timeout_s: float = 20.0) -> None:
+    def __init__(self, app: Any, start_timeout_s: float = 20.0, header_timeout_s: float = 10.0) -> None:
         import socket
         import threading
         import time
@@ -181,7 +300,7 @@ class BackgroundServer:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=guarded_protocol(header_timeout_s)))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
