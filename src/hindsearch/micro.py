@@ -336,12 +336,14 @@ def micro_model_path(data_cfg: Any, seed: int = 0, spec: MicroSpec | None = None
 
     Cached under ``$HINDSEARCH_CACHE/models/micro-w<world_seed>-<n_entities|default>-s<seed>``.
     """
-    from hindsearch.data.world import ensure_world
+    from hindsearch.data.world import ensure_world_for
     from hindsearch.models import cache_dir
 
-    world = ensure_world(data_cfg.world_dir, seed=data_cfg.world_seed, n_entities=data_cfg.world_entities)
+    world = ensure_world_for(data_cfg)
     size = data_cfg.world_entities or "default"
-    return ensure_micro(world, cache_dir() / "models" / f"micro-w{data_cfg.world_seed}-{size}-s{seed}", seed, spec)
+    tq = getattr(data_cfg, "world_test_questions", None)
+    name = f"micro-w{data_cfg.world_seed}-{size}{f'-t{tq}' if tq else ''}-s{seed}"
+    return ensure_micro(world, cache_dir() / "models" / name, seed, spec)
 
 
 def resolve_alias(cfg: Any) -> Any:

@@ -102,9 +102,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]
     else:
-        from hindsearch.data.world import ensure_world
+        from hindsearch.data.world import ensure_world_for
 
-        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        world = Path(ensure_world_for(cfg.data))
         specs = [("dev", str(world / "dev.jsonl")), ("test", str(world / "test.jsonl"))]
     datasets = load_datasets(specs, limit)
     if args.index:
@@ -112,10 +112,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
     elif cfg.retrieval.kind == "remote" or cfg.retrieval.index_dir:
         retriever = load_retriever(cfg.retrieval)
     else:
-        from hindsearch.data.world import ensure_world
+        from hindsearch.data.world import ensure_world_for
         from hindsearch.retrieval.base import ensure_index
 
-        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        world = Path(ensure_world_for(cfg.data))
         retriever = load_retriever(cfg.retrieval, ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}",
                                                                kind=cfg.retrieval.kind))
     model, tok = load_policy(cfg.model)

@@ -116,6 +116,8 @@ class World:
     passages: list[Passage]
     splits: dict[str, list[QARecord]]
     entities: dict[str, Entity] = field(default_factory=dict)
+    test_questions: int | None = None
+    """The test split's size override (None = the default)."""
 
     def counts(self) -> dict[str, Any]:
         c: dict[str, Any] = {"passages": len(self.passages)}
@@ -384,14 +386,20 @@ def _round_robin(recs: list[QARecord], n: int, rng: random.Random) -> list[QARec
     return out
 
 
-def split_sizes(n_entities: int) -> dict[str, int]:
-    """Questions per split: the defaults, scaled down for worlds smaller than the default."""
+def split_sizes(n_entities: int, test_questions: int | None = None) -> dict[str, int]:
+    """Questions per split: the defaults, scaled down for worlds smaller than the default.
+
+    ``test_questions`` overrides the test split's size (a different world: the shuffles differ).
+    """
     scale = min(1.0, n_entities / DEFAULT_ENTITIES)
-    return {k: max(4, round(v * scale)) for k, v in DEFAULT_SPLITS.items()}
+    sizes = {k: max(4, round(v * scale)) for k, v in DEFAULT_SPLITS.items()}
+    if test_questions is not None:
+        sizes["test"] = int(test_questions)
+    return sizes
 
 
-def generate_world(seed: int = 0, n_entities: int | None = None) -> World:
-    """Build the world for ``seed``: same seed and size -> byte-identical passages and questions."""
+def generate_world(seed: int = 0, n_entities: int | None = None, test_questions: int | None = None) -> World:
+    """Build the world for ``seed``: same seed, size and test size -> byte-identical passages and questions."""
     n = n_entities or DEFAULT_ENTITIES
     if n < 40:
         raise ValueError(f"n_entities must be at least 40 (got {n})")
@@ -405,7 +413,7 @@ def generate_world(seed: int = 0, n_entities: int | None = None) -> World:
     rng.shuffle(order)
     passages = [Passage(str(i), make_contents(name, text_of[name])) for i, name in enumerate(order)]
     one, two = _questions(ents, text_of)
-    sizes = split_sizes(n)
+    sizes = split_sizes(n, test_questions)
     total = sum(sizes.values())
     n_one = min(len(one), total // 2 + total % 2)
     n_two = min(len(two), total - n_one)
@@ -422,7 +430,7 @@ def generate_world(seed: int = 0, n_entities: int | None = None) -> World:
         for i, r in enumerate(recs):
             r.id = f"{split}_{i}"
         splits[split] = recs
-    return World(seed, n, passages, splits, ents)
+    return World(seed, n, passages, splits, ents, test_questions)
 
 
 def write_world(world: World, out_dir: str | Path) -> Path:
@@ -437,13 +445,14 @@ def write_world(world: World, out_dir: str | Path) -> Path:
             for r in recs:
                 f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
     meta = {"seed": world.seed, "n_entities": world.n_entities, "generator_version": GENERATOR_VERSION,
-            "counts": world.counts()}
+            "test_questions": world.test_questions, "counts": world.counts()}
     (out / "world.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return out
 
 
-def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None = None) -> bool:
-    """True when ``out_dir`` holds a complete world of this seed, size and generator version."""
+def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None = None,
+                     test_questions: int | None = None) -> bool:
+    """True when ``out_dir`` holds a complete world of this seed, size, test size and generator version."""
     out = Path(out_dir)
     try:
         meta = json.loads((out / "world.json").read_text(encoding="utf-8"))
@@ -451,10 +460,12 @@ def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None 
         return False
     files = ["corpus.jsonl"] + [f"{s}.jsonl" for s in DEFAULT_SPLITS]
     return (meta.get("seed") == seed and meta.get("n_entities") == (n_entities or DEFAULT_ENTITIES)
-            and meta.get("generator_version") == GENERATOR_VERSION and all((out / f).is_file() for f in files))
+            and meta.get("generator_version") == GENERATOR_VERSION
+            and meta.get("test_questions") == test_questions and all((out / f).is_file() for f in files))
 
 
-def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = None) -> Path:
+def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = None,
+                 test_questions: int | None = None) -> Path:
     """Build the world into ``out_dir`` unless it is already there (same seed/size/version).
 
     Atomic: written to a temporary sibling folder, then renamed over ``out_dir``, so a crash
@@ -462,14 +473,14 @@ def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = No
     when it is a world folder (``world.json``) or empty; anything else is refused (``UnsafeOutput``).
     """
     out = Path(out_dir)
-    if world_is_current(out, seed, n_entities):
+    if world_is_current(out, seed, n_entities, test_questions):
         return out
     from hindsearch.fsutil import check_replaceable, json_marker
 
     check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")  # never replace user data
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    write_world(generate_world(seed, n_entities), tmp)
+    write_world(generate_world(seed, n_entities, test_questions), tmp)
     try:
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
@@ -480,6 +491,12 @@ def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = No
             tmp.rename(out)
     except OSError:  # another process finished the same build first
         shutil.rmtree(tmp, ignore_errors=True)
-        if not world_is_current(out, seed, n_entities):
+        if not world_is_current(out, seed, n_entities, test_questions):
             raise
     return out
+
+
+def ensure_world_for(data_cfg: Any) -> Path:
+    """``ensure_world`` with the world fields of a ``DataConfig`` (dir, seed, entities, test size)."""
+    return ensure_world(data_cfg.world_dir, seed=data_cfg.world_seed, n_entities=data_cfg.world_entities,
+                        test_questions=getattr(data_cfg, "world_test_questions", None))

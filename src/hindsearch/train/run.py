@@ -78,9 +78,9 @@ def resolve_data(cfg: Config) -> dict[str, Any]:
     world = None
     needs_index = cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None
     if cfg.data.train is None or cfg.data.dev is None or needs_index:
-        from hindsearch.data.world import ensure_world
+        from hindsearch.data.world import ensure_world_for
 
-        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        world = Path(ensure_world_for(cfg.data))
     index_dir = cfg.retrieval.index_dir
     if needs_index:
         from hindsearch.retrieval.base import ensure_index
