@@ -157,7 +157,8 @@ def test_hindsearch_term_gradient_only_on_query_tokens_of_failed(tok, model, fro
     m = batch.metrics
     assert m["failed"] == 2 and m["eligible"] == 1 and m["critiques"] == 1 and m["judge_kind_oracle"] == 1.0
     assert batch.tensors["hind_mask"].sum() == sum(failed.query_mask)
-    assert batch.samples[0]["critique"] and len(batch.samples[0]["lT_minus_lS"]) == sum(failed.query_mask)
+    assert batch.samples[0]["critique"] and len(batch.samples[0]["lT"]) == sum(failed.query_mask)
+    assert len(batch.samples[0]["distill_tokens"]) == sum(failed.query_mask)
     assert batch.samples[1] == {} and batch.samples[2] == {}
     ids = torch.zeros(3, T, dtype=torch.long)
     for i, t in enumerate(trajs):

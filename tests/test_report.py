@@ -124,7 +124,7 @@ def test_report_of_real_two_step_run(run_dir, tmp_path):
     failed = [s for s in samples if s["reward"] <= 0]
     assert failed and all(s.get("hind", {}).get("critique") for s in failed)
     assert failed[0]["hind"]["critique"] in out.read_text().replace("&#x27;", "'").replace("&quot;", '"')
-    assert len(page.spans) >= sum(len(s["hind"].get("query_tokens", [])) for s in failed) > 0
+    assert len(page.spans) >= sum(len(s["hind"].get("distill_tokens", [])) for s in failed) > 0
     assert all(sp["title"].startswith(("+", "-")) for sp in page.spans)
     # the question of every sample and the queries it searched appear in the browser
     for s in samples:

@@ -209,8 +209,8 @@ def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
         assert r["hind/critiques"] + r["hind/degenerate"] + r["hind/judge_errors"] == r["hind/eligible"]
         assert torch.isfinite(torch.tensor([r["loss"], r["hind/loss"]])).all()
         if r["hind/critiques"] > 0:
-            assert r["hind/teacher_time"] > 0 and r["hind/query_tokens"] > 0
+            assert r["hind/teacher_time"] > 0 and r["hind/distill_tokens"] > 0
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     judged = [s["hind"] for s in samples if s["reward"] == 0 and "hind" in s]
     assert judged and all(j["judge_kind"] == "lm" and j["critique_raw"] for j in judged)
-    assert all(j["critique_usable"] == ("query_tokens" in j) for j in judged)
+    assert all(j["critique_usable"] == ("distill_tokens" in j) for j in judged)

@@ -71,6 +71,9 @@ class DataConfig:
     """Seed of the fictional-world generator."""
     world_entities: int | None = None
     """Number of entities of the generated world (None = generator default, ~2,000 passages)."""
+    world_test_questions: int | None = None
+    """Size of the world's test split (None = the generator default, 200). A larger test split is a
+    different world (its train split differs too); the mechanism preset uses 600 for tighter intervals."""
     train: str | None = None
     """Training questions (any supported QA format); None = the world's train split."""
     dev: str | None = None
@@ -139,6 +142,11 @@ class WarmupConfig:
     """Train only the top N decoder layers during warm-up (None = the whole model)."""
     p_feedback: float = 0.0
     """Fraction of demonstrations whose prompt carries a critique that the demonstration follows (teaches reading hindsight)."""
+    feedback_kinds: list[str] = field(default_factory=lambda: ["critique"])
+    """Kinds of hindsight line a feedback demo carries, drawn uniformly (``hindsearch.train.scripted``):
+    ``critique`` (a generic line), ``oracle_gold`` / ``oracle_nogold`` (exactly the oracle judge's text about
+    the scripted searcher's own failed attempt, followed: it changes the first and the bridge query) and
+    ``answer_line`` (IGSD's ``(The correct answer is: ...)``)."""
 
 
 @dataclass
@@ -202,9 +210,22 @@ class HindSearchConfig:
     ema_decay: float = 0.99
     """EMA decay when ``teacher = ema``."""
     divergence: str = "clamped_sampled"
-    """``clamped_sampled`` (paper), ``reverse_kl`` or ``jsd`` (top-k over the vocabulary)."""
+    """``clamped_sampled`` (DESIGN's reading of the paper), ``signed`` (unclamped ``lT - lS`` as a per-token
+    advantage), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
     topk: int = 50
     """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
+    signed_clip: float = 1.0
+    """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``."""
+    distill_on: str = "query"
+    """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``) or ``action``
+    (the query tokens plus, in every turn after an information block, the turn's first token and the
+    tokens of its ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made)."""
+    aggregation: str = "token-mean"
+    """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES``)."""
+    neutral_control: bool = False
+    """Also score the student's tokens under a neutral-feedback teacher ("Feedback on a previous attempt:
+    none.") and log ``critique_minus_neutral``: what the critique itself changes, net of the prompt shift.
+    One more teacher forward per failed rollout; on in the micro presets."""
     judge_template: str = (
         "You are reviewing a failed attempt by a search assistant.\n"
         "Question: {question}\n"
@@ -338,6 +359,8 @@ class Config:
         _choice("retrieval.kind", self.retrieval.kind, ("bm25", "dense", "remote"))
         if self.retrieval.kind == "remote" and not self.retrieval.url:
             raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
+        if self.data.world_test_questions is not None:
+            _positive("data.world_test_questions", self.data.world_test_questions)
         _positive("retrieval.topk", self.retrieval.topk)
         _positive("retrieval.retries", self.retrieval.retries, allow_zero=True)
         _choice("rollout.backend", self.rollout.backend, ("hf", "vllm"))
@@ -350,6 +373,10 @@ class Config:
         if not 0 < self.rollout.top_p <= 1:
             raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
         _positive("warmup.num_demos", self.warmup.num_demos, allow_zero=True)
+        bad = [k for k in self.warmup.feedback_kinds if k not in ("critique", "oracle_gold", "oracle_nogold", "answer_line")]
+        if bad or not self.warmup.feedback_kinds:
+            raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of critique, oracle_gold, oracle_nogold, "
+                              f"answer_line; got {self.warmup.feedback_kinds}")
         _positive("warmup.epochs", self.warmup.epochs, allow_zero=True)
         _prob("warmup.p_bridge", self.warmup.p_bridge)
         _prob("warmup.p_feedback", self.warmup.p_feedback)
@@ -368,7 +395,11 @@ class Config:
         h = self.hindsearch
         _choice("hindsearch.judge_kind", h.judge_kind, ("lm", "oracle"))
         _choice("hindsearch.teacher", h.teacher, ("frozen", "live", "ema"))
-        _choice("hindsearch.divergence", h.divergence, ("clamped_sampled", "reverse_kl", "jsd"))
+        _choice("hindsearch.divergence", h.divergence, ("clamped_sampled", "signed", "reverse_kl", "jsd"))
+        _choice("hindsearch.distill_on", h.distill_on, ("query", "action"))
+        _choice("hindsearch.aggregation", h.aggregation, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum"))
+        if not (h.signed_clip > 0):
+            raise ConfigError(f"hindsearch.signed_clip must be > 0, got {h.signed_clip}")
         _positive("hindsearch.critique_max_tokens", h.critique_max_tokens)
         _positive("hindsearch.topk", h.topk)
         if h.lam < 0:

@@ -144,7 +144,9 @@ def metric_groups(keys: set[str]) -> dict[str, list[str]]:
         "Searches per rollout": first("searches_per_rollout", "num_searches"),
         "Validity": present("validity_rate", "invalid_turn_rate", "answered_rate"),
         "Loss parts": [k for k in numeric if k == "loss" or k.startswith("loss/") or k in ("hind/L_hind", "igsd/L_igsd")],
-        "HindSearch weights": present("hind/mean_w", "hind/frac_w_pos", "hind/mean_lT_minus_lS", "hind/failed_frac"),
+        "HindSearch weights": present("hind/mean_w", "hind/frac_w_pos", "hind/mean_lT_minus_lS", "hind/critique_minus_neutral",
+                                      "hind/failed_frac"),
+        "Share of the update": present("hind/grad_share", "igsd/grad_share"),
         "IGSD gate statistics": [k for k in numeric if k.startswith("igsd/") and any(s in k for s in ("gate", "delta"))],
         "Lengths": present("completion_len", "generated_len", "prompt_len"),
     }
@@ -294,12 +296,17 @@ def hind_block(h: Any) -> str:
     for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation"):
         if k in h:
             parts.append(f" <small>{k}={html.escape(str(h[k]))}</small>")
-    toks = pick(h, "query_tokens", "tokens", "query_token_strs")
-    diffs = pick(h, "lT_minus_lS", "teacher_minus_student", "lt_minus_ls", "delta_logp", "diff", "logp_diff", "deltas")
+    toks = pick(h, "distill_tokens", "query_tokens", "tokens", "query_token_strs")
+    label = "critique teacher &minus; neutral-feedback teacher log-prob on distilled tokens"
+    diffs = pick(h, "lT_minus_neutral")
+    if diffs is None:  # runs without the neutral control: the teacher's own log-probs (older runs: lT_minus_lS)
+        label, diffs = "teacher log-prob on distilled tokens", pick(h, "lT")
+    if diffs is None:
+        label, diffs = "teacher &minus; student log-prob on query tokens", pick(h, "lT_minus_lS", "teacher_minus_student")
     if isinstance(toks, list) and isinstance(diffs, list) and toks:
-        parts.append(f"<div class=toks>teacher &minus; student log-prob on query tokens: {token_spans([str(t) for t in toks], [float(x) for x in diffs])}</div>")
+        parts.append(f"<div class=toks>{label}: {token_spans([str(t) for t in toks], [float(x) for x in diffs])}</div>")
     else:
-        parts.append("<div class=nr>per-token teacher-minus-student log-probs: not recorded</div>")
+        parts.append("<div class=nr>per-token teacher log-probs: not recorded</div>")
     parts.append("</div>")
     return "".join(parts)
 

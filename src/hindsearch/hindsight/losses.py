@@ -12,10 +12,19 @@ HindSearch (critique-conditioned self-distillation on search tokens of failed ro
     L_hind = - sum_t w_t * lS_t * m_t / max(sum_t m_t, 1)
 
 with ``lS``/``lT`` the student's/teacher's log-prob of the sampled token and ``m`` the mask of
-query tokens of failed rollouts. The alternatives ``topk_reverse_kl`` and ``topk_jsd`` compare the
-two distributions on the teacher's top-k token support (k = 50 by default): both distributions are
-**renormalised on that support** (softmax of their log-probs restricted to the k ids), so they are
-proper distributions over the same k outcomes; the mass outside the teacher's top-k is ignored.
+distilled tokens of failed rollouts (query tokens, optionally the action-opening tokens). On failed
+rollouts this form is close to zero by construction: a competent teacher puts *less* mass on the
+decisive tokens of a failed query (``w = 0`` there) and it never raises a token the student did not
+sample. The alternatives:
+
+* ``signed`` (on-policy-distillation style): the unclamped per-token gap as an advantage,
+  ``a_t = clip(lT_t - lS_t, -c, c)`` (detached), ``L = - sum_t a_t * lS_t * m_t / max(sum m, 1)``:
+  tokens the teacher likes less are pushed down, tokens it likes more are pushed up.
+* ``topk_reverse_kl`` and ``topk_jsd`` compare the two distributions on the teacher's top-k token
+  ids (k = 50 by default) **plus one tail bucket** holding the remaining mass of each distribution
+  (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for both. Nothing is
+  renormalised, so the student's sampled token always has a gradient, through its own id when it is
+  in the teacher's top-k and through the tail bucket when it is not.
 
 IGSD (information-gain-gated candidate-pair distillation)::
 
@@ -76,30 +85,63 @@ def hind_clamped_sampled(lS: Tensor, lT: Tensor, mask: Tensor) -> Tensor:
     return -agg(w * lS, mask, "token-mean")
 
 
-def _support_logp(student_logits: Tensor, topk_ids: Tensor, teacher_topk_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """Student and teacher log-probs renormalised on the teacher's top-k ids → two ``[B, T, k]``."""
-    s = student_logits.float().gather(-1, topk_ids)  # logits on the support; the softmax cancels the full normaliser
-    log_ps = s - torch.logsumexp(s, dim=-1, keepdim=True)
-    t = teacher_topk_logp.float()
-    log_pt = t - torch.logsumexp(t, dim=-1, keepdim=True)
-    return log_ps, log_pt
+def signed_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
+    """``a = clamp(lT - lS, -clip, clip)``, detached; ``lT``, ``lS``: ``[B, T]`` → ``[B, T]``."""
+    return (lT.detach() - lS.detach()).clamp(-clip, clip)
+
+
+def hind_signed(lS: Tensor, lT: Tensor, mask: Tensor, clip: float = 1.0) -> Tensor:
+    """Signed per-token distillation ``-sum(a * lS * mask) / max(sum(mask), 1)``; ``[B, T]`` inputs → scalar.
+
+    ``a = signed_advantage(lT, lS, clip)`` (detached): the gradient raises ``lS`` where the teacher
+    is more likely than the student and lowers it where it is less likely. Exact 0 on an empty mask.
+    """
+    return -agg(signed_advantage(lT, lS, clip) * lS, mask, "token-mean")
+
+
+def _log1mexp(x: Tensor) -> Tensor:
+    """``log(1 - exp(x))`` for ``x <= 0``, stable at both ends (clamped just below 0)."""
+    x = x.clamp(max=-1e-7)
+    return torch.where(x > -0.693, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+
+
+def tail_logp(topk_logp: Tensor) -> Tensor:
+    """Top-k log-probs ``[..., k]`` (normalised over the full vocabulary) → ``[..., k + 1]`` with the tail bucket last.
+
+    The tail bucket is ``log(1 - sum_j p_j)``, the mass outside the k ids.
+    """
+    lp = topk_logp.float()
+    tail = _log1mexp(torch.logsumexp(lp, dim=-1, keepdim=True))
+    return torch.cat([lp, tail], dim=-1)
+
+
+def _tail_support_logp(student_logits: Tensor, topk_ids: Tensor, teacher_topk_logp: Tensor) -> tuple[Tensor, Tensor]:
+    """Student and teacher log-probs on the teacher's top-k ids plus a tail bucket → two ``[B, T, k + 1]``.
+
+    The student's top-k log-probs are taken from its full-vocabulary softmax (``logsumexp`` over V),
+    so the tail bucket carries the gradient of every id outside the teacher's top-k.
+    """
+    lg = student_logits.float()
+    s = lg.gather(-1, topk_ids) - torch.logsumexp(lg, dim=-1, keepdim=True)
+    return tail_logp(s), tail_logp(teacher_topk_logp)
 
 
 def topk_reverse_kl_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
-    """``KL(p_S || p_T)`` per token on the teacher's top-k support (both renormalised there).
+    """``KL(p_S || p_T)`` per token over the teacher's top-k ids plus a tail bucket.
 
-    ``student_logits [B, T, V]``, ``teacher_topk_ids [B, T, k]`` (long), ``teacher_topk_logp [B, T, k]`` → ``[B, T]``.
+    ``student_logits [B, T, V]``, ``teacher_topk_ids [B, T, k]`` (long), ``teacher_topk_logp [B, T, k]``
+    (the teacher's full-vocabulary log-probs of those ids) → ``[B, T]``.
     """
-    log_ps, log_pt = _support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
+    log_ps, log_pt = _tail_support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
     return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
 
 
 def topk_jsd_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
-    """Jensen-Shannon divergence per token on the teacher's top-k support (both renormalised there).
+    """Jensen-Shannon divergence per token over the teacher's top-k ids plus a tail bucket.
 
     ``JSD = 0.5 KL(p_T || M) + 0.5 KL(p_S || M)``, ``M = (p_T + p_S) / 2``; shapes as ``topk_reverse_kl_per_token``.
     """
-    log_ps, log_pt = _support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
+    log_ps, log_pt = _tail_support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
     log_m = torch.logsumexp(torch.stack([log_ps, log_pt]), dim=0) - torch.log(torch.tensor(2.0))
     kl_t = (log_pt.exp() * (log_pt - log_m)).sum(-1)
     kl_s = (log_ps.exp() * (log_ps - log_m)).sum(-1)
@@ -114,6 +156,23 @@ def topk_reverse_kl(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_to
 def topk_jsd(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor, mask: Tensor) -> Tensor:
     """Token-mean of ``topk_jsd_per_token`` under ``mask [B, T]`` → scalar (0 when empty)."""
     return agg(topk_jsd_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
+
+
+def gap_diagnostics(lT: Tensor, lS: Tensor, mask: Tensor, eps: float = 1e-4) -> dict[str, float]:
+    """Teacher-minus-student statistics on the masked tokens; ``lT``, ``lS``, ``mask``: ``[B, T]``.
+
+    Both log-probs must come from the same temperature (the trainer passes the live temperature-1
+    student scores, never the rollout's sampling log-probs). Returns ``mean_lT_minus_lS``,
+    ``frac_w_pos`` (share of tokens with ``lT - lS > eps``: a clamped weight that is not numerical
+    noise), ``mean_w`` (mean clamped weight) and ``tokens``; all 0 on an empty mask.
+    """
+    m = mask.bool()
+    n = int(m.sum())
+    if n == 0:
+        return {"mean_lT_minus_lS": 0.0, "frac_w_pos": 0.0, "mean_w": 0.0, "tokens": 0.0}
+    d = (lT.detach().float() - lS.detach().float())[m]
+    return {"mean_lT_minus_lS": float(d.mean()), "frac_w_pos": float((d > eps).float().mean()),
+            "mean_w": float(d.clamp(0.0, 1.0).mean()), "tokens": float(n)}
 
 
 def pair_probs(logit_a: Tensor, logit_b: Tensor) -> Tensor:

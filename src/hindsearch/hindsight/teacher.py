@@ -60,6 +60,61 @@ def through_last_query(completion_ids: Sequence[int], query_mask: Sequence[int],
     return list(completion_ids[: last + 1])
 
 
+NEUTRAL_CRITIQUE = "none."
+"""The neutral control's feedback text: the teacher prompt shape with no information in it."""
+
+ACTION_TAGS = ("<search>", "<answer>")
+
+
+def action_mask(traj: Any, tokenizer: Any) -> list[int]:
+    """1 on the tokens where a turn after an information block chooses its action, else 0.
+
+    For every turn that follows a search turn with an injected block: the turn's first content token
+    (the first token after a leading ``<think>`` tag, else the first generated token: where a reasoning
+    opener already commits to searching again or answering) and the tokens overlapping its first
+    ``<search>`` or ``<answer>`` opening tag. Length = ``len(completion_ids)``.
+    """
+    n = len(traj.completion_ids)
+    out = [0] * n
+    turns = list(traj.turns)
+    for prev, turn in zip(turns, turns[1:]):
+        if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
+            continue
+        s, e = turn.gen_span
+        e = min(e, n)
+        if e <= s:
+            continue
+        ids = traj.completion_ids[s:e]
+        ends = [len(tokenizer.decode(ids[: j + 1])) for j in range(len(ids))]
+        text = tokenizer.decode(ids)
+        lead = len(text) - len(text.lstrip())
+        if text[lead:].startswith("<think>"):
+            lead += len("<think>")
+            lead += len(text[lead:]) - len(text[lead:].lstrip())
+        first = next((j for j, end in enumerate(ends) if end > lead), 0)
+        out[s + first] = 1
+        hits = [(text.find(tag), tag) for tag in ACTION_TAGS if tag in text]
+        if not hits:
+            continue
+        c0, tag = min(hits)
+        c1 = c0 + len(tag)
+        prev_end = 0
+        for j, end in enumerate(ends):
+            if end > c0 and prev_end < c1:
+                out[s + j] = 1
+            prev_end = end
+    return out
+
+
+def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[int]:
+    """The tokens a hindsight term distils: ``query`` → ``query_mask``; ``action`` → ``query_mask`` OR ``action_mask``."""
+    if distill_on == "query":
+        return list(traj.query_mask)
+    if distill_on == "action":
+        return [int(bool(q) or bool(a)) for q, a in zip(traj.query_mask, action_mask(traj, tokenizer))]
+    raise ValueError(f"distill_on = {distill_on!r} is not one of ('query', 'action')")
+
+
 def _pad_id(model: Any) -> int:
     pid = getattr(model.config, "pad_token_id", None)
     if pid is None:

@@ -1,8 +1,11 @@
 """The two auxiliary terms the GRPO trainer adds (``hindsearch.train.aux.AuxTerm``).
 
 - ``HindSearchTerm`` (name ``hind``): judge critiques of failed rollouts → teacher log-probs with the
-  critique in the prompt → ``L_hind`` on the query tokens of failed rollouts with a usable critique
-  (``clamped_sampled``, or ``reverse_kl`` / ``jsd`` on the teacher's top-k support).
+  critique in the prompt → ``L_hind`` on the distilled tokens (query tokens, or with ``distill_on =
+  action`` also the action-choice tokens) of failed rollouts with a usable critique (``clamped_sampled``,
+  ``signed``, or ``reverse_kl`` / ``jsd`` on the teacher's top-k ids plus a tail bucket). Its
+  teacher-minus-student diagnostics are computed in ``loss`` from the live temperature-1 logits, and
+  the optional neutral-feedback control reports what the critique changes net of the prompt shift.
 - ``IGSDTerm`` (name ``igsd``): gold-hindsight teacher proposals on query tokens, verified by matched
   completion + retrieval + answer-likelihood gain (``hindsearch.hindsight.igsd``) → gated pair KL.
 - ``make_terms(cfg)``: the terms of ``cfg.method``.
@@ -23,7 +26,14 @@ import torch
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd import igsd_term_loss, run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
-from hindsearch.hindsight.teacher import hindsearch_prompt_ids, select_teacher, teacher_token_logprobs, through_last_query
+from hindsearch.hindsight.teacher import (
+    NEUTRAL_CRITIQUE,
+    distill_mask,
+    hindsearch_prompt_ids,
+    select_teacher,
+    teacher_token_logprobs,
+    through_last_query,
+)
 from hindsearch.records import Trajectory
 from hindsearch.train.aux import AuxBatch, AuxContext, AuxTerm
 
@@ -63,20 +73,24 @@ class HindSearchTerm:
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
         c, B, T = self.cfg, len(trajectories), completion_len
-        k = c.topk if c.divergence != "clamped_sampled" else 0
+        k = c.topk if c.divergence in ("reverse_kl", "jsd") else 0
         tens = {"hind_mask": torch.zeros(B, T), "hind_lT": torch.zeros(B, T)}
         if k:
             tens["hind_topk_ids"] = torch.zeros(B, T, k, dtype=torch.long)
             tens["hind_topk_logp"] = torch.zeros(B, T, k)
         judge = self.judge(ctx)
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
-        elig = [i for i in failed if any(trajectories[i].query_mask[:T])]
+        masks = {i: distill_mask(trajectories[i], ctx.tokenizer, c.distill_on)[:T] for i in failed}
+        elig = [i for i in failed if any(masks[i])]
         met: dict[str, float] = {
             "failed_frac": len(failed) / max(B, 1), "failed": float(len(failed)), "eligible": float(len(elig)),
             "judge_kind_oracle": float(judge.kind == "oracle"), "critiques": 0.0, "redactions": 0.0,
-            "degenerate": 0.0, "judge_errors": 0.0, "judge_time": 0.0, "teacher_time": 0.0, "query_tokens": 0.0,
-            "mean_w": 0.0, "frac_w_pos": 0.0, "mean_lT_minus_lS": 0.0,
+            "degenerate": 0.0, "judge_errors": 0.0, "judge_time": 0.0, "teacher_time": 0.0, "distill_tokens": 0.0,
+            "action_tokens": 0.0,
         }
+        if c.neutral_control:
+            met["critique_minus_neutral"] = 0.0
+            met["frac_critique_above_neutral"] = 0.0
         samples: list[dict[str, Any]] = [{} for _ in trajectories]
         if not elig:
             return AuxBatch(tens, met, samples)
@@ -98,45 +112,61 @@ class HindSearchTerm:
         teacher = select_teacher(c.teacher, ctx)
         by_row = {i: cr for i, cr in zip(elig, crits)}
         prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, by_row[i].text) for i in use]
-        comps = [through_last_query(trajectories[i].completion_ids, trajectories[i].query_mask, T) for i in use]  # exact
+        comps = [through_last_query(trajectories[i].completion_ids, masks[i], T) for i in use]  # exact
         lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=k)
+        lN = None
+        if c.neutral_control:
+            neutral = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, NEUTRAL_CRITIQUE) for i in use]
+            lN = teacher_token_logprobs(teacher, neutral, comps)[0]
         met["teacher_time"] = time.perf_counter() - t0
-        ws, diffs = [], []
+        gaps = []
         for j, i in enumerate(use):
             tr, n = trajectories[i], len(comps[j])
-            qm = torch.tensor(tr.query_mask[:n], dtype=torch.float)
-            tens["hind_mask"][i, :n] = qm
+            m = torch.tensor(masks[i][:n], dtype=torch.float)
+            tens["hind_mask"][i, :n] = m
             tens["hind_lT"][i, :n] = lT[j, :n]
             if k:
                 tens["hind_topk_ids"][i, :n] = top_ids[j, :n]
                 tens["hind_topk_logp"][i, :n] = top_lp[j, :n]
-            q = qm.bool()
-            lS = torch.tensor(tr.logprobs[:n], dtype=torch.float)
-            d = (lT[j, :n] - lS)[q]
-            ws.append(losses.clamped_sampled_weight(lT[j, :n], lS)[q])
-            diffs.append(d)
-            samples[i]["query_tokens"] = [ctx.tokenizer.decode([tr.completion_ids[t]]) for t in range(n) if q[t]]
-            samples[i]["lT_minus_lS"] = [round(float(x), 4) for x in d]
-        w, d = torch.cat(ws), torch.cat(diffs)
-        met["query_tokens"] = float(w.numel())
-        if w.numel():
-            met["mean_w"], met["frac_w_pos"], met["mean_lT_minus_lS"] = float(w.mean()), float((w > 0).float().mean()), float(d.mean())
+            on = m.bool()
+            met["distill_tokens"] += float(on.sum())
+            met["action_tokens"] += float((on & ~torch.tensor(tr.query_mask[:n], dtype=torch.bool)).sum())
+            samples[i]["distill_tokens"] = [ctx.tokenizer.decode([tr.completion_ids[t]]) for t in range(n) if on[t]]
+            samples[i]["lT"] = [round(float(x), 4) for x in lT[j, :n][on]]
+            if lN is not None:
+                g = (lT[j, :n] - lN[j, :n])[on]
+                gaps.append(g)
+                samples[i]["lT_minus_neutral"] = [round(float(x), 4) for x in g]
+        if gaps and sum(g.numel() for g in gaps):
+            g = torch.cat(gaps)
+            met["critique_minus_neutral"] = float(g.mean())
+            met["frac_critique_above_neutral"] = float((g > 1e-4).float().mean())
         return AuxBatch(tens, met, samples)
 
     def loss(self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``L_hind`` from the live temperature-1 student logits, plus the teacher-minus-student diagnostics.
+
+        The diagnostics compare the teacher's and the student's log-probs at the same temperature (1):
+        they are exactly what the loss sees, never the rollout's sampling log-probs.
+        """
+        c = self.cfg
         T = min(logits.shape[1], inputs["hind_mask"].shape[1])
         rows = _rows_with_mask(logits, inputs["hind_mask"][:, :T])  # only rows with distillation tokens
         lg = logits[rows, :T]
         mask = inputs["hind_mask"][:, :T].to(logits.device)[rows]
-        if self.cfg.divergence == "clamped_sampled":
-            lS = losses.token_logprobs(lg, completion_ids[rows, :T].to(logits.device))
-            L = losses.hind_clamped_sampled(lS, inputs["hind_lT"][:, :T].to(logits.device)[rows], mask)
+        lS = losses.token_logprobs(lg, completion_ids[rows, :T].to(logits.device))
+        lT = inputs["hind_lT"][:, :T].to(logits.device)[rows]
+        if c.divergence == "clamped_sampled":
+            L = -losses.agg(losses.clamped_sampled_weight(lT, lS) * lS, mask, c.aggregation)
+        elif c.divergence == "signed":
+            L = -losses.agg(losses.signed_advantage(lT, lS, c.signed_clip) * lS, mask, c.aggregation)
         else:
             ids = inputs["hind_topk_ids"][:, :T].to(logits.device)[rows]
             lp = inputs["hind_topk_logp"][:, :T].to(logits.device)[rows]
-            fn = losses.topk_reverse_kl if self.cfg.divergence == "reverse_kl" else losses.topk_jsd
-            L = fn(lg, ids, lp, mask)
-        return L, {"L_hind": float(L.detach()), "tokens": float(mask.sum())}
+            fn = losses.topk_reverse_kl_per_token if c.divergence == "reverse_kl" else losses.topk_jsd_per_token
+            L = losses.agg(fn(lg, ids, lp), mask, c.aggregation)
+        met = {"L_hind": float(L.detach()), **losses.gap_diagnostics(lT, lS, mask)}
+        return L, met
 
 
 class IGSDTerm:

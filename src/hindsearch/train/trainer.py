@@ -78,6 +78,31 @@ def completion_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion
     return lm_head(hidden[:, -completion_len - 1 : -1, :])
 
 
+def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.Tensor]],
+                  hidden: Sequence[torch.Tensor]) -> dict[str, float]:
+    """Each term's share of the update: ``|d(lam L_k)/dh| / |d L_GRPO/dh|`` at the last hidden states ``h``.
+
+    ``hidden``: the backbone outputs ``[B, P + C, H]`` of the forward both losses were computed from
+    (TRL 1.16's fused LM head never builds the GRPO logits, so the last common node is the hidden
+    state, not the logits). Only the head and the losses are differentiated (``retain_graph``), not the
+    backbone. Nothing is returned when GRPO's gradient is 0 (every group with equal rewards).
+    """
+    hs = [h for h in hidden if h.requires_grad]
+    if not hs or not grpo_loss.requires_grad:
+        return {}
+
+    def gnorm(x: torch.Tensor) -> float:
+        if not x.requires_grad:
+            return 0.0
+        gs = torch.autograd.grad(x, hs, retain_graph=True, allow_unused=True)
+        return float(torch.sqrt(sum((g.float().pow(2).sum() for g in gs if g is not None), torch.tensor(0.0))))
+
+    base = gnorm(grpo_loss)
+    if base <= 0.0:
+        return {}
+    return {name: gnorm(x) / base for name, x in weighted}
+
+
 class HindsearchGRPOTrainer(GRPOTrainer):
     """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms)."""
 
@@ -96,6 +121,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         format_reward: float = 0.0,
         rollout_seed: int = 0,
         ema_decay: float = 0.99,
+        grad_share: bool = True,
         **kwargs: Any,
     ) -> None:
         from datasets import Dataset
@@ -122,6 +148,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self._term_acc: dict[str, list[float]] = {}
         self._vllm_attached = False
         self.ema_decay = ema_decay
+        self.grad_share = grad_share
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -244,12 +271,18 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
             logits = completion_logits(hidden, lm_head, completion_ids.size(1))
             norm = self.current_gradient_accumulation_steps if self.model.training else 1.0
+            grpo_loss = loss
+            weighted: list[tuple[str, torch.Tensor]] = []
             for term in self.terms:
                 term_loss, metrics = term.loss(logits, completion_ids, term_inputs(inputs, term.name))
                 loss = loss + term.lam * term_loss / norm
+                weighted.append((term.name, term.lam * term_loss / norm))
                 self._acc(f"{term.name}/loss", float(term_loss.detach()))
                 for k, v in metrics.items():
                     self._acc(f"{term.name}/{k}", float(v))
+            if self.grad_share and self.model.training:
+                for name, share in update_shares(grpo_loss, weighted, captured).items():
+                    self._acc(f"{name}/grad_share", share)
         if not torch.isfinite(loss.detach()).all():
             raise NonFiniteLoss(
                 f"non-finite training loss ({float(loss.detach())}) at step {self.state.global_step + 1}"
