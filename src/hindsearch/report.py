@@ -466,6 +466,8 @@ def render(path: str | Path) -> str:
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"run folder not found: {p}")
+    if not is_compare_dir(p) and not any((p / f).exists() for f in ("metrics.jsonl", "summary.json", "config.toml")):
+        raise ValueError(f"{p} is not a run or comparison folder (no metrics.jsonl, summary.json or config.toml)")
     if is_compare_dir(p):
         runs = sub_runs(p)
         toc = "".join(f"<li><a href='#run-{html.escape(r.name)}'>{html.escape(r.name)}</a></li>" for r in runs)

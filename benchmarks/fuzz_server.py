@@ -1,0 +1,307 @@
+"""Fuzz ``hindsearch serve`` with bad request bodies and hostile clients (issue 16); prints one table.
+
+Starts ``hindsearch serve`` (its default limits) in its own process on a free 127.0.0.1 port, over
+a BM25 index of the fictional world (2,000 passages, built under a temporary folder), then:
+
+1. sends at least 60 bad bodies, one per request (malformed JSON, wrong types, limits exceeded,
+   numbers past Python's digit limit, nesting past the recursion limit, oversize bodies,
+   lone surrogates ...), and classifies each answer: a clean 4xx with a JSON ``error``, a 5xx
+   (or a non-JSON answer, or no answer), or a silent acceptance (2xx for a bad body);
+2. hostile clients: a slow request head, a slow body, an aborted upload (checks the server's log
+   for tracebacks);
+3. memory: 16 maximal requests at once, twice: 16 bodies at the size limit that parse to a huge
+   list (rejected after parsing), and 16 valid maximal requests (4,096 queries of 60 characters,
+   topk 16 = max-hits); the server's resident memory is sampled (peak = the kernel's VmHWM) and
+   read again afterwards;
+4. the server is alive afterwards (``/health`` and a good query answer 200).
+
+    python benchmarks/fuzz_server.py [--json OUT.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_server import free_port, wait_healthy  # noqa: E402
+
+
+def bad_bodies() -> list[tuple[str, bytes]]:
+    """(name, body) pairs that a correct server must reject with a 4xx."""
+    j = lambda o: json.dumps(o).encode()  # noqa: E731
+    deep = lambda n: b"[" * n + b"]" * n  # noqa: E731
+    big = b"9" * 5000
+    cases = [
+        ("empty body", b""),
+        ("whitespace", b"   \n "),
+        ("lone brace", b"{"),
+        ("lone bracket", b"["),
+        ("truncated object", b'{"queries": ["a", "b"'),
+        ("trailing comma", b'{"queries": ["a",]}'),
+        ("single quotes", b"{'queries': ['a']}"),
+        ("bare word", b"queries"),
+        ("invalid utf-8", b"\xff\xfe\xfd"),
+        ("empty key only", b'{"": ["a"]}'),
+        ("invalid utf-8 in a string", b'{"queries": ["\xff"]}'),
+        ("NUL bytes", b"\x00" * 64),
+        ("JSON array", j(["a", "b"])),
+        ("JSON string", j("a")),
+        ("JSON number", j(3)),
+        ("JSON null", b"null"),
+        ("JSON true", b"true"),
+        ("no queries field", j({"topk": 3})),
+        ("queries null", j({"queries": None})),
+        ("queries string", j({"queries": "a question"})),
+        ("queries number", j({"queries": 3})),
+        ("queries object", j({"queries": {"q": "a"}})),
+        ("queries of numbers", j({"queries": [1, 2]})),
+        ("queries with null", j({"queries": ["a", None]})),
+        ("queries nested list", j({"queries": [["a"]]})),
+        ("queries of objects", j({"queries": [{"q": "a"}]})),
+        ("queries of bools", j({"queries": [True]})),
+        ("too many queries", j({"queries": ["q"] * 5000})),
+        ("query too long", j({"queries": ["x" * 5000]})),
+        ("queries 50k-deep", b'{"queries": ' + deep(50_000) + b"}"),
+        ("queries 100k-deep", b'{"queries": ' + deep(100_000) + b"}"),
+        ("extra field 50k-deep", b'{"queries": ["a"], "x": ' + deep(50_000) + b"}"),
+        ("extra field 100k-deep", b'{"queries": ["a"], "x": ' + deep(100_000) + b"}"),
+        ("deep objects", b'{"queries": ["a"], "x": ' + b'{"a":' * 60_000 + b"1" + b"}" * 60_000 + b"}"),
+        ("topk 5000 digits", b'{"queries": ["a"], "topk": ' + big + b"}"),
+        ("extra field 5000 digits", b'{"queries": ["a"], "x": ' + big + b"}"),
+        ("topk -5000 digits", b'{"queries": ["a"], "topk": -' + big + b"}"),
+        ("topk 1e400 (inf)", b'{"queries": ["a"], "topk": 1e400}'),
+        ("topk NaN", b'{"queries": ["a"], "topk": NaN}'),
+        ("topk Infinity", b'{"queries": ["a"], "topk": Infinity}'),
+        ("topk negative", j({"queries": ["a"], "topk": -1})),
+        ("topk float", j({"queries": ["a"], "topk": 1.5})),
+        ("topk string", j({"queries": ["a"], "topk": "3"})),
+        ("topk bool", j({"queries": ["a"], "topk": True})),
+        ("topk list", j({"queries": ["a"], "topk": [3]})),
+        ("topk object", j({"queries": ["a"], "topk": {"k": 3}})),
+        ("topk over max", j({"queries": ["a"], "topk": 101})),
+        ("topk huge", j({"queries": ["a"], "topk": 10**18})),
+        ("queries x topk over max-hits", j({"queries": ["a"] * 1000, "topk": 100})),
+        ("return_scores string", j({"queries": ["a"], "return_scores": "yes"})),
+        ("return_scores number", j({"queries": ["a"], "return_scores": 1})),
+        ("return_scores list", j({"queries": ["a"], "return_scores": []})),
+        ("return_scores object", j({"queries": ["a"], "return_scores": {}})),
+        ("body over 4 MiB", j({"queries": ["a" * 4000] * 1100})),
+        ("4 MiB of whitespace then JSON", b" " * (4 << 20) + j({"queries": ["a"]})),
+        ("huge list of ints", b'{"queries": [' + b"0," * 1_000_000 + b"0]}"),
+        ("huge list of strings", b'{"queries": [' + b'"a",' * 800_000 + b'"a"]}'),
+        ("million empty objects", b'{"queries": [' + b"{}," * 1_000_000 + b"{}]}"),
+        ("unterminated string", b'{"queries": ["abc'),
+        ("control character in string", b'{"queries": ["a\x01b"]}'),
+        ("bad escape", b'{"queries": ["\\q"]}'),
+        ("bad unicode escape", b'{"queries": ["\\u12"]}'),
+        ("two JSON documents", j({"queries": ["a"]}) + j({"queries": ["b"]})),
+        ("comment", b'{"queries": ["a"] /* hi */}'),
+    ]
+    return cases
+
+
+def post(url: str, body: bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int | None, bool, str]:
+    """(status or None, answer is JSON with 'error' or 'result', note)."""
+    try:
+        r = httpx.post(url + "/retrieve", content=body, headers={"Content-Type": "application/json", **(headers or {})},
+                       timeout=timeout)
+    except httpx.HTTPError as e:
+        return None, False, f"{type(e).__name__}"
+    try:
+        payload = r.json()
+        ok = isinstance(payload, dict) and ("error" in payload or "result" in payload)
+    except ValueError:
+        ok = False
+    return r.status_code, ok, r.text[:80].replace("\n", " ")
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, VmHWM) of a process in KiB."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def reset_hwm(pid: int) -> None:
+    try:
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # resets VmHWM to the current RSS (Linux >= 4.0)
+    except OSError:
+        pass
+
+
+def concurrent(url: str, body: bytes, n: int, pid: int) -> tuple[list[int | None], int, int, float]:
+    """n requests at once -> (statuses, peak RSS KiB sampled, RSS KiB 2 s after, seconds)."""
+    statuses: list[int | None] = [None] * n
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_kib(pid)[0])
+            time.sleep(0.01)
+
+    def one(i: int) -> None:
+        statuses[i] = post(url, body, timeout=600)[0]
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    t = time.time()
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(n)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    dt = time.time() - t
+    done.set()
+    sampler.join()
+    time.sleep(2)
+    return statuses, max(peak[0], rss_kib(pid)[1]), rss_kib(pid)[0], dt
+
+
+def slow_head(host: str, port: int) -> tuple[bool, float]:
+    s = socket.create_connection((host, port), timeout=60)
+    t = time.time()
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\n")
+    try:
+        for _ in range(60):
+            s.sendall(b"X-Slow: 1\r\n")
+            time.sleep(0.5)
+        dropped = False
+    except OSError:
+        dropped = True
+    s.close()
+    return dropped, time.time() - t
+
+
+def slow_body(host: str, port: int) -> tuple[bytes, float]:
+    s = socket.create_connection((host, port), timeout=60)
+    t = time.time()
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n")
+    reply = b""
+    try:
+        for _ in range(120):
+            s.sendall(b" ")
+            time.sleep(0.5)
+            s.setblocking(False)
+            try:
+                reply += s.recv(4096)
+            except BlockingIOError:
+                pass
+            s.setblocking(True)
+            if reply:
+                break
+    except OSError:
+        pass
+    s.close()
+    return reply.split(b"\r\n", 1)[0], time.time() - t
+
+
+def aborted_upload(host: str, port: int) -> None:
+    s = socket.create_connection((host, port), timeout=10)
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+              + b'{"queries": [' + b'"a",' * 1000)
+    time.sleep(0.3)
+    s.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--json", default=None, help="also write the table as JSON here")
+    args = ap.parse_args()
+
+    from hindsearch.data.world import generate_world, write_world
+    from hindsearch.retrieval.base import build_index
+
+    tmp = Path(tempfile.mkdtemp(prefix="fuzz-server-"))
+    world = write_world(generate_world(seed=0), tmp / "world")
+    build_index(world / "corpus.jsonl", tmp / "index", show_progress=False)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    log_path = tmp / "server.log"
+    with log_path.open("w") as logf:
+        proc = subprocess.Popen([sys.executable, "-m", "hindsearch.cli", "serve", "--index", str(tmp / "index"),
+                                 "--port", str(port)], stdout=logf, stderr=subprocess.STDOUT)
+    rows: list[dict] = []
+    try:
+        wait_healthy(url, proc)
+        base_rss = rss_kib(proc.pid)[0]
+        for name, body in bad_bodies():
+            status, is_json, note = post(url, body)
+            kind = ("clean 4xx" if status is not None and 400 <= status < 500 and is_json
+                    else "silent acceptance" if status is not None and status < 300 else "5xx / bad answer")
+            rows.append({"case": name, "bytes": len(body), "status": status, "kind": kind, "note": note})
+        # hostile clients
+        dropped, t_head = slow_head("127.0.0.1", port)
+        rows.append({"case": "slow request head (1 header line / 0.5 s)", "status": None,
+                     "kind": "clean 4xx" if dropped else "5xx / bad answer", "note": f"dropped after {t_head:.1f} s"})
+        line, t_body = slow_body("127.0.0.1", port)
+        rows.append({"case": "slow body (1 byte / 0.5 s)", "status": int(line.split()[1]) if line else None,
+                     "kind": "clean 4xx" if line.startswith(b"HTTP/1.1 408") else "5xx / bad answer",
+                     "note": f"{line.decode(errors='replace')} after {t_body:.1f} s"})
+        lines_before = len(log_path.read_text().splitlines())
+        aborted_upload("127.0.0.1", port)
+        time.sleep(1.0)
+        new_log = log_path.read_text().splitlines()[lines_before:]
+        rows.append({"case": "aborted upload", "status": None,
+                     "kind": "clean 4xx" if len(new_log) <= 1 and not any("Traceback" in x for x in new_log)
+                     else "5xx / bad answer", "note": f"{len(new_log)} log line(s)"})
+        # memory under 16 maximal concurrent requests
+        reset_hwm(proc.pid)
+        huge = b'{"queries": [' + b'"a",' * ((4 << 20) // 4 - 8) + b'"a"]}'
+        st1, peak1, after1, dt1 = concurrent(url, huge[: 4 << 20] if len(huge) > 4 << 20 else huge, 16, proc.pid)
+        words = " ".join(f"w{i}" for i in range(14))
+        maximal = json.dumps({"queries": [f"{i} {words}"[:60] for i in range(4096)], "topk": 16}).encode()
+        reset_hwm(proc.pid)
+        st2, peak2, after2, dt2 = concurrent(url, maximal, 16, proc.pid)
+        alive = (httpx.get(url + "/health", timeout=10).status_code == 200
+                 and post(url, json.dumps({"queries": ["a market town"]}).encode())[0] == 200 and proc.poll() is None)
+        log_text = log_path.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+
+    tried = len(rows)
+    count = {k: sum(r["kind"] == k for r in rows) for k in ("clean 4xx", "5xx / bad answer", "silent acceptance")}
+    print(f"{'case':<44}{'bytes':>10}{'status':>8}  result")
+    for r in rows:
+        print(f"{r['case'][:43]:<44}{r.get('bytes', ''):>10}{str(r['status']):>8}  {r['kind']}"
+              + ("" if r["kind"] == "clean 4xx" and not r["case"].startswith(("slow", "aborted")) else f"  ({r['note']})"))
+    print()
+    summary = {
+        "bad inputs tried": tried,
+        "clean 4xx / dropped": count["clean 4xx"],
+        "5xx or bad answer": count["5xx / bad answer"],
+        "silent acceptance": count["silent acceptance"],
+        "tracebacks in server log": log_text.count("Traceback"),
+        "server alive afterwards": "yes" if alive else "NO",
+        "RSS at start (MiB)": round(base_rss / 1024),
+        "16 x 4 MiB list bodies: statuses": sorted({s for s in st1 if True}, key=str),
+        "16 x 4 MiB list bodies: peak RSS (MiB)": round(peak1 / 1024),
+        "16 x 4 MiB list bodies: RSS after (MiB)": round(after1 / 1024),
+        "16 x maximal valid (4096 q, topk 16): statuses": sorted({s for s in st2}, key=str),
+        "16 x maximal valid: peak RSS (MiB)": round(peak2 / 1024),
+        "16 x maximal valid: RSS after (MiB)": round(after2 / 1024),
+        "16 x maximal valid: seconds": round(dt2, 1),
+    }
+    w = max(len(k) for k in summary)
+    print(f"{'measure':<{w}}  value")
+    for k, v in summary.items():
+        print(f"{k:<{w}}  {v}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1, default=str) + "\n")
+    ok = count["5xx / bad answer"] == 0 and count["silent acceptance"] == 0 and alive and tried >= 60
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
