@@ -460,3 +460,42 @@ def test_slow_clients_are_dropped(server):
     s.close()
     assert reply.startswith(b"HTTP/1.1 408") and b'"error"' in reply
     assert raw_post(server.url, b'{"queries": ["word3"]}')[0] == 200  # still serving
+
+
+# ---------------------------------------------------------------- the fuzz benchmarks' cases, in CI
+def _bench(name: str):
+    import importlib
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_every_fuzz_server_body_gets_a_json_4xx(server):
+    bodies = _bench("fuzz_server").bad_bodies()
+    assert len(bodies) >= 60
+    for name, body in bodies:
+        status, payload = raw_post(server.url, body, timeout=60)
+        assert 400 <= status < 500 and "error" in payload, (name, status, payload)
+    assert raw_post(server.url, b'{"queries": ["word3"]}')[0] == 200
+
+
+def test_every_fuzz_cli_invocation_is_one_clean_line(tmp_path, monkeypatch, capsys):
+    fuzz = _bench("fuzz_cli")
+    fuzz.build_sandbox(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    before = fuzz.snapshot(tmp_path)
+    cases = fuzz.invocations()
+    assert len(cases) >= 80
+    for argv in cases:
+        try:
+            rc = main(argv)
+        except SystemExit as e:  # argparse: usage + one error line, exit 2
+            rc = e.code
+        err = capsys.readouterr().err.strip()
+        assert rc not in (0, None), argv
+        assert "Traceback" not in err and err.splitlines()[-1].startswith("hindsearch"), (argv, err)
+        assert fuzz.snapshot(tmp_path) == before, argv
+    assert not [p for p in tmp_path.rglob("*") if p.is_dir() and (".tmp" in p.name or ".old-" in p.name)]

@@ -492,7 +492,26 @@ def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> No
         return
     if isinstance(current, dict) and isinstance(value, dict):
         value = {**current, **value}  # a raw table (train.trl): --set adds one key, keeps the others
+    if current is None and value is not None:  # no current value to compare with: check the annotation
+        value = _check_annotation(prefix + key, names[key].type, value, source)
     setattr(obj, key, _coerce(prefix + key, current, value, source))
+
+
+_SIMPLE_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+
+
+def _check_annotation(key: str, annotation: Any, value: Any, source: str) -> Any:
+    """A value for a field whose default is None, checked against its annotation (``int | None`` ...)."""
+    parts = [a.strip().split("[")[0] for a in str(annotation).split("|")]
+    named = [a for a in parts if a != "None"]
+    if not named or any(a not in _SIMPLE_TYPES for a in named):
+        return value  # an annotation this check does not read: left to validate()
+    ok = any(isinstance(value, t) for a in named for t in _SIMPLE_TYPES[a])
+    if isinstance(value, bool) and "bool" not in named:
+        ok = False
+    if not ok:
+        raise ConfigError(f"{source}: {key} must be {' or '.join(named)}, got {value!r}")
+    return float(value) if named == ["float"] else value
 
 
 def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
