@@ -9,7 +9,7 @@ traceback, and without deleting or changing any file of the sandbox.
 
 The table counts: tried, clean one-line errors, tracebacks, silent acceptances (exit 0, or a
 server that started serving), hangs (time limit), silent deletions or changes of sandbox files,
-and leftover temporary folders.
+leftover temporary folders, and files a failed command left behind.
 
     python benchmarks/fuzz_cli.py [--json OUT.json] [--timeout 120]
 """
@@ -150,6 +150,7 @@ def run_one(argv: list[str], root: Path, timeout: float) -> dict:
     dt = time.time() - t
     after = snapshot(root)
     lost = sorted(k for k in before if after.get(k) != before[k])
+    new = sorted(k for k in after if k not in before)
     tmp = sorted(str(q.relative_to(root)) for q in root.rglob("*") if q.is_dir() and (".tmp" in q.name or ".old-" in q.name))
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     last = lines[-1] if lines else ""
@@ -164,7 +165,7 @@ def run_one(argv: list[str], root: Path, timeout: float) -> dict:
         kind = "clean error"
     else:
         kind = "unclear error"
-    return {"argv": argv, "rc": rc, "kind": kind, "error": last[:240], "lost": lost, "tmp": tmp, "seconds": round(dt, 1)}
+    return {"argv": argv, "rc": rc, "kind": kind, "error": last[:240], "lost": lost, "new": new, "tmp": tmp, "seconds": round(dt, 1)}
 
 
 def main() -> int:
@@ -181,13 +182,14 @@ def main() -> int:
         flag = "" if r["kind"] == "clean error" and not r["lost"] and not r["tmp"] else "  <--"
         print(f"{r['kind']:<18} rc={r['rc']!s:<4} {r['seconds']:>5.1f}s  hindsearch {' '.join(r['argv'])[:70]:<70} "
               f"| {r['error'][:110]}{flag}", flush=True)
-        for k in ("lost", "tmp"):
+        for k in ("lost", "new", "tmp"):
             if r[k]:
                 print(f"{'':<18} {k}: {r[k]}")
     kinds = ("clean error", "traceback", "silent acceptance", "hang", "unclear error")
     summary = {"bad invocations tried": len(results), **{k: sum(r["kind"] == k for r in results) for k in kinds},
                "silent deletions or changes": sum(len(r["lost"]) for r in results),
                "leftover .tmp folders": len({t for r in results for t in r["tmp"]}),
+               "files left behind by a failed command": len({t for r in results for t in r["new"]}),
                "seconds in all": round(sum(r["seconds"] for r in results), 1)}
     print()
     w = max(len(k) for k in summary)
@@ -196,7 +198,8 @@ def main() -> int:
         print(f"{k:<{w}}  {v}")
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "summary": summary}, indent=1) + "\n")
-    bad = sum(summary[k] for k in kinds[1:]) + summary["silent deletions or changes"] + summary["leftover .tmp folders"]
+    bad = (sum(summary[k] for k in kinds[1:]) + summary["silent deletions or changes"] + summary["leftover .tmp folders"]
+           + summary["files left behind by a failed command"])
     return 0 if bad == 0 and len(results) >= 80 else 1
 
 

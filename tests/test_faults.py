@@ -255,6 +255,45 @@ def test_killed_checkpoint_save_is_never_resumed(tmp_path):
     assert last_checkpoint(run) == ck / "checkpoint-3"
 
 
+SIGTERM_DURING_SAVE = """
+import sys, time
+sys.path.insert(0, sys.argv[2])
+from test_faults import tiny_trainer
+trainer = tiny_trainer(__import__("pathlib").Path(sys.argv[1]), steps=3)
+real = trainer._save_optimizer_and_scheduler
+def slow(output_dir):
+    if trainer.state.global_step == 2:
+        print("saving", flush=True)
+        time.sleep(120)
+    real(output_dir)
+trainer._save_optimizer_and_scheduler = slow
+trainer.train()
+"""
+
+
+def test_sigterm_during_a_checkpoint_save(tmp_path):
+    """A real SIGTERM while checkpoint-2 is being written: resume falls back to checkpoint-1."""
+    import signal
+
+    from hindsearch.train.run import last_checkpoint
+
+    ck = tmp_path / "run" / "checkpoints"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    p = subprocess.Popen([sys.executable, "-c", SIGTERM_DURING_SAVE, str(ck), str(Path(__file__).parent)],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        while (line := p.stdout.readline()) and line.strip() != "saving":  # the trainer's log lines
+            pass
+        assert line.strip() == "saving"
+        p.send_signal(signal.SIGTERM)
+        p.wait(60)
+    finally:
+        p.kill()
+    assert p.returncode != 0
+    assert (ck / STAGING_NAME / "checkpoint-2").is_dir()  # the torn save, where no resume looks
+    assert not (ck / "checkpoint-2").exists() and last_checkpoint(tmp_path / "run") == ck / "checkpoint-1"
+
+
 # ---------------------------------------------------------------- two writers
 HOLD = ("import sys, time\nfrom hindsearch.fsutil import FolderLock\n"
         "FolderLock(sys.argv[1]).acquire(); print('held', flush=True); time.sleep(120)")
