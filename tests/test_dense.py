@@ -1,4 +1,7 @@
-"""Dense retriever: pooling math, a tiny random BERT for plumbing, the real MiniLM for ranking."""
+"""Dense retriever: sentence-transformers pooling on a tiny random BERT (plain HF folder: masked mean; a
+sentence-transformers folder: its own pooling), the real MiniLM for ranking."""
+
+import json
 
 from pathlib import Path
 
@@ -8,7 +11,7 @@ import torch
 
 from hindsearch.records import Passage, make_contents
 from hindsearch.retrieval.base import build_index, load_index, read_meta
-from hindsearch.retrieval.dense import DenseRetriever, Encoder, default_prefixes, mean_pool, minilm_path
+from hindsearch.retrieval.dense import DenseRetriever, Encoder, default_prefixes, minilm_path
 
 pytest.importorskip("faiss")
 
@@ -38,14 +41,6 @@ def passages() -> list[Passage]:
     return [Passage(id=f"d{i}", contents=make_contents(t, x)) for i, (t, x) in enumerate(FACTS)]
 
 
-def test_mean_pool_masks_padding():
-    hidden = torch.tensor([[[1.0, 0.0], [3.0, 0.0], [100.0, 100.0]]])  # [B=1, T=3, D=2]
-    mask = torch.tensor([[1, 1, 0]])
-    pooled = mean_pool(hidden, mask)
-    assert pooled.shape == (1, 2)
-    assert torch.allclose(pooled, torch.tensor([[1.0, 0.0]]))  # mean (2, 0) normalised
-
-
 def test_prefixes():
     assert default_prefixes("minilm") == ("", "")
     assert default_prefixes("e5-base-v2") == ("query: ", "passage: ")
@@ -53,20 +48,62 @@ def test_prefixes():
     assert (minilm_path() / "config.json").exists()
 
 
-def test_tiny_random_bert_shapes_and_padding_invariance():
+@pytest.fixture(scope="module")
+def tiny_bert(tmp_path_factory):
+    """A tiny random BERT saved as a plain HF folder (no sentence-transformers config), with MiniLM's tokenizer."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
     torch.manual_seed(0)
     tok = AutoTokenizer.from_pretrained(minilm_path())
-    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64))
-    enc = Encoder("tiny", model=model, tokenizer=tok, batch_size=4, prefixes=("q: ", "p: "))
+    model = BertModel(BertConfig(vocab_size=tok.vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                                 intermediate_size=64)).eval()
+    d = tmp_path_factory.mktemp("tiny-bert")
+    model.save_pretrained(d)
+    tok.save_pretrained(d)
+    return d, model, tok
+
+
+def _hidden(model, tok, text):
+    with torch.no_grad():
+        enc = tok([text], return_tensors="pt")
+        return model(**enc).last_hidden_state[0]  # [T, D], no padding
+
+
+def test_plain_hf_encoder_gets_masked_mean_pooling(tiny_bert):
+    d, model, tok = tiny_bert
+    enc = Encoder(str(d), batch_size=4, prefixes=("q: ", "p: "))
     texts = ["short", "a much longer text with many more tokens than the first one", "mid length text"]
     vecs = enc.encode(texts, kind="passage")
-    assert vecs.shape == (3, 32) and vecs.dtype == np.float32
+    assert vecs.shape == (3, 32) and vecs.dtype == np.float32 and enc.dim == 32
     assert np.allclose(np.linalg.norm(vecs, axis=1), 1.0, atol=1e-5)
+    for text, v in zip(texts, vecs):  # mean over the real tokens of "p: <text>", L2-normalised
+        mean = _hidden(model, tok, "p: " + text).mean(0)
+        assert np.allclose(v, (mean / mean.norm()).numpy(), atol=1e-5)
     alone = enc.encode(["short"], kind="passage")[0]
     assert np.allclose(alone, vecs[0], atol=1e-5), "padding must not change an embedding"
     assert not np.allclose(enc.encode(["short"], kind="query")[0], alone), "query/passage prefixes differ"
+    assert enc.encode([], kind="query").shape == (0, 32)
+
+
+def test_sentence_transformers_folder_keeps_its_pooling(tiny_bert, tmp_path):
+    """A folder whose modules.json says CLS pooling (as BGE-style encoders ship) is pooled with CLS, not mean."""
+    import shutil
+
+    d, model, tok = tiny_bert
+    st = tmp_path / "cls-encoder"
+    shutil.copytree(d, st)
+    (st / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]))
+    (st / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    (st / "1_Pooling").mkdir()
+    (st / "1_Pooling" / "config.json").write_text(json.dumps({"word_embedding_dimension": 32, "pooling_mode_cls_token": True,
+                                                              "pooling_mode_mean_tokens": False}))
+    v = Encoder(str(st), prefixes=("", "")).encode(["a text about herring fishing"], kind="passage")[0]
+    h = _hidden(model, tok, "a text about herring fishing")
+    assert np.allclose(v, (h[0] / h[0].norm()).numpy(), atol=1e-5)
+    assert not np.allclose(v, (h.mean(0) / h.mean(0).norm()).numpy(), atol=1e-3)
 
 
 @pytest.fixture(scope="module")

