@@ -350,14 +350,14 @@ def test_cli_second_eval_in_one_folder_is_one_line(tmp_path, capsys):
     out = tmp_path / "out"
     holder = hold_lock(out)
     try:
-        rc = main(["eval", "--model", "tiny-random", "--index", str(tmp_path / "index"), "--data", f"d={q}",
+        rc = main(["eval", "--model", "no-such/model", "--index", str(tmp_path / "index"), "--data", f"d={q}",
                    "--out", str(out), "--no-progress", "--set", "rollout.max_turns=1",
                    "--set", "rollout.max_new_tokens_per_turn=4"])
     finally:
         holder.kill()
         holder.wait()
     assert rc == 1
-    one_line_error(capsys, "is in use", str(holder.pid))
+    one_line_error(capsys, "is in use", str(holder.pid))  # refused before the (missing) model is looked up
     assert not (out / "trajectories.jsonl").exists()
 
 

@@ -179,6 +179,20 @@ class FolderLock:
             return None  # the PID was reused by another process
         return info
 
+    def _refuse(self, holder: dict[str, Any]) -> FolderLocked:
+        where = "" if holder.get("host") in (None, socket.gethostname()) else f" on host {holder['host']}"
+        return FolderLocked(
+            f"{self.folder} is in use: process {holder.get('pid')}{where} ({holder.get('cmd') or 'hindsearch'}, "
+            f"since {holder.get('since', '?')}) is writing this {self.what}; wait for it or stop it, "
+            f"or choose another folder (if no such process runs, delete {self.path})")
+
+    def check(self) -> None:
+        """Raise ``FolderLocked`` now if a live process holds the lock (without taking it): lets a
+        command fail before it loads a model, and take the lock later."""
+        holder = self._holder() if self.path.exists() else None
+        if holder is not None:
+            raise self._refuse(holder)
+
     def acquire(self) -> "FolderLock":
         self.folder.mkdir(parents=True, exist_ok=True)
         for _ in range(5):
@@ -187,11 +201,7 @@ class FolderLock:
             except FileExistsError:
                 holder = self._holder()
                 if holder is not None:
-                    where = "" if holder.get("host") in (None, socket.gethostname()) else f" on host {holder['host']}"
-                    raise FolderLocked(
-                        f"{self.folder} is in use: process {holder.get('pid')}{where} ({holder.get('cmd') or 'hindsearch'}, "
-                        f"since {holder.get('since', '?')}) is writing this {self.what}; wait for it or stop it, "
-                        f"or choose another folder (if no such process runs, delete {self.path})") from None
+                    raise self._refuse(holder) from None
                 stale = self.path.read_text() if self.path.exists() else ""
                 with contextlib.suppress(FileNotFoundError):
                     self.path.unlink()

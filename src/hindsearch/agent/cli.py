@@ -92,6 +92,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
             raise NotADirectoryError(f"--out {out}: {parent} is a file, not a folder")
+    from hindsearch.fsutil import FolderLock
+
+    FolderLock(out, "evaluation folder").check()  # a second evaluation fails now, not after loading a model
     overrides = list(args.set)
     if args.model:
         overrides.append(f"model.name={json.dumps(args.model)}")
