@@ -34,7 +34,7 @@ REAL = [
     ("migres/hotpot.json", 200, "5a7f6fd75542992e7d278cfa", "Rush", 2, ["Nobody's Hero", "Neil Peart"]),
     ("migres/musique.json", 200, "2hop__574419_270105", "Stanley", 2,
      ["Mountrail County Courthouse", "Van Hook Township, Mountrail County, North Dakota"]),
-    ("migres/wikihop.json", 200, "b088d3ca08e211ebbda4ac1f6bf848b6", "Free Guy", 4,
+    ("migres/wikihop.json", 200, "b088d3ca08e211ebbda4ac1f6bf848b6", "Free Guy", 2,  # bridge_comparison
      ["Forbidden Ground", "Free Guy", "Pál Gábor", "Shawn Levy"]),
     ("migres/odqa.json", 400, "-3403542892395107762", "A simple majority", None, []),
     ("hipporag/hotpotqa_train.json", 100, "5a77ec115542992a6e59dff7", "a spirit", 2, ["Alû", "Lilu (mythology)"]),

@@ -6,7 +6,10 @@ Accepted inputs:
   or ``text`` (+ optional ``title``, then contents = ``'"title"\\ntext'``), and an id under
   ``id``, ``_id`` or ``docid`` (str or int; missing -> the 1-based line number);
 * ``.json``: a list of such objects (HippoRAG's ``{title, text}`` corpora), ids default to
-  the 1-based list position;
+  the 1-based list position; or an object mapping each title to its text as a list of sentences
+  (HotpotQA's context format, e.g. HippoRAG's ``hotpotqa_train_corpus.json``) or as one string:
+  the sentences are joined as they are (HotpotQA sentences carry their leading space), contents =
+  ``'"title"\ntext'``, ids = the 1-based position in the object;
 * either of them gzip-compressed (``.jsonl.gz``, ``.json.gz``: wiki-18 as ``data fetch`` writes it),
   read transparently.
 
@@ -27,6 +30,7 @@ from typing import Any
 from hindsearch.records import Passage, make_contents
 
 ID_KEYS = ("id", "_id", "docid")
+ROW_KEYS = {"contents", "text", "title", *ID_KEYS}  # a .json object with one of them is a row, not a title map
 
 
 class CorpusError(ValueError):
@@ -111,8 +115,17 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
                 data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+        if isinstance(data, dict) and ROW_KEYS & set(data):
+            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
+                              f"sentences; this object looks like a single row (keys {sorted(data)[:5]})")
+        if isinstance(data, dict):  # {title: [sentences] or text}
+            for i, (title, value) in enumerate(data.items(), 1):
+                err, obj = _title_entry(title, value)
+                yield i, err, obj
+            return
         if not isinstance(data, list):
-            raise CorpusError(f"{path}: a .json corpus must be a list of objects, got {type(data).__name__}")
+            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
+                              f"sentences, got {type(data).__name__}")
         for i, obj in enumerate(data, 1):
             yield i, None, obj
         return
@@ -124,6 +137,16 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
                 yield i, None, json.loads(line)
             except json.JSONDecodeError as e:
                 yield i, f"invalid JSON: {e.msg} (column {e.colno})", None
+
+
+def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:
+    """One ``title -> sentences`` entry as a ``{title, text}`` row, or the reason it is bad."""
+    if isinstance(value, list) and all(isinstance(x, str) for x in value):
+        return None, {"title": title, "text": "".join(value).strip()}
+    if isinstance(value, str):
+        return None, {"title": title, "text": value.strip()}
+    return (f"title {title!r}: expected a list of sentences (strings) or a string, got "
+            f"{type(value).__name__} (a .json corpus object maps titles to sentences)"), None
 
 
 def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> Iterator[Passage]:

@@ -165,12 +165,26 @@ def _answers(row: dict[str, Any]) -> list[str]:
     return out
 
 
+# Reasoning hops by question type (HotpotQA: bridge, comparison; 2WikiMultihopQA: comparison,
+# inference, compositional, bridge_comparison): the length of the longest chain of dependent lookups.
+# Every type is 2 hops. A bridge_comparison ("Which film has the director born first, A or B?") has
+# 4 supporting titles but is two parallel 2-hop chains (film -> director -> birth date) and a
+# comparison, so its title count (kept in ``evidence``) is not its hop count.
+TYPE_HOPS = {"bridge": 2, "comparison": 2, "inference": 2, "compositional": 2, "bridge_comparison": 2}
+
+
 def _hops(row: dict[str, Any], evidence: list[str]) -> int | None:
+    """Hop count: an explicit ``hops``; MuSiQue's id prefix; the question ``type`` (``TYPE_HOPS``, top level
+    or in FlashRAG's ``metadata``); else the number of supporting titles (None when there are none)."""
     if isinstance(row.get("hops"), int):
         return row["hops"]
     rid = str(row.get("id", ""))
     if "hop" in rid.split("__")[0] and rid[:1].isdigit():  # MuSiQue ids: 2hop__, 3hop1__, 4hop3__
         return int(rid[0])
+    meta = row.get("metadata") if isinstance(row.get("metadata"), dict) else {}
+    qtype = row.get("type", meta.get("type"))
+    if isinstance(qtype, str) and qtype in TYPE_HOPS:
+        return TYPE_HOPS[qtype]
     return len(evidence) or None
 
 
