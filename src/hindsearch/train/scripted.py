@@ -19,9 +19,22 @@ the second sub-question (else it first searches the first sub-question, then the
 probability ``1 - p_bridge`` it answers after the first search (usually a guess). So it solves
 most one-hop and only part of the two-hop questions: headroom for RL, by design.
 
-With probability ``p_feedback`` a demonstration carries a critique line in the prompt
-(``protocol.FEEDBACK_TEMPLATE``) that the demonstration follows (two-hop: it always searches
-the bridge), which teaches a small model to read hindsight.
+With probability ``p_feedback`` a demonstration carries a hindsight line in the prompt that the
+demonstration follows, which teaches a small model to read hindsight. Its kind is drawn uniformly
+from ``feedback_kinds``:
+
+* ``critique``: the generic line of ``feedback_critique`` (two-hop: it always searches the bridge);
+* ``oracle_gold`` / ``oracle_nogold``: **exactly** the text the oracle judge writes
+  (``hindsearch.hindsight.judge.OracleJudge``, redacted and cleaned as the term does) about the
+  scripted searcher's own unhinted attempt at the question, and only when that attempt failed (the
+  judge only sees failures; a demo whose attempt succeeded stays unhinted). With gold the critique
+  names the evidence the attempt missed, and the demonstration follows it: a missed first passage
+  changes the **first query** (the subject's name instead of the question), a missed bridge passage
+  makes it search again and changes the **bridge query** (the bridge's name, read off the first
+  information block). Without gold the critique carries no privileged information, and the
+  demonstration is a fresh unhinted draw (the no-gold teacher is a clean control);
+* ``answer_line``: IGSD's ``(The correct answer is: {A[0]}.)``; the demonstration follows the
+  two-hop chain (it searches the bridge) and still answers only from what it retrieved.
 
 Output: ``Trajectory`` objects holding text only (``prompt_ids``/``completion_ids`` empty),
 with ``extra["segments"] = [[text, generated], ...]`` and ``extra["hint"]``; tokenisation with
@@ -79,6 +92,13 @@ def _hop_questions(record: QARecord) -> tuple[str, str] | None:
     return None
 
 
+def _norm_title(title: str) -> str:
+    t = title.strip()
+    if len(t) >= 2 and t[0] == t[-1] == '"':
+        t = t[1:-1]
+    return t.lower()
+
+
 def feedback_critique(record: QARecord) -> str:
     """A short critique that points the search the right way without giving the answer."""
     hq = _hop_questions(record)
@@ -86,6 +106,9 @@ def feedback_critique(record: QARecord) -> str:
     if record.hops == 2 and hq and bridge:
         return f"After the first search, search for {bridge} and answer {hq[1]}"
     return "Search with the question and answer with the name written in the passages."
+
+
+FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
 
 
 class ScriptedSearcher:
@@ -96,24 +119,54 @@ class ScriptedSearcher:
     """
 
     def __init__(self, retriever: Any, topk: int = 3, p_bridge: float = 0.5, p_feedback: float = 0.0,
-                 max_turns: int = 4, seed: int = 0) -> None:
+                 max_turns: int = 4, seed: int = 0, feedback_kinds: Sequence[str] = ("critique",)) -> None:
         for name, p in (("p_bridge", p_bridge), ("p_feedback", p_feedback)):
             if not 0.0 <= p <= 1.0:
                 raise ValueError(f"warmup.{name} must be in [0, 1], got {p}")
         if max_turns < 1:
             raise ValueError(f"rollout.max_turns must be >= 1 for demonstrations, got {max_turns}")
+        kinds = tuple(feedback_kinds)
+        bad = [k for k in kinds if k not in FEEDBACK_KINDS]
+        if not kinds or bad:
+            raise ValueError(f"warmup.feedback_kinds must be a non-empty subset of {FEEDBACK_KINDS}, got {list(kinds)}")
         self.retriever, self.topk, self.p_bridge, self.p_feedback = retriever, topk, p_bridge, p_feedback
-        self.max_turns, self.seed = max_turns, seed
+        self.max_turns, self.seed, self.feedback_kinds = max_turns, seed, kinds
 
     # -------------------------------------------------------------- one demo
     def demo(self, record: QARecord) -> Trajectory:
         """One demonstration trajectory for ``record`` (text level, with segments)."""
         rng = random.Random(f"{self.seed}:{record.id}")
-        hint = None
-        if self.p_feedback > 0 and rng.random() < self.p_feedback:
-            hint = protocol.FEEDBACK_TEMPLATE.format(critique=feedback_critique(record))
+        if not (self.p_feedback > 0 and rng.random() < self.p_feedback):
+            return self._write(record, rng)
+        kind = self.feedback_kinds[0] if len(self.feedback_kinds) == 1 else rng.choice(self.feedback_kinds)
+        if kind == "critique":
+            return self._write(record, rng, protocol.FEEDBACK_TEMPLATE.format(critique=feedback_critique(record)),
+                               chain=True, kind=kind)
+        if kind == "answer_line":
+            hint = protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=record.golden_answers[0])
+            return self._write(record, rng, hint, chain=True, kind=kind)
+        from hindsearch.hindsight.judge import OracleJudge  # lazy: judge imports torch
+
+        # the attempt the judge critiques: the typical failure of a student, answering after one search
+        prev = self._write(record, random.Random(f"{self.seed}:{record.id}:attempt"), chain=False)
+        if prev.em > 0:
+            return self._write(record, rng)  # the judge critiques failures only
+        crit = OracleJudge(sees_gold=kind == "oracle_gold").critique([prev])[0]
+        hint = protocol.FEEDBACK_TEMPLATE.format(critique=crit.text)
+        if kind == "oracle_nogold":
+            return self._write(record, rng, hint, kind=kind)  # no privileged information: an unhinted draw
+        missed = {_norm_title(t) for t in prev.evidence} - {_norm_title(t) for turn in prev.turns for t in turn.doc_titles}
+        subject = record.metadata.get("subject")
+        first = subject if subject and _norm_title(subject) in missed else None
+        return self._write(record, rng, hint, chain=True, kind=kind, first_query=first, bridge_by_name=True)
+
+    def _write(self, record: QARecord, rng: random.Random, hint: str | None = None, chain: bool | None = None,
+               kind: str | None = None, first_query: str | None = None, bridge_by_name: bool = False) -> Trajectory:
+        """The demo itself: ``chain`` forces (True) or forbids (False) the two-hop chain (None: with
+        probability ``p_bridge``), ``first_query`` replaces the question as the first query,
+        ``bridge_by_name`` searches the bridge's name instead of the second sub-question."""
         bridge = record.metadata.get("bridge") if record.hops == 2 else None
-        follow_chain = bool(bridge) and (hint is not None or rng.random() < self.p_bridge)
+        follow_chain = bool(bridge) and (chain if chain is not None else rng.random() < self.p_bridge)
         hq = _hop_questions(record)
         segments: list[list[Any]] = []
         turns: list[Turn] = []
@@ -130,13 +183,16 @@ class ScriptedSearcher:
             return docs
 
         question = protocol.format_question(record.question)
-        docs = search("I need to look this up.", question)
+        if first_query:
+            docs = search(f"The feedback says to search for {first_query} directly.", first_query)
+        else:
+            docs = search("I need to look this up.", question)
         if follow_chain and bridge:
             if find_in_docs([bridge], read) is None and hq and self.max_turns >= 3:
                 search("I should find the first fact on its own.", hq[0])
             found_bridge = find_in_docs([bridge], read)
             if found_bridge is not None and self.max_turns >= len(turns) + 1:
-                second = hq[1] if hq else found_bridge
+                second = found_bridge if bridge_by_name or not hq else hq[1]
                 search(f"The passages point to {found_bridge}. Now I need to find out about {found_bridge}.", second)
         ans = find_in_docs(record.golden_answers, read)
         if ans is not None:
@@ -153,7 +209,8 @@ class ScriptedSearcher:
             reward=exact_match(answer, record.golden_answers), em=exact_match(answer, record.golden_answers),
             f1=f1_score(answer, record.golden_answers), stop_reason="answer", hops=record.hops,
             evidence=list(record.evidence), data_source=record.data_source, completion_text=text,
-            extra={"segments": segments, "hint": hint, "scripted": True, "followed_chain": follow_chain},
+            extra={"segments": segments, "hint": hint, "hint_kind": kind, "scripted": True,
+                   "followed_chain": follow_chain, "bridge": bridge, "metadata": dict(record.metadata)},
         )
 
     def demos(self, records: Sequence[QARecord]) -> list[Trajectory]:

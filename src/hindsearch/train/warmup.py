@@ -305,13 +305,16 @@ def build_demos(cfg: Any, tokenizer: Any, retriever: Any, train_records: Sequenc
         info.update(source=str(path), skipped_without_answer=skipped)
     else:
         searcher = ScriptedSearcher(retriever, topk=cfg.retrieval.topk, p_bridge=w.p_bridge,
-                                    p_feedback=w.p_feedback, max_turns=cfg.rollout.max_turns, seed=cfg.train.seed)
+                                    p_feedback=w.p_feedback, max_turns=cfg.rollout.max_turns, seed=cfg.train.seed,
+                                    feedback_kinds=w.feedback_kinds)
         texts = searcher.demos(select_records(train_records, w.num_demos, cfg.train.seed))
         info.update(source="scripted", p_bridge=w.p_bridge, p_feedback=w.p_feedback)
     info["scripted_ceiling" if not path else "demo_em"] = ceiling_from_demos(texts)
     demos = [tokenize_demo(tokenizer, t, cfg.rollout.max_total_tokens) for t in texts]
     info.update(num_demos=len(demos), truncated=sum(t.stop_reason == "length" for t in demos),
                 with_feedback=sum(bool(t.extra.get("hint")) for t in demos),
+                feedback_by_kind={k: sum(t.extra.get("hint_kind") == k and bool(t.extra.get("hint")) for t in demos)
+                                  for k in w.feedback_kinds},
                 mean_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in demos) / max(1, len(demos)),
                 mean_gen_tokens=sum(sum(t.gen_mask) for t in demos) / max(1, len(demos)))
     return demos, info
@@ -421,9 +424,9 @@ def _train_data(cfg: Any) -> tuple[list[QARecord], Any]:
 
     world = None
     if cfg.data.train is None or (cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None):
-        from hindsearch.data.world import ensure_world
+        from hindsearch.data.world import ensure_world_for
 
-        world = Path(ensure_world(cfg.data.world_dir, seed=cfg.data.world_seed, n_entities=cfg.data.world_entities))
+        world = Path(ensure_world_for(cfg.data))
     records = load_qa(cfg.data.train) if cfg.data.train else load_qa(world / "train.jsonl")
     if cfg.data.max_train_questions:
         records = records[: cfg.data.max_train_questions]

@@ -1,0 +1,324 @@
+"""The mechanism pieces of issue 12: tail-bucket divergences, the signed form, unbiased diagnostics,
+the action mask, hindsight-reading demonstrations and the teacher probes."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.agent.rollout import HFBackend, RolloutEngine
+from hindsearch.config import Config
+from hindsearch.data.world import generate_world
+from hindsearch.hindsight import losses as L
+from hindsearch.hindsight import teacher as T
+from hindsearch.micro import train_tokenizer
+from hindsearch.models import tiny_random_model
+from hindsearch.retrieval.base import build_index, load_index
+
+
+# ------------------------------------------------------------------ pure losses
+def test_tail_bucket_hand_numbers():
+    # vocabulary of 4; the teacher's top-2 ids {0, 1} with full-vocabulary probabilities 0.3, 0.3 -> tail 0.4
+    s_logits = torch.log(torch.tensor([[[0.1, 0.2, 0.3, 0.4]]]))  # student: top-2 mass 0.3, tail 0.7
+    ids = torch.tensor([[[0, 1]]])
+    t_logp = torch.log(torch.tensor([[[0.3, 0.3]]]))
+    mask = torch.ones(1, 1)
+    ps, pt = [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]
+    rkl = sum(a * math.log(a / b) for a, b in zip(ps, pt))
+    assert L.topk_reverse_kl(s_logits, ids, t_logp, mask).item() == pytest.approx(rkl, abs=1e-6)
+    m = [(a + b) / 2 for a, b in zip(ps, pt)]
+    jsd = 0.5 * sum(b * math.log(b / c) for b, c in zip(pt, m)) + 0.5 * sum(a * math.log(a / c) for a, c in zip(ps, m))
+    assert L.topk_jsd(s_logits, ids, t_logp, mask).item() == pytest.approx(jsd, abs=1e-6)
+    assert L.tail_logp(t_logp).exp().sum().item() == pytest.approx(1.0, abs=1e-6)
+
+
+def test_tail_bucket_gives_a_sampled_token_outside_the_topk_a_gradient():
+    """Student id 3 (outside the teacher's top-2) gets d KL / d logit_3 = p_3 * (log(p_tail / q_tail) - KL_tail_part)."""
+    z = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4])).requires_grad_(True)
+    ids = torch.tensor([[[0, 1]]])
+    t_logp = torch.log(torch.tensor([[[0.3, 0.3]]]))
+    kl = L.topk_reverse_kl_per_token(z.view(1, 1, 4), ids, t_logp).sum()
+    kl.backward()
+    assert z.grad[3].item() != 0.0 and z.grad[2].item() != 0.0
+    # hand-computed: KL = sum_j p_j log(p_j/q_j) over buckets; d/dz_i = p_i * (log(p_b(i)/q_b(i)) - KL) for softmax z
+    ps, pt = [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]
+    klv = sum(a * math.log(a / b) for a, b in zip(ps, pt))
+    assert z.grad[3].item() == pytest.approx(0.4 * (math.log(0.7 / 0.4) - klv), abs=1e-5)
+    assert z.grad[0].item() == pytest.approx(0.1 * (math.log(0.1 / 0.3) - klv), abs=1e-5)
+    # the old renormalised form had exactly zero gradient there: check that the tail is what gives it
+    z2 = torch.log(torch.tensor([0.1, 0.2, 0.3, 0.4])).requires_grad_(True)
+    s = z2[:2]
+    log_ps = s - torch.logsumexp(s, -1)
+    (log_ps.exp() * (log_ps - torch.log(torch.tensor([0.5, 0.5])))).sum().backward()
+    assert z2.grad[3].item() == 0.0
+
+
+def test_signed_form_hand_numbers_and_direction():
+    lS = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
+    lT = torch.tensor([[-0.5, -4.0, -0.5]])
+    mask = torch.tensor([[1.0, 1.0, 0.0]])
+    loss = L.hind_signed(lS, lT, mask, clip=1.0)
+    # a = clip(lT - lS) = (0.5, -1.0); loss = -(0.5 * -1 + -1 * -2) / 2 = -(1.5) / 2
+    assert loss.item() == pytest.approx(-0.75)
+    loss.backward()
+    assert lS.grad.tolist()[0] == pytest.approx([-0.25, 0.5, 0.0])  # descent raises token 0, lowers token 1
+    assert L.hind_signed(lS, lS.detach(), mask).item() == 0.0
+
+
+def test_gap_diagnostics_zero_for_equal_and_eps():
+    lS = torch.randn(3, 5)
+    d = L.gap_diagnostics(lS.clone(), lS, torch.ones(3, 5))
+    assert d["mean_lT_minus_lS"] == 0.0 and d["frac_w_pos"] == 0.0 and d["mean_w"] == 0.0 and d["tokens"] == 15
+    d = L.gap_diagnostics(lS + 0.5, lS, torch.ones(3, 5))
+    assert d["mean_lT_minus_lS"] == pytest.approx(0.5) and d["frac_w_pos"] == 1.0
+    assert L.gap_diagnostics(lS, lS, torch.zeros(3, 5))["tokens"] == 0.0
+
+
+# ------------------------------------------------------------------ a small world and tokenizer
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    w = generate_world(seed=0, n_entities=60)
+    d = tmp_path_factory.mktemp("world")
+    build_index(w.passages, d / "bm25", kind="bm25", show_progress=False)
+    return w, load_index(d / "bm25")
+
+
+@pytest.fixture(scope="module")
+def tok(world):
+    w, _ = world
+    texts = [p.contents for p in w.passages] + [r.question for s in w.splits.values() for r in s]
+    return train_tokenizer(texts, vocab_size=1024)
+
+
+def _two_hop(w):
+    return [r for r in w.splits["train"] + w.splits["dev"] + w.splits["test"] if r.hops == 2]
+
+
+# ------------------------------------------------------------------ action mask
+def test_action_mask_covers_exactly_the_action_openers(world, tok):
+    from hindsearch.train.scripted import ScriptedSearcher
+    from hindsearch.train.warmup import tokenize_demo
+
+    w, retriever = world
+    demos = [tokenize_demo(tok, d) for d in ScriptedSearcher(retriever, topk=2, p_bridge=1.0).demos(_two_hop(w)[:6])]
+    checked = 0
+    for d in demos:
+        m = T.action_mask(d, tok)
+        marked = [i for i, v in enumerate(m) if v]
+        expect: list[int] = []
+        for prev, turn in zip(d.turns, d.turns[1:]):
+            assert prev.action == "search"
+            s, e = turn.gen_span
+            text = tok.decode(d.completion_ids[s:e])
+            ends = [len(tok.decode(d.completion_ids[s : s + j + 1])) for j in range(e - s)]
+            lead = len("<think> ")
+            expect.append(s + next(j for j, x in enumerate(ends) if x > lead))
+            tag = "<search>" if "<search>" in text else "<answer>"
+            c0 = text.find(tag)
+            expect += [s + j for j, x in enumerate(ends) if x > c0 and (ends[j - 1] if j else 0) < c0 + len(tag)]
+        assert marked == sorted(set(expect))
+        assert all(d.gen_mask[i] for i in marked)  # only generated tokens
+        assert not any(m[: d.turns[0].gen_span[1]])  # nothing before the first information block
+        decoded = "".join(tok.decode([d.completion_ids[i]]) for i in marked)
+        assert "<answer>" in decoded.replace(" ", "") or "<search>" in decoded.replace(" ", "")
+        checked += len(d.turns) - 1
+    assert checked >= 6
+    dm = T.distill_mask(demos[0], tok, "action")
+    assert all(dm[i] for i, q in enumerate(demos[0].query_mask) if q) and sum(dm) > sum(demos[0].query_mask)
+    assert T.distill_mask(demos[0], tok, "query") == demos[0].query_mask
+
+
+# ------------------------------------------------------------------ hindsight-reading demonstrations
+def test_oracle_demos_carry_the_judges_exact_text_and_change_the_queries(world):
+    from hindsearch.hindsight.judge import OracleJudge
+    from hindsearch.train.scripted import ScriptedSearcher
+
+    w, retriever = world
+    recs = w.splits["train"] + w.splits["dev"] + w.splits["test"]
+    gold = ScriptedSearcher(retriever, topk=2, p_bridge=0.0, p_feedback=1.0, feedback_kinds=["oracle_gold"]).demos(recs)
+    hinted = [d for d in gold if d.extra.get("hint")]
+    assert hinted, "no oracle-gold demo"
+    for d in hinted:
+        assert d.extra["hint"].startswith("Feedback on a previous attempt: The searches never retrieved")
+    two = [d for d in hinted if d.hops == 2]
+    assert two and all(d.num_searches >= 2 for d in two)  # the critique makes it search the bridge
+    for d in two:
+        bridge = d.extra["bridge"]
+        assert any(t.content == bridge for t in d.turns if t.action == "search")
+        # exactly what the oracle judge writes about the one-search attempt
+        attempt = ScriptedSearcher(retriever, topk=2, p_bridge=0.0)._write(
+            next(r for r in recs if r.id == d.qid), __import__("random").Random(0), chain=False)
+        assert d.extra["hint"] == protocol.FEEDBACK_TEMPLATE.format(critique=OracleJudge(True).critique([attempt])[0].text)
+    nogold = ScriptedSearcher(retriever, topk=2, p_bridge=0.0, p_feedback=1.0, feedback_kinds=["oracle_nogold"]).demos(recs)
+    hn = [d for d in nogold if d.extra.get("hint")]
+    assert hn and all("did not find the answer" in d.extra["hint"] for d in hn)
+    assert all(d.num_searches == 1 for d in hn)  # no privileged information: an unhinted draw (p_bridge = 0)
+    ans = ScriptedSearcher(retriever, topk=2, p_bridge=0.0, p_feedback=1.0, feedback_kinds=["answer_line"]).demos(recs)
+    assert all(d.extra["hint"] == f"(The correct answer is: {d.golden_answers[0]}.)\n" for d in ans)
+    with pytest.raises(ValueError, match="feedback_kinds"):
+        ScriptedSearcher(retriever, feedback_kinds=["nope"])
+
+
+# ------------------------------------------------------------------ diagnostics through the term
+@pytest.mark.parametrize("temperature", [0.5, 1.3])
+def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperature, monkeypatch, one_thread):
+    """Teacher = the live policy with the student's own prompt: the logged gap is 0 at any rollout temperature
+    (the old diagnostics compared temperature-1 teacher scores with sampling log-probs and were biased)."""
+    from types import SimpleNamespace
+
+    from hindsearch.hindsight import terms
+
+    w, retriever = world
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
+    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=12",
+                             f"rollout.temperature={temperature}", 'hindsearch.judge_kind="oracle"',
+                             'hindsearch.teacher="live"', 'hindsearch.distill_on="action"', "hindsearch.neutral_control=true"])
+    eng = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
+    recs = w.splits["train"][:6]
+    trajs = eng.rollout(recs, num_generations=2, seed=1, hints=None,
+                        prefixes=[tok("<think> x </think>\n<search>", add_special_tokens=False)["input_ids"]] * len(recs))
+    for t in trajs:  # make every rollout a failed one with a query (the prefix is part of the prompt here)
+        t.reward = 0.0
+        t.query_mask = [1 if g else 0 for g in t.gen_mask]
+    monkeypatch.setattr(terms, "hindsearch_prompt_ids", lambda tk, q, c: next(x.prompt_ids for x in trajs if x.question == q))
+    term = terms.HindSearchTerm(cfg.hindsearch)
+    ctx = SimpleNamespace(policy=model, frozen=model, ema=None, tokenizer=tok, config=cfg, step=0)
+    Tn = max(len(t.completion_ids) for t in trajs)
+    with torch.no_grad():
+        batch = term.prepare(trajs, Tn, ctx)
+        logits = torch.zeros(len(trajs), Tn, model.config.vocab_size)
+        ids = torch.zeros(len(trajs), Tn, dtype=torch.long)
+        for i, t in enumerate(trajs):
+            full = torch.tensor([t.prompt_ids + t.completion_ids])
+            logits[i, : len(t.completion_ids)] = model(input_ids=full).logits[0, len(t.prompt_ids) - 1 : -1]
+            ids[i, : len(t.completion_ids)] = torch.tensor(t.completion_ids)
+    assert batch.metrics["distill_tokens"] > 0
+    assert batch.metrics["critique_minus_neutral"] == pytest.approx(0.0, abs=1e-4)
+    _, met = term.loss(logits, ids, batch.tensors)
+    assert met["tokens"] > 0
+    assert met["mean_lT_minus_lS"] == pytest.approx(0.0, abs=1e-4)
+    assert met["frac_w_pos"] == 0.0 and met["mean_w"] == pytest.approx(0.0, abs=1e-4)
+    # the biased version: sampling log-probs against temperature-1 teacher scores give w > 0 on some tokens
+    lp = torch.tensor([x for t in trajs for x, q in zip(t.logprobs, t.query_mask) if q])
+    lt = batch.tensors["hind_lT"][batch.tensors["hind_mask"].bool()]
+    assert float((lt - lp).abs().max()) > 1e-2 and float(((lt - lp) > 1e-4).float().mean()) > 0
+
+
+# ------------------------------------------------------------------ probes on a constructed case
+class HintReader(RolloutEngine):
+    """The real engine with scripted sampled tokens: with a hint that names a title ("search for X directly")
+    it searches X and answers the gold; otherwise it searches ``weather`` and answers ``nobody``."""
+
+    def __init__(self, model, tok, retriever, cfg):
+        super().__init__(model, tok, retriever, cfg, topk=2, backend=HFBackend(model, tok), logits_hook=self._force)
+        self._scripts: list[list[list[int]]] = []
+
+    def rollout(self, records, num_generations=1, hints=None, prefixes=None, **kw):
+        import re
+
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        self._scripts = []
+        for i, r in enumerate(records):
+            m = re.search(r"search for (.+?) directly", (hints or [None] * len(records))[i] or "")
+            for _ in range(num_generations):
+                if m:
+                    turns = [f"<search> {m.group(1)} </search>", f"<answer> {r.golden_answers[0]} </answer>"]
+                else:
+                    turns = ["<search> weather </search>", "<answer> nobody </answer>"]
+                self._scripts.append([enc(t) for t in turns])
+        return super().rollout(records, num_generations, hints=hints, prefixes=prefixes, **kw)
+
+    def _force(self, rows, new_ids, logits):
+        out = torch.full_like(logits, float("-inf"))
+        for j, (row, ids) in enumerate(zip(rows, new_ids)):
+            script = self._scripts[row[0]][row[1]] if row[1] < len(self._scripts[row[0]]) else []
+            out[j, script[len(ids)] if len(ids) < len(script) else self.tokenizer.eos_token_id] = 0.0
+        return out
+
+
+def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_thread):
+    from hindsearch.hindsight.probe import format_probe, run_probe
+
+    w, retriever = world
+    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
+                             "rollout.max_total_tokens=2048", 'hindsearch.judge_kind="oracle"'])
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
+    eng = HintReader(model, tok, retriever, cfg.rollout)
+    recs = [r for r in w.splits["train"] if r.hops == 1][:6]
+    with torch.no_grad():
+        res = run_probe(eng, recs, cfg, n=6, samples=2, seed=0, log=lambda *_: None)
+    assert res["n_failed"] == 6 and res["student_em"] == 0.0
+    h = res["hints"]
+    gold = h["critique_gold"]
+    assert gold["usable"] == 6
+    assert gold["rerun"]["em"] == 1.0 and gold["rerun"]["evidence_recall"] > res["student"]["rerun"]["evidence_recall"]
+    assert gold["state"]["hit_missed"] > res["student"]["state"]["hit_missed"]
+    # hints that name nothing change nothing
+    for name in ("neutral", "critique_nogold", "answer"):
+        assert h[name]["rerun"]["em"] == 0.0
+        assert h[name]["rerun"]["evidence_recall"] == res["student"]["rerun"]["evidence_recall"]
+        assert h[name]["state"]["hit_missed"] == res["student"]["state"]["hit_missed"]
+    assert "critique_gold" in format_probe(res)
+
+
+# ------------------------------------------------------------------ the new loss options through the trainer
+@pytest.mark.parametrize("divergence,distill_on", [("signed", "action"), ("reverse_kl", "action"), ("jsd", "query")])
+def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, tmp_path, one_thread):
+    import json
+
+    from test_trainer import OVERRIDES, make_trainer  # the tests folder is on sys.path (pytest rootdir import)
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="oracle"',
+                                         f'hindsearch.divergence="{divergence}"', f'hindsearch.distill_on="{distill_on}"',
+                                         "hindsearch.neutral_control=true", "hindsearch.topk=8", "hindsearch.lam=0.5"])
+    run = tmp_path / "run"
+    trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
+    trainer.train()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert math.isfinite(r["loss"]) and math.isfinite(r["hind/loss"])
+        assert "hind/mean_lT_minus_lS" in r and "hind/critique_minus_neutral" in r
+    assert any(r.get("hind/grad_share", 0) > 0 for r in rows), rows
+    if distill_on == "action":
+        assert any(r["hind/action_tokens"] > 0 for r in rows)
+
+
+# ------------------------------------------------------------------ paired bootstrap of the comparison
+def test_paired_bootstrap_and_rows(tmp_path):
+    import json
+
+    from hindsearch.compare import bootstrap_markdown, bootstrap_rows, paired_bootstrap, run_name
+
+    m, lo, hi = paired_bootstrap([0.5] * 40)
+    assert (m, lo, hi) == (0.5, 0.5, 0.5)
+    m, lo, hi = paired_bootstrap([1.0, -1.0] * 50, n_boot=500)
+    assert m == 0.0 and lo < 0 < hi
+    assert paired_bootstrap([]) == (0.0, 0.0, 0.0)
+
+    def write(method, seed, em_of):
+        rd = tmp_path / run_name(method, seed)
+        d = rd / "eval" / "test-world"
+        d.mkdir(parents=True)
+        rows = []
+        for i in range(20):
+            hops = 2 if i % 2 else 1
+            em = em_of(i, hops)
+            rows.append({"qid": f"q{i}", "em": em, "hops": hops, "evidence": ["A", "B"] if hops == 2 else ["A"],
+                         "turns": [{"doc_titles": ['"A"'] + (['"B"'] if em else [])}]})
+        (d / "trajectories.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+        (rd / "done.json").write_text("{}")
+
+    for s in (0, 1):
+        write("grpo", s, lambda i, h: 1.0 if h == 1 else 0.0)
+        write("hindsearch", s, lambda i, h: 1.0)  # also solves every two-hop question (and retrieves B)
+    rows = bootstrap_rows(tmp_path, ["grpo", "hindsearch"], [0, 1], n_boot=200)
+    assert len(rows) == 1 and rows[0]["seeds"] == 2 and rows[0]["questions"] == 20
+    em, lo, hi = rows[0]["em"]
+    assert em == 0.5 and 0.0 < lo < 0.5 < hi <= 1.0 and rows[0]["em_2hop"] == (1.0, 1.0, 1.0)
+    assert rows[0]["recall"][0] == pytest.approx(0.25)  # two-hop recall 0.5 -> 1.0 on half the questions
+    assert "+100.0 [+100.0, +100.0]" in bootstrap_markdown(tmp_path, ["grpo", "hindsearch"], [0, 1])
