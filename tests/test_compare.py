@@ -218,3 +218,19 @@ def test_stopping_compare_stops_its_isolated_run(tmp_path):
     else:
         os.kill(child, signal.SIGKILL)
         pytest.fail("the spawned run outlived its stopped parent")
+
+
+def test_tiny_compare_parallel_jobs_with_probe_and_bootstrap(tiny_preset, monkeypatch):
+    """--jobs 2 trains two runs at once in spawned processes; --probe writes probe.json of the starting
+    checkpoint; results.md carries the paired bootstrap against GRPO and the probe table."""
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
+    out = tiny_preset / "out-par"
+    logs: list[str] = []
+    md = run_compare(str(tiny_preset / "preset.toml"), ["grpo", "hindsearch"], [0], out, test_limit=4,
+                     log=logs.append, jobs=2, probe=2)
+    assert sum("started" in x for x in logs) == 2 and sum(x.endswith(": done") for x in logs) == 2
+    for m in ("grpo", "hindsearch"):
+        assert (out / f"{m}-s0" / "done.json").exists()
+    probe = json.loads((out / "probe.json").read_text())
+    assert probe["n_failed"] <= 2 and set(probe["hints"]) == {"neutral", "critique_gold", "critique_nogold", "answer"}
+    assert "paired bootstrap" in md and "Teacher probes" in md and "| hindsearch | 1 | 4 |" in md

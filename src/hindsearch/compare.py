@@ -275,9 +275,94 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
                 results.append(json.loads(p.read_text()))
     benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
     md = results_markdown(aggregate(results, methods), benches, title)
+    boot = bootstrap_markdown(out_dir, methods, seeds)
+    if boot:
+        md += "\n" + boot
+    if (out_dir / "probe.json").exists():
+        from hindsearch.hindsight.probe import format_probe
+
+        md += "\n### Teacher probes of the starting checkpoint\n\n" + format_probe(json.loads((out_dir / "probe.json").read_text())) + "\n"
     (out_dir / "results.md").write_text(md)
     plot_curves(out_dir, methods, seeds, out_dir / "curves.png")
     return md
+
+
+# --------------------------------------------------------------------------- paired bootstrap
+def paired_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """Mean of per-question differences and its 95% percentile interval over ``n_boot`` resamples of questions."""
+    import random
+
+    xs = list(diffs)
+    if not xs:
+        return 0.0, 0.0, 0.0
+    rng = random.Random(seed)
+    n = len(xs)
+    means = sorted(sum(xs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
+    return sum(xs) / n, means[int(0.025 * n_boot)], means[min(n_boot - 1, int(0.975 * n_boot))]
+
+
+def _bare(title: str) -> str:
+    t = title.strip()
+    return (t[1:-1] if len(t) >= 2 and t[0] == t[-1] == '"' else t).lower()
+
+
+def per_question(run_dir: Path, bench: str = WORLD) -> dict[str, dict[str, float]]:
+    """``{question id: {em, recall, hops}}`` of a run's greedy test trajectories (``eval/test-<bench>``)."""
+    path = run_dir / "eval" / f"test-{bench}" / "trajectories.jsonl"
+    out: dict[str, dict[str, float]] = {}
+    if not path.exists():
+        return out
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        t = json.loads(line)
+        ev = {_bare(e) for e in t.get("evidence") or []}
+        got = {_bare(x) for turn in t.get("turns") or [] for x in turn.get("doc_titles") or []}
+        out[t["qid"]] = {"em": float(t.get("em") or 0.0), "recall": len(ev & got) / len(ev) if ev else 0.0,
+                         "hops": float(t.get("hops") or 0)}
+    return out
+
+
+def bootstrap_rows(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], base: str = "grpo",
+                   n_boot: int = 2000) -> list[dict[str, Any]]:
+    """Each method minus ``base`` on world test EM, two-hop EM and evidence recall: per question, the mean
+    over the seeds both have finished, then a paired bootstrap over questions (95% interval)."""
+    def means(method: str, ok: list[int]) -> dict[str, dict[str, float]]:
+        runs = [per_question(out_dir / run_name(method, s)) for s in ok]
+        qids = set.intersection(*(set(r) for r in runs)) if runs else set()
+        return {q: {k: sum(r[q][k] for r in runs) / len(runs) for k in ("em", "recall", "hops")} for q in qids}
+
+    rows = []
+    for m in methods:
+        if m == base:
+            continue
+        ok = [s for s in seeds if (out_dir / run_name(m, s) / "done.json").exists()
+              and (out_dir / run_name(base, s) / "done.json").exists()]
+        if not ok:
+            continue
+        a, b = means(m, ok), means(base, ok)
+        qs = sorted(set(a) & set(b))
+        row: dict[str, Any] = {"method": m, "seeds": len(ok), "questions": len(qs)}
+        for key, sel, metric in (("em", lambda q: True, "em"), ("em_2hop", lambda q: b[q]["hops"] == 2, "em"),
+                                 ("recall", lambda q: True, "recall")):
+            d = [a[q][metric] - b[q][metric] for q in qs if sel(q)]
+            row[key] = paired_bootstrap(d, n_boot)
+        rows.append(row)
+    return rows
+
+
+def bootstrap_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
+    rows = bootstrap_rows(out_dir, methods, seeds)
+    if not rows:
+        return ""
+    lines = ["### Each method minus GRPO, world test (paired bootstrap over questions, 95% interval)", "",
+             "| method | seeds | questions | EM | EM 2-hop | evidence recall |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        cells = [f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for m, lo, hi in (r["em"], r["em_2hop"], r["recall"])]
+        lines.append(f"| {r['method']} | {r['seeds']} | {r['questions']} | " + " | ".join(cells) + " |")
+    lines += ["", "Points (percentage points); per question the mean over the seeds both methods finished. An interval "
+              "that excludes 0 separates the method from GRPO."]
+    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- running
@@ -355,12 +440,16 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
 
 def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: str | Path, steps: int | None = None,
                 overrides: Sequence[str] = (), mini: str | None = None, test_limit: int | None = None,
-                mini_limit: int | None = None, log: Any = print, isolate: bool = True) -> str:
+                mini_limit: int | None = None, log: Any = print, isolate: bool = True, jobs: int = 1,
+                probe: int = 0) -> str:
     """Train and evaluate every (method, seed), resumably; returns the results markdown.
 
     ``isolate`` (default) runs each (method, seed) in a fresh spawned process: models, trainer and
     framework state are freed when it exits (in one process, memory grew by ~1.5 GB per SmolLM2 run,
-    to 12 GB after seven), and a crash names the run that failed.
+    to 12 GB after seven), and a crash names the run that failed. ``jobs > 1`` runs that many of
+    them at once, each with ``cpu_count // jobs`` torch threads (small models on a few cores: two
+    one-thread runs do more steps per second than one two-thread run). ``probe > 0`` first probes the
+    starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results).
     """
     from hindsearch.config import Config
 
@@ -380,6 +469,24 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     resolve_alias(base_cfg)  # the micro model is built (cached) before the warm-up
     init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
+    if probe > 0 and not (out_dir / "probe.json").exists():
+        from hindsearch.hindsight.cli import probe_checkpoint
+
+        probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
+    if isolate and jobs > 1:
+        pending = []
+        for m in methods:
+            for s in seeds:
+                rd = out_dir / run_name(m, s)
+                if run_state(rd) == "done":
+                    log(f"{rd.name}: finished, skipped")
+                    continue
+                pending.append(((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit), rd.name))
+        failed = run_parallel(pending, jobs, log=log)
+        if failed:
+            raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
+                               f"finished runs are kept.")
+        return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
     for m in methods:
         for s in seeds:
             rd = out_dir / run_name(m, s)
@@ -438,11 +545,65 @@ def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> i
             signal.signal(signal.SIGTERM, prev)
 
 
+def run_parallel(pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = print) -> list[str]:
+    """Run ``_one_run(*args)`` for every ``(args, name)`` in spawned processes, ``jobs`` at a time; each
+    child gets ``cpu_count // jobs`` torch threads. Returns the names that failed. Stopping the parent
+    (Ctrl-C, SIGTERM) stops every child (runs resume from their checkpoints next time)."""
+    import multiprocessing as mp
+    import os
+    import signal
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    ctx = mp.get_context("spawn")
+    queue, running, failed = list(pending), [], []
+
+    def _term(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    try:
+        prev = signal.signal(signal.SIGTERM, _term)
+    except ValueError:
+        prev = None
+    try:
+        while queue or running:
+            while queue and len(running) < jobs:
+                args, name = queue.pop(0)
+                proc = ctx.Process(target=_one_run, args=args, kwargs={"threads": threads}, name=name)
+                proc.start()
+                log(f"{name}: started (pid {proc.pid}, {threads} thread{'s' if threads > 1 else ''})")
+                running.append(proc)
+            for proc in list(running):
+                proc.join(timeout=1.0)
+                if proc.exitcode is not None:
+                    running.remove(proc)
+                    if proc.exitcode != 0:
+                        failed.append(proc.name)
+                        log(f"{proc.name}: failed (exit code {proc.exitcode})")
+                    else:
+                        log(f"{proc.name}: done")
+        return failed
+    finally:
+        for proc in running:
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(30)
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
+
+
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
-             mini: str | None, test_limit: int | None, mini_limit: int | None) -> None:
+             mini: str | None, test_limit: int | None, mini_limit: int | None, threads: int | None = None) -> None:
     """Train (or resume, or only evaluate) one (method, seed) and write its ``results.json`` and ``done.json``."""
     from hindsearch.config import Config
     from hindsearch.train.run import run_train
+
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
 
     rd = Path(run_dir)
     cfg = Config.load(config, run_overrides(method, seed, rd, init, base_ov))
@@ -473,7 +634,8 @@ def main_compare(args: argparse.Namespace) -> int:
     if not Path(args.config).exists():
         raise FileNotFoundError(f"--config {args.config}: file not found")
     md = run_compare(args.config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
-                     mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit)
+                     mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,
+                     jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0))
     print(md)
     if not args.no_report:
         from hindsearch.report import write_report

@@ -179,6 +179,9 @@ class TrainConfig:
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = None
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
+    log_grad_share: bool = True
+    """Log each hindsight term's share of the update (``<term>/grad_share``: the norm of ``d(lambda L_term)/dh``
+    against ``d L_GRPO/dh`` at the last hidden state ``h``); costs two backward passes through the LM head."""
     trl: dict[str, Any] = field(default_factory=dict)
     """``[train.trl]``: raw TRL ``GRPOConfig`` fields passed through, e.g. ``report_to = ["tensorboard"]``,
     ``lr_scheduler_type = "cosine"``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``,

@@ -407,7 +407,21 @@ def run_section(run: Run, title: str | None = None) -> str:
         bad = "<p class=fail>Unreadable lines: " + "; ".join(html.escape(b) for b in run.bad_lines[:10]) + "</p>"
     cfg = f"<details><summary>config.toml</summary><pre>{html.escape(run.config_text)}</pre></details>" if run.config_text else ""
     return (f"<section class=run id='run-{html.escape(run.path.name)}'><h2>{html.escape(title or run.path.name)}</h2>"
-            f"{bad}{metrics_section(run)}{results_section(run)}{browser_section(run)}{cfg}</section>")
+            f"{bad}{metrics_section(run)}{results_section(run)}{probe_section(run.path)}{browser_section(run)}{cfg}</section>")
+
+
+def probe_section(path: Path) -> str:
+    """The teacher-probe table of ``path/probe.json`` (``hindsearch probe``), or nothing when absent."""
+    p = Path(path) / "probe.json"
+    if not p.exists():
+        return ""
+    from hindsearch.hindsight.probe import format_probe
+
+    try:
+        md = format_probe(json.loads(p.read_text()))
+    except (ValueError, KeyError, TypeError) as e:
+        return f"<p class=fail>probe.json unreadable: {html.escape(str(e))}</p>"
+    return "<h3>Teacher probes</h3>" + markdown_table_html(md)
 
 
 # --------------------------------------------------------------------------- compare dirs
@@ -523,5 +537,9 @@ def register(sub: Any) -> None:
                    help="config override applied to every run")
     c.add_argument("--out", required=True, help="comparison folder (resumable)")
     c.add_argument("--no-report", action="store_true", help="do not write DIR/report.html")
+    c.add_argument("--jobs", type=int, default=1,
+                   help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
+    c.add_argument("--probe", type=int, default=0, metavar="N",
+                   help="first probe the starting checkpoint on N failed training rollouts (DIR/probe.json; 0 = no probe)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=_cmd_compare)

@@ -1,0 +1,88 @@
+"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student?
+
+Runs ``hindsearch.hindsight.probe.run_probe`` on failed greedy training rollouts of one checkpoint and
+writes ``probe.json`` + ``probe.md`` (one table) into ``--out`` (default: the checkpoint folder, or the
+config's run folder when the checkpoint is the preset's warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    def positive_int(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if v < 1:
+            raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+        return v
+
+    p = sub.add_parser(
+        "probe", help="teacher probes: hint gain, query quality at the failed state, decision preference, token gaps",
+        description="Answers, on N failed greedy training rollouts of a checkpoint, whether the hindsight teacher "
+                    "(critique with/without gold, IGSD answer line, neutral control) is better than the student.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", default=None, help="TOML file or preset name (default: tiny-cpu)")
+    p.add_argument("--checkpoint", default=None, metavar="DIR",
+                   help="model folder to probe (default: the preset's warmed-up checkpoint, built and cached when missing)")
+    p.add_argument("--n", type=positive_int, default=64, help="failed rollouts to probe")
+    p.add_argument("--questions", type=positive_int, default=256, help="training questions rolled out to find them")
+    p.add_argument("--samples", type=positive_int, default=4, help="samples per state for the decision probability")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field (repeatable)")
+    p.add_argument("--out", default=None, help="output folder for probe.json / probe.md")
+    p.add_argument("--debug", action="store_true", help="show tracebacks")
+    p.set_defaults(func=_cmd_probe)
+
+
+def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: int = 256, samples: int = 4,
+                     out: str | Path | None = None, log: Any = print) -> dict[str, Any]:
+    """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result."""
+    from dataclasses import replace
+
+    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
+    from hindsearch.micro import resolve_alias
+    from hindsearch.models import cache_dir, load_policy
+    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.train.run import load_records, resolve_data
+    from hindsearch.train.warmup import ensure_warmup, select_records
+
+    resolve_alias(cfg)
+    paths = resolve_data(cfg)
+    train, _ = load_records(cfg, paths)
+    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    if checkpoint is None:
+        model, tok = load_policy(cfg.model)
+        if cfg.warmup.enabled:
+            checkpoint = str(ensure_warmup(cfg, model, tok, retriever, train, cache_dir() / "warmup"))
+        else:
+            checkpoint = cfg.model.name
+    model, tok = load_policy(replace(cfg.model, name=str(checkpoint), gguf_file=None))
+    model.eval()
+    engine = RolloutEngine(model, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
+                           backend=HFBackend(model, tok))
+    recs = select_records(train, questions, cfg.train.seed + 7)
+    import torch
+
+    with torch.no_grad():
+        res = run_probe(engine, recs, cfg, n=n, samples=samples, seed=cfg.train.seed, log=log)
+    res["checkpoint"] = str(checkpoint)
+    where = Path(out) if out else (Path(checkpoint) if Path(checkpoint).is_dir() else Path(cfg.out))
+    path = write_probe(res, where)
+    log(format_probe(res))
+    log(f"probe: {path} ({res['seconds']:.0f}s)")
+    return res
+
+
+def _cmd_probe(args: argparse.Namespace) -> int:
+    from hindsearch.config import Config
+    from hindsearch.train.cli import find_config
+
+    cfg = Config.load(find_config(args.config), args.set).validate()
+    probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out)
+    return 0

@@ -1,0 +1,263 @@
+"""Teacher probes: is the hindsight teacher better than the student, and where?
+
+Distillation can only transfer what the teacher does better. ``run_probe`` answers that on ``n``
+failed (greedy) training rollouts of one checkpoint, for every hindsight line a method uses:
+
+* ``neutral``  – ``Feedback on a previous attempt: none.`` (the prompt shape, no information: the control);
+* ``critique`` – HindSearch's critique of the failed rollout, with gold (``critique_gold``) and without
+  (``critique_nogold``), from the configured judge (``hindsearch.judge_kind``: oracle or LM);
+* ``answer``   – IGSD's ``(The correct answer is: {A[0]}.)``.
+
+Four probes per hint:
+
+1. **hint gain** – greedy reruns of the failed questions with the hint in the prompt: EM, gold-evidence
+   recall (share of the question's evidence titles that the rerun's searches retrieved) and searches
+   per question; the unhinted rerun is the student (EM 0 by construction: these are its failures).
+2. **failed state** – from the failed rollout's state right after its first information block, the
+   student and the hinted teacher continue greedily (same model, same retriever): the share that search
+   again (the decision; for two-hop failures this is where a critique like "first find B" must act), the
+   share whose next query retrieves an evidence passage the first search missed (``hit_missed``), the
+   answer likelihood ``u(D)`` of what that query retrieved (IGSD's utility, scored by the student) and
+   the EM reached from there.
+3. **sampled decision** – the same state, ``k`` samples at temperature 1: the probability of opening
+   ``<search>`` rather than ``<answer>`` next, two-hop failures only.
+4. **token gap** – teacher-forced log-probs of the student's own failed tokens: ``lT - lS`` (teacher =
+   hinted prompt, student = plain prompt, same weights, temperature 1) and ``lT - lN`` (net of the
+   neutral control), on query tokens and on action tokens (``teacher.action_mask``).
+
+Everything is written to ``probe.json`` and printed as one table (``format_probe``).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, action_mask, continuation_logprobs
+from hindsearch.records import QARecord, Trajectory
+
+HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
+
+
+def _bare(title: str) -> str:
+    t = title.strip()
+    if len(t) >= 2 and t[0] == t[-1] == '"':
+        t = t[1:-1]
+    return t.lower()
+
+
+def retrieved_titles(traj: Trajectory, from_turn: int = 0) -> set[str]:
+    """Bare, lower-cased titles of everything the trajectory's searches retrieved (from turn ``from_turn`` on)."""
+    return {_bare(t) for turn in traj.turns[from_turn:] for t in turn.doc_titles}
+
+
+def evidence_recall(traj: Trajectory) -> float:
+    """Share of the question's evidence titles retrieved by the trajectory (0 when it has no evidence)."""
+    ev = {_bare(e) for e in traj.evidence}
+    return len(ev & retrieved_titles(traj)) / len(ev) if ev else 0.0
+
+
+def hint_lines(trajs: Sequence[Trajectory], cfg: Any, judges: dict[str, Any]) -> dict[str, list[str | None]]:
+    """The hint line of every failed trajectory, per hint kind (None where a critique was unusable)."""
+    out: dict[str, list[str | None]] = {"neutral": [protocol.FEEDBACK_TEMPLATE.format(critique=NEUTRAL_CRITIQUE)] * len(trajs),
+                                        "answer": [protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=t.golden_answers[0])
+                                                   for t in trajs]}
+    for name, judge in judges.items():
+        crits = judge.critique(list(trajs))
+        out[name] = [protocol.FEEDBACK_TEMPLATE.format(critique=c.text) if c.usable else None for c in crits]
+    return out
+
+
+def _mean(xs: Sequence[float]) -> float:
+    return float(statistics.fmean(xs)) if xs else 0.0
+
+
+def first_info_end(traj: Trajectory) -> int | None:
+    """Completion index right after the first information block (None when no search got one)."""
+    for turn in traj.turns:
+        if turn.action == "search" and turn.inject_span[1] > turn.inject_span[0]:
+            return turn.inject_span[1]
+    return None
+
+
+def rerun_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
+    """EM, gold-evidence recall and searches per question of reruns."""
+    return {"n": float(len(trajs)), "em": _mean([t.em for t in trajs]), "evidence_recall": _mean([evidence_recall(t) for t in trajs]),
+            "searches": _mean([float(t.num_searches) for t in trajs])}
+
+
+def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
+                conts: Sequence[Trajectory], failed: Sequence[Trajectory]) -> dict[str, float]:
+    """Decision, query quality and EM of continuations from the failed states (see the module doc, probe 2)."""
+    searched, hits, us, em = [], [], [], []
+    states, ans = [], []
+    for sp, pre, c, f in zip(student_prompts, prefixes, conts, failed):
+        first = c.turns[0] if c.turns else None
+        s = bool(first and first.action == "search")
+        searched.append(float(s))
+        em.append(c.em)
+        missed = {_bare(e) for e in f.evidence} - {_bare(t) for t in f.turns[0].doc_titles}
+        got = {_bare(t) for t in first.doc_titles} if s and first is not None else set()
+        hits.append(float(bool(missed & got)))
+        if s and first is not None and first.inject_span[1] > first.inject_span[0]:
+            ctx = list(tokenizer("<answer> ", add_special_tokens=False)["input_ids"])
+            gold = list(tokenizer(f.golden_answers[0], add_special_tokens=False)["input_ids"])[:16]
+            states.append(list(sp) + list(pre) + list(c.completion_ids[: first.inject_span[1]]) + ctx)
+            ans.append(gold)
+    if states:
+        lp, _, _ = continuation_logprobs(engine.model, states, ans)
+        for j, a in enumerate(ans):
+            us.append(float(lp[j, : len(a)].mean()))
+    return {"n": float(len(conts)), "search_again": _mean(searched), "hit_missed": _mean(hits),
+            "u_D": _mean(us), "u_D_n": float(len(us)), "em_from_state": _mean(em)}
+
+
+def token_gaps(model: Any, tokenizer: Any, failed: Sequence[Trajectory], hints: Sequence[str | None],
+               neutral: Sequence[str], student_prompts: Sequence[list[int]]) -> dict[str, float]:
+    """``lT - lS`` and ``lT - lN`` on the failed rollouts' own query and action tokens (probe 4)."""
+    rows = [i for i, h in enumerate(hints) if h is not None]
+    if not rows:
+        return {}
+    comps = [list(failed[i].completion_ids) for i in rows]
+    lT = continuation_logprobs(model, [protocol.encode_prompt(tokenizer, failed[i].question, hints[i]) for i in rows], comps)[0]
+    lN = continuation_logprobs(model, [protocol.encode_prompt(tokenizer, failed[i].question, neutral[i]) for i in rows], comps)[0]
+    lS = continuation_logprobs(model, [student_prompts[i] for i in rows], comps)[0]
+    out: dict[str, float] = {}
+    for name, get in (("query", lambda t: t.query_mask), ("action", lambda t: action_mask(t, tokenizer))):
+        ts, tn = [], []
+        for j, i in enumerate(rows):
+            m = torch.tensor(get(failed[i])[: len(comps[j])], dtype=torch.bool)
+            n = len(comps[j])
+            ts.append((lT[j, :n] - lS[j, :n])[m])
+            tn.append((lT[j, :n] - lN[j, :n])[m])
+        a, b = torch.cat(ts), torch.cat(tn)
+        out[f"{name}_tokens"] = float(a.numel())
+        out[f"{name}_lT_minus_lS"] = float(a.mean()) if a.numel() else 0.0
+        out[f"{name}_lT_minus_neutral"] = float(b.mean()) if b.numel() else 0.0
+    return out
+
+
+def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Sequence[list[int]],
+                         hints: Sequence[str | None], k: int, seed: int) -> float:
+    """P(the next action opens ``<search>``) from each state: ``k`` samples at temperature 1 each."""
+    if not records or k <= 0:
+        return 0.0
+    from dataclasses import replace
+
+    old = engine.cfg
+    engine.cfg = replace(old, temperature=1.0, top_p=1.0)
+    try:
+        outs = engine.rollout(list(records), num_generations=k, greedy=False, seed=seed, hints=list(hints),
+                              prefixes=list(prefixes))
+    finally:
+        engine.cfg = old
+    return _mean([float(bool(t.turns) and t.turns[0].action == "search") for t in outs])
+
+
+def run_probe(engine: Any, records: Sequence[QARecord], cfg: Any, n: int = 64, samples: int = 4, seed: int = 0,
+              log: Any = print) -> dict[str, Any]:
+    """All probes on the first ``n`` greedy failures among ``records`` (see the module docstring)."""
+    from hindsearch.hindsight.judge import LMJudge, OracleJudge
+
+    t0 = time.time()
+    tok = engine.tokenizer
+    base = engine.rollout(list(records), greedy=True)
+    failed = [t for t in base if t.failed][:n]
+    by_id = {r.id: r for r in records}
+    recs = [by_id[t.qid] for t in failed]
+    log(f"probe: {len(failed)} failed of {len(base)} greedy training rollouts (student EM {_mean([t.em for t in base]):.3f})")
+    h = cfg.hindsearch
+    judges: dict[str, Any] = {}
+    jm, jt = engine.model, tok
+    if h.judge_kind == "lm" and h.judge_model:
+        from dataclasses import replace
+
+        from hindsearch.models import load_policy
+
+        jm, jt = load_policy(replace(cfg.model, name=h.judge_model, gguf_file=None))
+        jm.eval()
+    for name, gold in (("critique_gold", True), ("critique_nogold", False)):
+        if h.judge_kind == "oracle":
+            judges[name] = OracleJudge(gold, h.judge_template, h.redact_gold_in_critique)
+        else:
+            judges[name] = LMJudge(jm, jt, _replace_gold(h, gold))
+    lines = hint_lines(failed, cfg, judges)
+    student_prompts = [engine.prompt_ids(t.question) for t in failed]
+    result: dict[str, Any] = {"n_questions": len(base), "n_failed": len(failed), "student_em": _mean([t.em for t in base]),
+                              "judge_kind": h.judge_kind, "hints": {}}
+    usable = {k: [i for i, x in enumerate(v) if x is not None] for k, v in lines.items()}
+    # probe 1: hint gain (the student rerun is the failures themselves, EM 0 by construction)
+    result["student"] = {"rerun": rerun_stats(failed)}
+    st_rows = [i for i, t in enumerate(failed) if first_info_end(t) is not None]
+    st_pref = [list(failed[i].completion_ids[: first_info_end(failed[i])]) for i in st_rows]
+    st_recs = [recs[i] for i in st_rows]
+    conts = engine.rollout(st_recs, greedy=True, prefixes=st_pref) if st_rows else []
+    result["student"]["state"] = state_stats(engine, tok, [student_prompts[i] for i in st_rows], st_pref, conts,
+                                             [failed[i] for i in st_rows])
+    two = [j for j, i in enumerate(st_rows) if failed[i].hops == 2]
+    result["student"]["p_search_two_hop"] = decision_probability(
+        engine, [st_recs[j] for j in two], [st_pref[j] for j in two], [None] * len(two), samples, seed)
+    for name in HINTS:
+        rows = usable.get(name, [])
+        hs = [lines[name][i] for i in rows]
+        rer = engine.rollout([recs[i] for i in rows], greedy=True, hints=hs) if rows else []
+        entry: dict[str, Any] = {"usable": len(rows), "rerun": rerun_stats(rer)}
+        srows = [j for j, i in enumerate(st_rows) if lines[name][i] is not None]
+        sh = [lines[name][st_rows[j]] for j in srows]
+        sc = engine.rollout([st_recs[j] for j in srows], greedy=True, hints=sh, prefixes=[st_pref[j] for j in srows]) if srows else []
+        entry["state"] = state_stats(engine, tok, [student_prompts[st_rows[j]] for j in srows], [st_pref[j] for j in srows],
+                                     sc, [failed[st_rows[j]] for j in srows])
+        t2 = [j for j in srows if failed[st_rows[j]].hops == 2]
+        entry["p_search_two_hop"] = decision_probability(
+            engine, [st_recs[j] for j in t2], [st_pref[j] for j in t2], [lines[name][st_rows[j]] for j in t2], samples, seed)
+        if name != "neutral":
+            entry["gap"] = token_gaps(engine.model, tok, failed, lines[name], lines["neutral"], student_prompts)
+        if name.startswith("critique"):
+            entry["example"] = next((x for x in lines[name] if x), None)
+        result["hints"][name] = entry
+    result["seconds"] = time.time() - t0
+    return result
+
+
+def _replace_gold(hcfg: Any, gold: bool) -> Any:
+    from dataclasses import replace
+
+    return replace(hcfg, judge_sees_gold=gold)
+
+
+def format_probe(res: dict[str, Any]) -> str:
+    """One markdown table of a ``run_probe`` result (rows: student and each hint)."""
+    head = ("| context | usable | rerun EM | evidence recall | searches/q | search again | hit missed | u(D) | "
+            "EM from state | P(search) 2-hop | query lT-lS | query lT-lN | action lT-lS | action lT-lN |")
+    lines = [f"Teacher probes on {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
+             f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.", "",
+             head, "|" + "---|" * (head.count("|") - 1)]
+
+    def row(name: str, e: dict[str, Any], usable: Any) -> str:
+        r, s, g = e["rerun"], e["state"], e.get("gap", {})
+        gap = [f"{g[k]:+.3f}" if k in g else "-" for k in ("query_lT_minus_lS", "query_lT_minus_neutral",
+                                                            "action_lT_minus_lS", "action_lT_minus_neutral")]
+        return (f"| {name} | {usable} | {100 * r['em']:.1f} | {100 * r['evidence_recall']:.1f} | {r['searches']:.2f} | "
+                f"{100 * s['search_again']:.1f} | {100 * s['hit_missed']:.1f} | {s['u_D']:.2f} | {100 * s['em_from_state']:.1f} | "
+                f"{100 * e['p_search_two_hop']:.1f} | " + " | ".join(gap) + " |")
+
+    lines.append(row("student (no hint)", res["student"], res["n_failed"]))
+    for name, e in res["hints"].items():
+        lines.append(row(name, e, e["usable"]))
+    return "\n".join(lines)
+
+
+def write_probe(res: dict[str, Any], out_dir: str | Path) -> Path:
+    """``out_dir/probe.json`` and ``out_dir/probe.md``; returns the json path."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "probe.json").write_text(json.dumps(res, indent=1))
+    (out / "probe.md").write_text(format_probe(res) + "\n")
+    return out / "probe.json"
