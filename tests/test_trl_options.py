@@ -133,13 +133,12 @@ def test_two_grpo_steps_train_only_the_adapter(world, tok, tmp_path):  # noqa: F
         assert not (d / "model.safetensors").exists(), d
     adapter_cfg = json.loads((run / "final" / "adapter_config.json").read_text())
     assert adapter_cfg["r"] == 4 and adapter_cfg["lora_alpha"] == 8
-    # the saved adapter on the (unchanged) base reproduces the trained policy
-    from peft import PeftModel
+    # the adapter names its base, so the run's final/ loads as a model (resume, `hindsearch eval --model`)
+    assert adapter_cfg["base_model_name_or_path"] == str((run / "init").resolve())
+    from hindsearch.config import ModelConfig
+    from hindsearch.models import load_policy
 
-    from hindsearch.models import tiny_random_model
-
-    base = tiny_random_model(tok, seed=0, num_hidden_layers=1)
-    reloaded = PeftModel.from_pretrained(base, str(run / "final")).eval()
+    reloaded, _ = load_policy(ModelConfig(name=str(run / "final"), device="cpu"))
     ids = torch.tensor([tok("Who founded the city?")["input_ids"]])
     policy.eval()
     with torch.no_grad():

@@ -199,6 +199,9 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
 
     terms = make_terms(cfg)
     peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
+    if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
+        base = getattr(model.config, "_name_or_path", "") or ""
+        model.name_or_path = str(Path(base).resolve()) if base and Path(base).is_dir() else base
     # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
     frozen = copy.deepcopy(model).eval() if terms and (cfg.train.beta == 0 or peft_config is not None) else None
     ema = copy.deepcopy(model).eval() if any(getattr(t, "needs_ema", False) for t in terms) else None
