@@ -144,6 +144,24 @@ def test_two_grpo_steps_train_only_the_adapter(world, tok, tmp_path):  # noqa: F
     with torch.no_grad():
         assert torch.allclose(reloaded(input_ids=ids).logits, policy(input_ids=ids).logits, atol=1e-5)
 
+    # resume from the adapter checkpoint of step 1: step 2 is redone once, from checkpoint-1's adapter
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from hindsearch.train.run import last_checkpoint, truncate_jsonl
+
+    shutil.rmtree(ckpt)
+    truncate_jsonl(run / "metrics.jsonl", 1)
+    trainer2, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run, seed=0)
+    saved = load_file(str(run / "checkpoints" / "checkpoint-1" / "adapter_model.safetensors"))
+    trainer2._load_from_checkpoint(str(last_checkpoint(run)))
+    loaded = {n: p for n, p in trainer2.accelerator.unwrap_model(trainer2.model).named_parameters() if "lora_" in n}
+    assert len(saved) == len(loaded) and any(torch.count_nonzero(v) for k, v in saved.items() if "lora_B" in k)
+    assert all(any(torch.equal(v, p) for p in loaded.values()) for v in saved.values())
+    trainer2.train(resume_from_checkpoint=str(last_checkpoint(run)))
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
+
 
 def test_lora_with_the_frozen_lm_judge_and_teacher(world, tok, tmp_path):  # noqa: F811
     """HindSearch with LoRA and a KL term (TRL then keeps no reference copy): the judge and the frozen teacher
