@@ -480,7 +480,11 @@ def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = No
     check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")  # never replace user data
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
-    write_world(generate_world(seed, n_entities, test_questions), tmp)
+    try:
+        write_world(generate_world(seed, n_entities, test_questions), tmp)
+    except BaseException:  # a failed or interrupted build leaves no temporary folder behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     try:
         if out.exists():
             old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
