@@ -274,7 +274,8 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
     w, retriever = world
     cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="oracle"',
                                          f'hindsearch.divergence="{divergence}"', f'hindsearch.distill_on="{distill_on}"',
-                                         "hindsearch.neutral_control=true", "hindsearch.topk=8", "hindsearch.lam=0.5"])
+                                         "hindsearch.neutral_control=true", "hindsearch.topk=8", "hindsearch.lam=0.5",
+                                         "train.grad_share_steps=1"])
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
     trainer.train()

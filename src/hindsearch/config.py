@@ -179,9 +179,11 @@ class TrainConfig:
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = None
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
-    log_grad_share: bool = True
-    """Log each hindsight term's share of the update (``<term>/grad_share``: the norm of ``d(lambda L_term)/dh``
-    against ``d L_GRPO/dh`` at the last hidden state ``h``); costs two backward passes through the LM head."""
+    grad_share_steps: int = 10
+    """Every N optimizer steps (from the first), log each hindsight term's share of the update
+    (``<term>/grad_share``: the norm of ``d(lambda L_term)/dh`` against ``d L_GRPO/dh`` at the last hidden state
+    ``h``); 1 = every step, 0 = never. Each measurement costs two extra backward passes through the LM head
+    (on micro, whose head is most of the model, about one extra update)."""
     trl: dict[str, Any] = field(default_factory=dict)
     """``[train.trl]``: raw TRL ``GRPOConfig`` fields passed through, e.g. ``report_to = ["tensorboard"]``,
     ``lr_scheduler_type = "cosine"``, ``warmup_ratio``, ``weight_decay``, ``max_grad_norm``,
@@ -386,6 +388,7 @@ class Config:
         _positive("train.steps", self.train.steps, allow_zero=True)
         _positive("train.questions_per_step", self.train.questions_per_step)
         _positive("train.save_steps", self.train.save_steps)
+        _positive("train.grad_share_steps", self.train.grad_share_steps, allow_zero=True)
         if self.train.micro_batch_size is not None:
             _positive("train.micro_batch_size", self.train.micro_batch_size)
         if self.train.lr <= 0:

@@ -121,7 +121,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         format_reward: float = 0.0,
         rollout_seed: int = 0,
         ema_decay: float = 0.99,
-        grad_share: bool = True,
+        grad_share_steps: int = 10,
         **kwargs: Any,
     ) -> None:
         from datasets import Dataset
@@ -148,7 +148,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self._term_acc: dict[str, list[float]] = {}
         self._vllm_attached = False
         self.ema_decay = ema_decay
-        self.grad_share = grad_share
+        self.grad_share_steps = grad_share_steps
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -280,7 +280,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
                 self._acc(f"{term.name}/loss", float(term_loss.detach()))
                 for k, v in metrics.items():
                     self._acc(f"{term.name}/{k}", float(v))
-            if self.grad_share and self.model.training:
+            if self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0:
                 for name, share in update_shares(grpo_loss, weighted, captured).items():
                     self._acc(f"{name}/grad_share", share)
         if not torch.isfinite(loss.detach()).all():
