@@ -462,8 +462,9 @@ def raw_post(url: str, body: bytes, timeout: float = 10.0) -> tuple[int, dict]:
 
 @pytest.mark.parametrize("body,status", [
     (b'{"queries": ["q"], "topk": ' + b"9" * 5000 + b"}", 400),          # an integer over Python's digit limit
-    (b'{"queries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 400),      # nesting past the recursion limit
-    (b'{"queries": ["q"], "x": ' + b"[" * 60_000 + b"]" * 60_000 + b"}", 400),
+    (b'{"queries": ' + b"[" * 3_000 + b"]" * 3_000 + b"}", 400),          # nesting past the recursion limit
+    (b'{"queries": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", 422),      # more containers than a body needs
+    (b'{"queries": ["q"], "x": ' + b"[" * 60_000 + b"]" * 60_000 + b"}", 422),
     (b'{"queries": ["q"], "topk": 100, "return_scores": 1}', 422),
     (json.dumps({"queries": ["q"] * 5000, "topk": 3}).encode(), 422),    # over max_queries
     (json.dumps({"queries": ["q"] * 2560, "topk": 30}).encode(), 422),   # over max_hits (response size)
@@ -538,3 +539,32 @@ def test_every_fuzz_cli_invocation_is_one_clean_line(tmp_path, monkeypatch, caps
         assert "Traceback" not in err and err.splitlines()[-1].startswith("hindsearch"), (argv, err)
         assert fuzz.snapshot(tmp_path) == before, argv
     assert not [p for p in tmp_path.rglob("*") if p.is_dir() and (".tmp" in p.name or ".old-" in p.name)]
+
+
+class SlowRetriever:
+    def retrieve(self, queries, k):
+        time.sleep(1.0)
+        return [[] for _ in queries]
+
+
+def test_requests_in_flight_are_bounded_with_a_json_503():
+    import threading
+
+    from hindsearch.retrieval.limits import ServerLimits
+    from hindsearch.retrieval.server import BackgroundServer, create_app
+
+    limits = ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=0.3)
+    s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
+    try:
+        got: list[tuple[int, dict]] = []
+        threads = [threading.Thread(target=lambda: got.append(raw_post(s.url, b'{"queries": ["q"]}'))) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.05)
+        for t in threads:
+            t.join(30)
+    finally:
+        s.stop()
+    statuses = sorted(status for status, _ in got)
+    assert statuses[0] == 200 and statuses[-1] == 503 and len(statuses) == 4
+    assert all("busy" in payload["error"] for status, payload in got if status == 503)

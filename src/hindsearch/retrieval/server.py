@@ -16,11 +16,14 @@ Bounds (``ServerLimits``, all ``serve`` flags): at most ``max_queries`` queries 
 sends a whole training batch, 512 x 5 = 2,560, in one POST) of ``max_query_chars`` each,
 ``topk <= max_topk``, ``queries x topk <= max_hits`` (the response size), a body of at most
 ``max_body_bytes``. At most ``max_inflight`` requests are parsed and retrieved at once; up to
-``max_pending`` more wait for a slot (at most ``queue_timeout_s``), beyond that 503 JSON. A
+``max_pending`` more wait for a slot (at most ``queue_timeout_s``), beyond that 503 JSON; bodies
+over 1 MiB are parsed one at a time, and a body with more JSON objects/arrays than
+``max_queries + 1024`` is refused before parsing (parsing can take ~25x the body's size). A
 connection must send its headers within ``header_timeout_s`` and its body within
 ``body_timeout_s``, or it is dropped (408 for a slow body). Memory therefore stays bounded by
-about ``max_pending x max_body_bytes`` of buffered bodies plus ``max_inflight`` parses and
-responses.
+about ``(max_pending + max_inflight) x max_body_bytes`` of buffered bodies, one parse of a body
+over 1 MiB (~13x its size) plus ``max_inflight`` parses of smaller bodies, and ``max_inflight``
+responses of at most ``max_hits`` passages.
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
     """Validate a ``/retrieve`` body -> (queries, topk, return_scores); raises ``BadRequest``."""
     if len(body) > limits.max_body_bytes:
         raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+    containers = body.count(b"{") + body.count(b"[")  # a valid body has 2 (+ any inside query text)
+    if containers > limits.max_queries + 1024:
+        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one object "
+                              'with one list of strings, like {"queries": [...], "topk": 3}')
     try:
         req = json.loads(body)
     except RecursionError:
@@ -141,6 +148,7 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
     else:
         app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
     slots = asyncio.Semaphore(limits.max_inflight)
+    big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
     state = {"pending": 0}
 
     @app.get("/health")
@@ -189,14 +197,22 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
             body = await read_body(request)
             if isinstance(body, Response):
                 return body
+            gates = [big_slot, slots] if len(body) > 1 << 20 else [slots]
+            held = []
             try:
-                await asyncio.wait_for(slots.acquire(), limits.queue_timeout_s)
+                async with asyncio.timeout(limits.queue_timeout_s):
+                    for gate in gates:
+                        await gate.acquire()
+                        held.append(gate)
             except TimeoutError:
+                for gate in held:
+                    gate.release()
                 return _error(503, f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later")
             try:
                 out = await run_in_threadpool(work, body)
             finally:
-                slots.release()
+                for gate in held:
+                    gate.release()
             return out if isinstance(out, Response) else Response(out, media_type="application/json")
         except ClientDisconnect:
             log.info("client %s disconnected before its request was read", request.client)
