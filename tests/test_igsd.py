@@ -8,6 +8,8 @@ import random
 import pytest
 import torch
 
+from hindsearch.hindsight.terms import loss_from_full_logits
+
 from hindsearch.agent.rollout import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
 from hindsearch.hindsight import igsd as G
@@ -204,7 +206,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
     assert batch.samples[1] == {} and len(batch.samples[0]["igsd_pairs"]) == 3
     logits = torch.randn(2, T, len(tok), requires_grad=True)
     ids = torch.zeros(2, T, dtype=torch.long)
-    L, lm = term.loss(logits, ids, batch.tensors)
+    L, lm = loss_from_full_logits(term, logits, ids, batch.tensors)
     assert torch.isfinite(L)
     L.backward()
     hit = logits.grad.abs().sum(-1) > 0
@@ -214,7 +216,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
         assert torch.equal(batch.tensors["igsd_gate"], batch.tensors["igsd_mask"])
     # nothing to distil: exact zero, attached
     empty = {k: torch.zeros_like(v) for k, v in batch.tensors.items()}
-    z, _ = term.loss(logits, ids, empty)
+    z, _ = loss_from_full_logits(term, logits, ids, empty)
     assert z.item() == 0.0 and z.requires_grad
 
 

@@ -8,6 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from hindsearch.hindsight.terms import loss_from_full_logits
+
 from hindsearch.config import Config, HindSearchConfig
 from hindsearch.hindsight import judge as J
 from hindsearch.hindsight.teacher import encode_prompt, teacher_token_logprobs
@@ -167,7 +169,7 @@ def test_hindsearch_term_gradient_only_on_query_tokens_of_failed(tok, model, fro
     # make the student worse than the teacher on every token so every weight is positive
     with torch.no_grad():
         logits -= 20 * torch.nn.functional.one_hot(ids, len(tok))
-    L, lm = term.loss(logits, ids, batch.tensors)
+    L, lm = loss_from_full_logits(term, logits, ids, batch.tensors)
     assert L.item() > 0 and lm["tokens"] == sum(failed.query_mask)
     L.backward()
     hit = logits.grad.abs().sum(-1) > 0
@@ -185,7 +187,7 @@ def test_hindsearch_term_topk_divergences(tok, model, frozen, div):
     batch = term.prepare([tr], T, _ctx(model, frozen, tok))
     assert batch.tensors["hind_topk_ids"].shape == (1, T, 7)
     logits = torch.randn(1, T, len(tok), requires_grad=True)
-    L, _ = term.loss(logits, torch.tensor([tr.completion_ids]), batch.tensors)
+    L, _ = loss_from_full_logits(term, logits, torch.tensor([tr.completion_ids]), batch.tensors)
     assert L.item() > 0
     L.backward()
     hit = logits.grad.abs().sum(-1)[0] > 0
@@ -201,7 +203,7 @@ def test_hindsearch_term_nothing_to_distil_is_exact_zero(tok, model, frozen):
     assert batch.metrics["degenerate"] == 1 and batch.metrics["critiques"] == 0
     assert batch.tensors["hind_mask"].sum() == 0 and batch.samples[0]["critique_usable"] is False
     logits = torch.randn(1, T, len(tok), requires_grad=True)
-    L, _ = term.loss(logits, torch.tensor([tr.completion_ids]), batch.tensors)
+    L, _ = loss_from_full_logits(term, logits, torch.tensor([tr.completion_ids]), batch.tensors)
     assert L.item() == 0.0 and L.requires_grad
     L.backward()
     assert logits.grad.abs().sum() == 0

@@ -8,6 +8,8 @@ import math
 import pytest
 import torch
 
+from hindsearch.hindsight.terms import loss_from_full_logits
+
 from hindsearch.agent import protocol
 from hindsearch.agent.rollout import HFBackend, RolloutEngine
 from hindsearch.config import Config
@@ -197,7 +199,7 @@ def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperatu
             ids[i, : len(t.completion_ids)] = torch.tensor(t.completion_ids)
     assert batch.metrics["distill_tokens"] > 0
     assert batch.metrics["critique_minus_neutral"] == pytest.approx(0.0, abs=1e-4)
-    _, met = term.loss(logits, ids, batch.tensors)
+    _, met = loss_from_full_logits(term, logits, ids, batch.tensors)
     assert met["tokens"] > 0
     assert met["mean_lT_minus_lS"] == pytest.approx(0.0, abs=1e-4)
     assert met["frac_w_pos"] == 0.0 and met["mean_w"] == pytest.approx(0.0, abs=1e-4)

@@ -38,8 +38,24 @@ from hindsearch.records import Trajectory
 from hindsearch.train.aux import AuxBatch, AuxContext, AuxTerm
 
 
-def _rows_with_mask(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return mask.bool().any(-1).nonzero().squeeze(-1).to(logits.device)
+def mask_positions(mask: torch.Tensor, completion_len: int) -> torch.Tensor:
+    """Bool ``[B, completion_len]`` of ``mask > 0`` (a term tensor ``[B, T]``; padded or cut to the length)."""
+    out = torch.zeros(mask.shape[0], completion_len, dtype=torch.bool, device=mask.device)
+    T = min(completion_len, mask.shape[1])
+    out[:, :T] = mask[:, :T] > 0
+    return out
+
+
+def at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """Values of a per-token tensor ``[B, T, ...]`` at the selected positions ``idx [N, 2]`` → ``[N, ...]``."""
+    idx = idx.to(t.device)
+    return t[idx[:, 0], idx[:, 1]]
+
+
+def scatter(v: torch.Tensor, idx: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
+    """Per-position values ``[N]`` back into a zero ``[B, T]`` tensor (differentiable), for ``losses.agg``."""
+    out = torch.zeros(shape, dtype=v.dtype, device=v.device)
+    return out.index_put((idx[:, 0].to(v.device), idx[:, 1].to(v.device)), v)
 
 
 class HindSearchTerm:
@@ -143,28 +159,33 @@ class HindSearchTerm:
             met["frac_critique_above_neutral"] = float((g > 1e-4).float().mean())
         return AuxBatch(tens, met, samples)
 
-    def loss(self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """``L_hind`` from the live temperature-1 student logits, plus the teacher-minus-student diagnostics.
+    def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
+        """The distilled tokens of failed rollouts with a usable critique: ``hind_mask > 0``."""
+        return mask_positions(inputs["hind_mask"], completion_len)
 
-        The diagnostics compare the teacher's and the student's log-probs at the same temperature (1):
+    def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
+             inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``L_hind`` from the live temperature-1 student logits at the selected positions, plus the
+        teacher-minus-student diagnostics.
+
+        ``logits [N, V]`` at ``idx [N, 2]`` (the union of every term's positions; this term's mask selects its
+        own). The diagnostics compare the teacher's and the student's log-probs at the same temperature (1):
         they are exactly what the loss sees, never the rollout's sampling log-probs.
         """
         c = self.cfg
-        T = min(logits.shape[1], inputs["hind_mask"].shape[1])
-        rows = _rows_with_mask(logits, inputs["hind_mask"][:, :T])  # only rows with distillation tokens
-        lg = logits[rows, :T]
-        mask = inputs["hind_mask"][:, :T].to(logits.device)[rows]
-        lS = losses.token_logprobs(lg, completion_ids[rows, :T].to(logits.device))
-        lT = inputs["hind_lT"][:, :T].to(logits.device)[rows]
+        dev = logits.device
+        shape = (completion_ids.shape[0], completion_ids.shape[1])
+        mask = at(inputs["hind_mask"], idx).to(dev)
+        lS = losses.token_logprobs(logits, at(completion_ids, idx).to(dev))  # [N]
+        lT = at(inputs["hind_lT"], idx).to(dev)
         if c.divergence == "clamped_sampled":
-            L = -losses.agg(losses.clamped_sampled_weight(lT, lS) * lS, mask, c.aggregation)
+            v = -losses.clamped_sampled_weight(lT, lS) * lS
         elif c.divergence == "signed":
-            L = -losses.agg(losses.signed_advantage(lT, lS, c.signed_clip) * lS, mask, c.aggregation)
+            v = -losses.signed_advantage(lT, lS, c.signed_clip) * lS
         else:
-            ids = inputs["hind_topk_ids"][:, :T].to(logits.device)[rows]
-            lp = inputs["hind_topk_logp"][:, :T].to(logits.device)[rows]
             fn = losses.topk_reverse_kl_per_token if c.divergence == "reverse_kl" else losses.topk_jsd_per_token
-            L = losses.agg(fn(lg, ids, lp), mask, c.aggregation)
+            v = fn(logits, at(inputs["hind_topk_ids"], idx).to(dev), at(inputs["hind_topk_logp"], idx).to(dev))
+        L = losses.agg(scatter(v, idx, shape), scatter(mask, idx, shape), c.aggregation)
         met = {"L_hind": float(L.detach()), **losses.gap_diagnostics(lT, lS, mask)}
         return L, met
 
@@ -189,9 +210,14 @@ class IGSDTerm:
         )
         return AuxBatch(tens, met, samples)
 
-    def loss(self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        rows = _rows_with_mask(logits, inputs["igsd_mask"])
-        L = igsd_term_loss(logits[rows], {k: v[rows.to(v.device)] for k, v in inputs.items() if k.startswith("igsd_")})
+    def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
+        """The verified query positions of failed rollouts: ``igsd_mask > 0``."""
+        return mask_positions(inputs["igsd_mask"], completion_len)
+
+    def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
+             inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        """``L_igsd`` from the student logits ``[N, V]`` at the selected positions ``idx [N, 2]``."""
+        L = igsd_term_loss(logits, {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")})
         return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
 
 
@@ -206,3 +232,10 @@ def make_terms(cfg: Any) -> list[AuxTerm]:
     if "igsd" in method:
         terms.append(IGSDTerm(cfg.igsd, seed=cfg.train.seed))
     return terms
+
+
+def loss_from_full_logits(term: Any, logits: torch.Tensor, completion_ids: torch.Tensor,
+                          inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+    """``term.loss`` from full logits ``[B, T, V]`` (tests, scripts): selects the term's own positions first."""
+    idx = term.positions(inputs, completion_ids.shape[1]).to(logits.device).nonzero()
+    return term.loss(logits[idx[:, 0], idx[:, 1]], idx, completion_ids, inputs)

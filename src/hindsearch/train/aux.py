@@ -10,8 +10,9 @@ An auxiliary term adds ``lam * L_aux`` to TRL's GRPO loss without touching it:
    Everything here runs without grad (judge, teacher forward, query completion, retrieval).
 2. ``loss`` runs inside ``compute_loss`` on the student's logits of the **same** forward pass
    that TRL uses for the GRPO loss (no second policy forward), and returns a scalar with grad
-   plus metrics. ``logits[b, t]`` are the raw (not temperature-scaled) logits that predict
-   ``completion_ids[b, t]``.
+   plus metrics. Only the positions some term asks for (``positions``) are projected through the
+   LM head: ``logits[n]`` are the raw (not temperature-scaled) logits that predict
+   ``completion_ids[idx[n, 0], idx[n, 1]]``; a term reads its own positions out of them.
 
 A term must return an exact zero (still a tensor attached to ``logits``) when it has nothing
 to distil (no failed rollouts, no query tokens, all gates zero), never NaN.
@@ -68,9 +69,14 @@ class AuxTerm(Protocol):
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch: ...
 
+    def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
+        """Bool ``[B, completion_len]``: the completion positions whose logits ``loss`` needs."""
+        ...
+
     def loss(
-        self, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]
+        self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor, inputs: dict[str, torch.Tensor]
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """``logits``: [B, T, V] with grad; ``completion_ids``: [B, T]; ``inputs`` holds the tensors
-        from ``prepare`` (sliced to the same B rows). Returns (scalar loss, metrics)."""
+        """``logits``: [N, V] with grad at the ``N`` selected positions ``idx`` ([N, 2] of (row, t), the union of
+        every term's ``positions``); ``completion_ids``: [B, T]; ``inputs`` holds the tensors from ``prepare``
+        (sliced to the same B rows). Returns (scalar loss, metrics)."""
         ...

@@ -20,9 +20,10 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    row tensor; ``hs_index`` records which trajectory each row is.
 4. **Aux loss** — TRL 1.16 computes log-probs with a fused LM head that never materialises logits, so
    we capture the backbone's last hidden state of the *same* forward TRL runs in ``_compute_loss`` (a
-   forward hook on ``model.base_model``) and project only the completion positions through the LM
-   head: ``logits[:, t]`` predicts ``completion_ids[:, t]`` (raw, not temperature-scaled). The hook is
-   installed only when there are terms, so plain GRPO pays nothing.
+   forward hook on ``model.base_model``) and project through the LM head **only the positions a term
+   distils** (``term.positions``: query/action tokens of failed rollouts, IGSD's verified positions), never
+   ``[B, T, V]``: ``logits[n]`` predicts ``completion_ids[idx[n]]`` (raw, not temperature-scaled). The hook
+   is installed only when there are terms, so plain GRPO pays nothing.
 5. **Logging** — per optimizer step one line in ``metrics.jsonl``: TRL's metrics, our rollout
    statistics, every term metric (``<term>/<key>``) and the time split ``time/rollout``,
    ``time/reward``, ``time/aux_prepare``, ``time/update`` (forward/backward/optimizer, incl. the
@@ -70,12 +71,26 @@ def term_inputs(inputs: dict[str, Any], term: str) -> dict[str, torch.Tensor]:
 
 
 def completion_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int) -> torch.Tensor:
-    """Logits predicting the completion tokens from the backbone's last hidden state.
+    """Logits predicting the completion tokens from the backbone's last hidden state (every position).
 
     ``hidden``: [B, P + C, H] for ``input_ids = [prompt (left-padded, P), completion (C)]``;
     returns [B, C, V] with ``out[:, t]`` predicting ``completion_ids[:, t]`` (positions ``P-1 .. P+C-2``).
+    The trainer does not use it (see ``selected_logits``); kept as the reference the tests compare with.
     """
     return lm_head(hidden[:, -completion_len - 1 : -1, :])
+
+
+def selected_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int,
+                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Logits at the selected completion positions only: ``(logits [N, V], idx [N, 2])``.
+
+    ``positions``: bool ``[B, C]`` (the union of what the terms distil); ``idx`` holds its ``(row, t)`` pairs in
+    row-major order and ``logits[n]`` predicts ``completion_ids[idx[n, 0], idx[n, 1]]``. The head runs on the
+    ``N`` gathered hidden states, so memory is ``N * V`` in the model's dtype instead of ``B * C * V``.
+    """
+    idx = positions.nonzero()  # [N, 2]
+    h = hidden[:, -completion_len - 1 : -1, :]
+    return lm_head(h[idx[:, 0], idx[:, 1]]), idx
 
 
 def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.Tensor]],
@@ -269,12 +284,16 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             hidden = torch.cat(captured, dim=0) if len(captured) > 1 else captured[0]
             completion_ids = inputs["completion_ids"]
             lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
-            logits = completion_logits(hidden, lm_head, completion_ids.size(1))
+            C = completion_ids.size(1)
+            need = torch.zeros(completion_ids.shape, dtype=torch.bool, device=completion_ids.device)
+            for term in self.terms:
+                need |= term.positions(term_inputs(inputs, term.name), C).to(need.device)
+            logits, idx = selected_logits(hidden, lm_head, C, need)
             norm = self.current_gradient_accumulation_steps if self.model.training else 1.0
             grpo_loss = loss
             weighted: list[tuple[str, torch.Tensor]] = []
             for term in self.terms:
-                term_loss, metrics = term.loss(logits, completion_ids, term_inputs(inputs, term.name))
+                term_loss, metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
                 loss = loss + term.lam * term_loss / norm
                 weighted.append((term.name, term.lam * term_loss / norm))
                 self._acc(f"{term.name}/loss", float(term_loss.detach()))
