@@ -101,9 +101,14 @@ class ProbeTerm:
         return AuxBatch(tensors={"ids": ids, "mask": mask, "row": torch.arange(B)}, metrics={"rows": float(B)},
                         samples=[{"row": i} for i in range(B)])
 
-    def loss(self, logits, completion_ids, inputs):
+    def positions(self, inputs, completion_len):
+        return torch.ones(inputs["ids"].shape[0], completion_len, dtype=torch.bool)  # every position
+
+    def loss(self, logits, idx, completion_ids, inputs):
         assert torch.equal(inputs["ids"], completion_ids), "aux tensors not sliced/shuffled with TRL's rows"
-        lp = logits.log_softmax(-1).gather(-1, completion_ids.unsqueeze(-1)).squeeze(-1)
+        B, C = completion_ids.shape
+        assert logits.shape[0] == B * C and torch.equal(idx[:, 0] * C + idx[:, 1], torch.arange(B * C))  # row-major
+        lp = logits.log_softmax(-1).gather(-1, completion_ids.reshape(-1, 1)).view(B, C)
         self.calls.append((lp.detach(), inputs["row"].clone()))
         m = inputs["mask"]
         return -(lp * m).sum() / m.sum().clamp(min=1), {"tokens": float(m.sum())}
@@ -148,7 +153,7 @@ def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):
 class NaNTerm(ProbeTerm):
     name = "nan"
 
-    def loss(self, logits, completion_ids, inputs):
+    def loss(self, logits, idx, completion_ids, inputs):
         return logits.sum() * float("nan"), {}
 
 
