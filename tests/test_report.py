@@ -179,3 +179,20 @@ def test_headless_screenshot(run_dir, tmp_path):
 
     img = mpimg.imread(png)
     assert img.std() > 0.01, "screenshot is blank"
+
+
+def test_every_recorded_field_is_escaped(tmp_path):
+    """step, hops, metric keys, questions and critiques from a run folder can carry markup: all show as text."""
+    import json as _json
+
+    from hindsearch.report import render
+
+    bad = "<script>alert(1)</script>"
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(_json.dumps({"step": 1, "reward_mean": 0.5, f"loss/{bad}": 1.0}) + "\n"
+                                       + _json.dumps({"step": 2, "reward_mean": 0.6, f"loss/{bad}": 0.5}) + "\n")
+    (run / "samples.jsonl").write_text(_json.dumps({"step": bad, "hops": bad, "question": bad, "reward": 0.0,
+                                                    "golden_answers": [bad], "hind": {"critique": bad}}) + "\n")
+    page = render(run)
+    assert "<script>" not in page and "&lt;script&gt;" in page

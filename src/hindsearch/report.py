@@ -224,7 +224,7 @@ def summary_table(rows: list[dict[str, Any]]) -> str:
         if not ys:
             continue
         med = sorted(ys)[len(ys) // 2]
-        out.append(f"<tr><td>{k}</td><td>{ys[0]:.3g}</td><td>{ys[-1]:.3g}</td><td>{med:.3g}</td></tr>")
+        out.append(f"<tr><td>{html.escape(str(k))}</td><td>{ys[0]:.3g}</td><td>{ys[-1]:.3g}</td><td>{med:.3g}</td></tr>")
     out.append("</table>")
     return "".join(out)
 
@@ -362,7 +362,7 @@ def sample_html(s: dict[str, Any]) -> str:
     q = html.escape(str(s.get("question", "?")))
     gold = html.escape(", ".join(str(a) for a in s.get("golden_answers") or []))
     head = (f"<summary><span class={'ok' if ok else 'fail'}>{'✔' if ok else '✘'} r={reward:g}</span> "
-            f"step {s.get('step', '?')} · {q} <small>(hops {s.get('hops', '?')})</small></summary>")
+            f"step {html.escape(str(s.get('step', '?')))} · {q} <small>(hops {html.escape(str(s.get('hops', '?')))})</small></summary>")
     body = [f"<div>gold: <b>{gold or '<span class=nr>not recorded</span>'}</b></div><ol class=turns>"]
     for t in turns_of(s):
         if t["action"] == "search":
