@@ -13,12 +13,9 @@ from hindsearch.hindsight.terms import loss_from_full_logits
 from hindsearch.agent import protocol
 from hindsearch.agent.rollout import HFBackend, RolloutEngine
 from hindsearch.config import Config
-from hindsearch.data.world import generate_world
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
-from hindsearch.micro import train_tokenizer
 from hindsearch.models import tiny_random_model
-from hindsearch.retrieval.base import build_index, load_index
 
 
 # ------------------------------------------------------------------ pure losses
@@ -80,19 +77,7 @@ def test_gap_diagnostics_zero_for_equal_and_eps():
 
 
 # ------------------------------------------------------------------ a small world and tokenizer
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    w = generate_world(seed=0, n_entities=60)
-    d = tmp_path_factory.mktemp("world")
-    build_index(w.passages, d / "bm25", kind="bm25", show_progress=False)
-    return w, load_index(d / "bm25")
-
-
-@pytest.fixture(scope="module")
-def tok(world):
-    w, _ = world
-    texts = [p.contents for p in w.passages] + [r.question for s in w.splits.values() for r in s]
-    return train_tokenizer(texts, vocab_size=1024)
+from test_trainer import tok, world  # noqa: E402,F401  (the same small world and BPE fixtures; tests dir on sys.path)
 
 
 def _two_hop(w):
@@ -271,7 +256,7 @@ def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_
 def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, tmp_path, one_thread):
     import json
 
-    from test_trainer import OVERRIDES, make_trainer  # the tests folder is on sys.path (pytest rootdir import)
+    from test_trainer import OVERRIDES, make_trainer
 
     w, retriever = world
     cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="oracle"',
@@ -295,7 +280,12 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
 def test_paired_bootstrap_and_rows(tmp_path):
     import json
 
-    from hindsearch.compare import bootstrap_markdown, bootstrap_rows, paired_bootstrap, run_name
+    from hindsearch.compare import run_name
+    from hindsearch.records import Trajectory, Turn
+    from hindsearch.paired import bootstrap_markdown, bootstrap_rows, paired_bootstrap
+
+    def run_dir(m, s):
+        return tmp_path / run_name(m, s)
 
     m, lo, hi = paired_bootstrap([0.5] * 40)
     assert (m, lo, hi) == (0.5, 0.5, 0.5)
@@ -311,17 +301,19 @@ def test_paired_bootstrap_and_rows(tmp_path):
         for i in range(20):
             hops = 2 if i % 2 else 1
             em = em_of(i, hops)
-            rows.append({"qid": f"q{i}", "em": em, "hops": hops, "evidence": ["A", "B"] if hops == 2 else ["A"],
-                         "turns": [{"doc_titles": ['"A"'] + (['"B"'] if em else [])}]})
+            t = Trajectory(qid=f"q{i}", question="q?", golden_answers=["x"], prompt_ids=[], em=em, hops=hops,
+                           evidence=["A", "B"] if hops == 2 else ["A"],
+                           turns=[Turn(action="search", doc_titles=['"A"'] + (['"B"'] if em else []))])
+            rows.append({"benchmark": "world", **t.to_dict()})
         (d / "trajectories.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
         (rd / "done.json").write_text("{}")
 
     for s in (0, 1):
         write("grpo", s, lambda i, h: 1.0 if h == 1 else 0.0)
         write("hindsearch", s, lambda i, h: 1.0)  # also solves every two-hop question (and retrieves B)
-    rows = bootstrap_rows(tmp_path, ["grpo", "hindsearch"], [0, 1], n_boot=200)
+    rows = bootstrap_rows(run_dir, ["grpo", "hindsearch"], [0, 1], n_boot=200)
     assert len(rows) == 1 and rows[0]["seeds"] == 2 and rows[0]["questions"] == 20
     em, lo, hi = rows[0]["em"]
     assert em == 0.5 and 0.0 < lo < 0.5 < hi <= 1.0 and rows[0]["em_2hop"] == (1.0, 1.0, 1.0)
     assert rows[0]["recall"][0] == pytest.approx(0.25)  # two-hop recall 0.5 -> 1.0 on half the questions
-    assert "+100.0 [+100.0, +100.0]" in bootstrap_markdown(tmp_path, ["grpo", "hindsearch"], [0, 1])
+    assert "+100.0 [+100.0, +100.0]" in bootstrap_markdown(run_dir, ["grpo", "hindsearch"], [0, 1])

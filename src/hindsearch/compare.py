@@ -27,6 +27,7 @@ import math
 import statistics
 import time
 from collections.abc import Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -275,7 +276,9 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
                 results.append(json.loads(p.read_text()))
     benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
     md = results_markdown(aggregate(results, methods), benches, title)
-    boot = bootstrap_markdown(out_dir, methods, seeds)
+    from hindsearch.paired import bootstrap_markdown
+
+    boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
     if boot:
         md += "\n" + boot
     if (out_dir / "probe.json").exists():
@@ -285,84 +288,6 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     (out_dir / "results.md").write_text(md)
     plot_curves(out_dir, methods, seeds, out_dir / "curves.png")
     return md
-
-
-# --------------------------------------------------------------------------- paired bootstrap
-def paired_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Mean of per-question differences and its 95% percentile interval over ``n_boot`` resamples of questions."""
-    import random
-
-    xs = list(diffs)
-    if not xs:
-        return 0.0, 0.0, 0.0
-    rng = random.Random(seed)
-    n = len(xs)
-    means = sorted(sum(xs[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_boot))
-    return sum(xs) / n, means[int(0.025 * n_boot)], means[min(n_boot - 1, int(0.975 * n_boot))]
-
-
-def _bare(title: str) -> str:
-    t = title.strip()
-    return (t[1:-1] if len(t) >= 2 and t[0] == t[-1] == '"' else t).lower()
-
-
-def per_question(run_dir: Path, bench: str = WORLD) -> dict[str, dict[str, float]]:
-    """``{question id: {em, recall, hops}}`` of a run's greedy test trajectories (``eval/test-<bench>``)."""
-    path = run_dir / "eval" / f"test-{bench}" / "trajectories.jsonl"
-    out: dict[str, dict[str, float]] = {}
-    if not path.exists():
-        return out
-    for line in path.read_text().splitlines():
-        if not line.strip():
-            continue
-        t = json.loads(line)
-        ev = {_bare(e) for e in t.get("evidence") or []}
-        got = {_bare(x) for turn in t.get("turns") or [] for x in turn.get("doc_titles") or []}
-        out[t["qid"]] = {"em": float(t.get("em") or 0.0), "recall": len(ev & got) / len(ev) if ev else 0.0,
-                         "hops": float(t.get("hops") or 0)}
-    return out
-
-
-def bootstrap_rows(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], base: str = "grpo",
-                   n_boot: int = 2000) -> list[dict[str, Any]]:
-    """Each method minus ``base`` on world test EM, two-hop EM and evidence recall: per question, the mean
-    over the seeds both have finished, then a paired bootstrap over questions (95% interval)."""
-    def means(method: str, ok: list[int]) -> dict[str, dict[str, float]]:
-        runs = [per_question(out_dir / run_name(method, s)) for s in ok]
-        qids = set.intersection(*(set(r) for r in runs)) if runs else set()
-        return {q: {k: sum(r[q][k] for r in runs) / len(runs) for k in ("em", "recall", "hops")} for q in qids}
-
-    rows = []
-    for m in methods:
-        if m == base:
-            continue
-        ok = [s for s in seeds if (out_dir / run_name(m, s) / "done.json").exists()
-              and (out_dir / run_name(base, s) / "done.json").exists()]
-        if not ok:
-            continue
-        a, b = means(m, ok), means(base, ok)
-        qs = sorted(set(a) & set(b))
-        row: dict[str, Any] = {"method": m, "seeds": len(ok), "questions": len(qs)}
-        for key, sel, metric in (("em", lambda q: True, "em"), ("em_2hop", lambda q: b[q]["hops"] == 2, "em"),
-                                 ("recall", lambda q: True, "recall")):
-            d = [a[q][metric] - b[q][metric] for q in qs if sel(q)]
-            row[key] = paired_bootstrap(d, n_boot)
-        rows.append(row)
-    return rows
-
-
-def bootstrap_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
-    rows = bootstrap_rows(out_dir, methods, seeds)
-    if not rows:
-        return ""
-    lines = ["### Each method minus GRPO, world test (paired bootstrap over questions, 95% interval)", "",
-             "| method | seeds | questions | EM | EM 2-hop | evidence recall |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        cells = [f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for m, lo, hi in (r["em"], r["em_2hop"], r["recall"])]
-        lines.append(f"| {r['method']} | {r['seeds']} | {r['questions']} | " + " | ".join(cells) + " |")
-    lines += ["", "Points (percentage points); per question the mean over the seeds both methods finished. An interval "
-              "that excludes 0 separates the method from GRPO."]
-    return "\n".join(lines) + "\n"
 
 
 # --------------------------------------------------------------------------- running
@@ -509,17 +434,11 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
 
 
-def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> int | None:
-    """Run ``target(*args)`` in a spawned process and wait; returns its exit code.
-
-    Stopping the parent (Ctrl-C or SIGTERM) stops the child too, so an interrupted comparison
-    leaves no orphan training on the CPU (the run resumes from its checkpoint next time).
-    ``on_start(pid)`` is called once the child runs.
-    """
-    import multiprocessing as mp
+@contextmanager
+def stopped_on_exit():
+    """Yields a list to put child processes in; on leaving (normally, on an exception, or on SIGTERM, which
+    is turned into ``SystemExit`` while inside) every child still alive is terminated, then killed after 30 s."""
     import signal
-
-    proc = mp.get_context("spawn").Process(target=target, args=args, name=name)
 
     def _term(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)
@@ -528,62 +447,11 @@ def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> i
         prev = signal.signal(signal.SIGTERM, _term)
     except ValueError:  # not the main thread: signals stay as they are
         prev = None
+    procs: list[Any] = []
     try:
-        proc.start()
-        if on_start is not None:
-            on_start(proc.pid)
-        proc.join()
-        return proc.exitcode
+        yield procs
     finally:
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(30)
-            if proc.is_alive():
-                proc.kill()
-                proc.join()
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
-
-
-def run_parallel(pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = print) -> list[str]:
-    """Run ``_one_run(*args)`` for every ``(args, name)`` in spawned processes, ``jobs`` at a time; each
-    child gets ``cpu_count // jobs`` torch threads. Returns the names that failed. Stopping the parent
-    (Ctrl-C, SIGTERM) stops every child (runs resume from their checkpoints next time)."""
-    import multiprocessing as mp
-    import os
-    import signal
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    ctx = mp.get_context("spawn")
-    queue, running, failed = list(pending), [], []
-
-    def _term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        prev = signal.signal(signal.SIGTERM, _term)
-    except ValueError:
-        prev = None
-    try:
-        while queue or running:
-            while queue and len(running) < jobs:
-                args, name = queue.pop(0)
-                proc = ctx.Process(target=_one_run, args=args, kwargs={"threads": threads}, name=name)
-                proc.start()
-                log(f"{name}: started (pid {proc.pid}, {threads} thread{'s' if threads > 1 else ''})")
-                running.append(proc)
-            for proc in list(running):
-                proc.join(timeout=1.0)
-                if proc.exitcode is not None:
-                    running.remove(proc)
-                    if proc.exitcode != 0:
-                        failed.append(proc.name)
-                        log(f"{proc.name}: failed (exit code {proc.exitcode})")
-                    else:
-                        log(f"{proc.name}: done")
-        return failed
-    finally:
-        for proc in running:
+        for proc in procs:
             if proc.is_alive():
                 proc.terminate()
                 proc.join(30)
@@ -592,6 +460,58 @@ def run_parallel(pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = pri
                     proc.join()
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+
+
+def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> int | None:
+    """Run ``target(*args)`` in a spawned process and wait; returns its exit code.
+
+    Stopping the parent (Ctrl-C or SIGTERM) stops the child too, so an interrupted comparison
+    leaves no orphan training on the CPU (the run resumes from its checkpoint next time).
+    ``on_start(pid)`` is called once the child runs.
+    """
+    import multiprocessing as mp
+
+    with stopped_on_exit() as procs:
+        proc = mp.get_context("spawn").Process(target=target, args=args, name=name)
+        procs.append(proc)
+        proc.start()
+        if on_start is not None:
+            on_start(proc.pid)
+        proc.join()
+        return proc.exitcode
+
+
+def run_parallel(pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = print) -> list[str]:
+    """Run ``_one_run(*args)`` for every ``(args, name)`` in spawned processes, ``jobs`` at a time; each
+    child gets ``cpu_count // jobs`` torch threads. Returns the names that failed. Stopping the parent
+    (Ctrl-C, SIGTERM) stops every child (runs resume from their checkpoints next time)."""
+    import multiprocessing as mp
+    import os
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    ctx = mp.get_context("spawn")
+    queue, failed = list(pending), []
+    with stopped_on_exit() as procs:
+        running: list[Any] = []
+        while queue or running:
+            while queue and len(running) < jobs:
+                args, name = queue.pop(0)
+                proc = ctx.Process(target=_one_run, args=args, kwargs={"threads": threads}, name=name)
+                procs.append(proc)
+                proc.start()
+                log(f"{name}: started (pid {proc.pid}, {threads} thread{'s' if threads > 1 else ''})")
+                running.append(proc)
+            for proc in list(running):
+                proc.join(timeout=1.0)
+                if proc.exitcode is None:
+                    continue
+                running.remove(proc)
+                if proc.exitcode != 0:
+                    failed.append(proc.name)
+                    log(f"{proc.name}: failed (exit code {proc.exitcode})")
+                else:
+                    log(f"{proc.name}: done")
+    return failed
 
 
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],

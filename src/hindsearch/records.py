@@ -10,6 +10,19 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 
+def bare_title(title: str) -> str:
+    """A title without the surrounding double quotes wiki-18 puts around it (stripped)."""
+    t = title.strip()
+    if len(t) >= 2 and t[0] == t[-1] == '"':
+        t = t[1:-1]
+    return t
+
+
+def title_key(title: str) -> str:
+    """The key titles are compared by: bare and lower-cased."""
+    return bare_title(title).lower()
+
+
 @dataclass(frozen=True)
 class Passage:
     """One retrievable passage in wiki-18 format.
@@ -34,10 +47,7 @@ class Passage:
     @property
     def bare_title(self) -> str:
         """Title without the surrounding double quotes wiki-18 puts around it."""
-        t = self.title.strip()
-        if len(t) >= 2 and t[0] == t[-1] == '"':
-            t = t[1:-1]
-        return t
+        return bare_title(self.title)
 
     def to_search_r1(self) -> dict[str, Any]:
         """The ``document`` object of Search-R1's ``/retrieve`` response."""
@@ -131,6 +141,16 @@ class Trajectory:
     @property
     def queries(self) -> list[str]:
         return [t.content for t in self.turns if t.action == "search"]
+
+    def retrieved_keys(self, from_turn: int = 0) -> set[str]:
+        """``title_key`` of everything the searches retrieved (from turn ``from_turn`` on)."""
+        return {title_key(t) for turn in self.turns[from_turn:] for t in turn.doc_titles}
+
+    @property
+    def evidence_recall(self) -> float:
+        """Share of the question's evidence titles that the searches retrieved (0 without evidence)."""
+        ev = {title_key(e) for e in self.evidence}
+        return len(ev & self.retrieved_keys()) / len(ev) if ev else 0.0
 
     @property
     def num_searches(self) -> int:

@@ -13,14 +13,7 @@ from typing import Any
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    def positive_int(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-        return v
+    from hindsearch.cli import positive_int
 
     p = sub.add_parser(
         "probe", help="teacher probes: hint gain, query quality at the failed state, decision preference, token gaps",

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.records import Trajectory
+from hindsearch.records import Trajectory, bare_title, title_key
 
 PLACEHOLDER = "[ANSWER]"
 SNIPPET_CHARS = 100
@@ -51,13 +51,6 @@ class Critique:
         return not self.degenerate and self.error is None
 
 
-def _bare(title: str) -> str:
-    t = title.strip()
-    if len(t) >= 2 and t[0] == t[-1] == '"':
-        t = t[1:-1]
-    return t
-
-
 def _search_lines(traj: Trajectory, snippets: bool, skip: int) -> str:
     lines = []
     searches = [t for t in traj.turns if t.action == "search"]
@@ -66,7 +59,7 @@ def _search_lines(traj: Trajectory, snippets: bool, skip: int) -> str:
     for n, turn in enumerate(searches[skip:], start=skip + 1):
         docs = []
         for i, title in enumerate(turn.doc_titles):
-            doc = _bare(title)
+            doc = bare_title(title)
             if snippets and i < len(turn.doc_snippets) and turn.doc_snippets[i]:
                 snip = " ".join(turn.doc_snippets[i].split())
                 doc += f": {snip[:SNIPPET_CHARS]}{'...' if len(snip) > SNIPPET_CHARS else ''}"
@@ -264,8 +257,8 @@ class OracleJudge:
             if not queries:
                 return "No search was made, so the answer was never found. Search for the entity the question asks about."
             return "The searches did not find the answer. Try a query that names the entity the question asks about."
-        got = {_bare(t).lower() for turn in traj.turns for t in turn.doc_titles}
-        missed = [e for e in traj.evidence if _bare(e).lower() not in got]
+        got = traj.retrieved_keys()
+        missed = [e for e in traj.evidence if title_key(e) not in got]
         meta = traj.extra.get("metadata", {}) if isinstance(traj.extra.get("metadata"), dict) else {}
         bridge = traj.extra.get("bridge") or meta.get("bridge")
         if missed:

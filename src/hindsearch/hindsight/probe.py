@@ -41,27 +41,9 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, action_mask, continuation_logprobs
-from hindsearch.records import QARecord, Trajectory
+from hindsearch.records import QARecord, Trajectory, title_key
 
 HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
-
-
-def _bare(title: str) -> str:
-    t = title.strip()
-    if len(t) >= 2 and t[0] == t[-1] == '"':
-        t = t[1:-1]
-    return t.lower()
-
-
-def retrieved_titles(traj: Trajectory, from_turn: int = 0) -> set[str]:
-    """Bare, lower-cased titles of everything the trajectory's searches retrieved (from turn ``from_turn`` on)."""
-    return {_bare(t) for turn in traj.turns[from_turn:] for t in turn.doc_titles}
-
-
-def evidence_recall(traj: Trajectory) -> float:
-    """Share of the question's evidence titles retrieved by the trajectory (0 when it has no evidence)."""
-    ev = {_bare(e) for e in traj.evidence}
-    return len(ev & retrieved_titles(traj)) / len(ev) if ev else 0.0
 
 
 def hint_lines(trajs: Sequence[Trajectory], cfg: Any, judges: dict[str, Any]) -> dict[str, list[str | None]]:
@@ -89,7 +71,7 @@ def first_info_end(traj: Trajectory) -> int | None:
 
 def rerun_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
     """EM, gold-evidence recall and searches per question of reruns."""
-    return {"n": float(len(trajs)), "em": _mean([t.em for t in trajs]), "evidence_recall": _mean([evidence_recall(t) for t in trajs]),
+    return {"n": float(len(trajs)), "em": _mean([t.em for t in trajs]), "evidence_recall": _mean([t.evidence_recall for t in trajs]),
             "searches": _mean([float(t.num_searches) for t in trajs])}
 
 
@@ -103,8 +85,8 @@ def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]
         s = bool(first and first.action == "search")
         searched.append(float(s))
         em.append(c.em)
-        missed = {_bare(e) for e in f.evidence} - {_bare(t) for t in f.turns[0].doc_titles}
-        got = {_bare(t) for t in first.doc_titles} if s and first is not None else set()
+        missed = {title_key(e) for e in f.evidence} - {title_key(t) for t in f.turns[0].doc_titles}  # first search only
+        got = {title_key(t) for t in first.doc_titles} if s and first is not None else set()
         hits.append(float(bool(missed & got)))
         if s and first is not None and first.inject_span[1] > first.inject_span[0]:
             ctx = list(tokenizer("<answer> ", add_special_tokens=False)["input_ids"])

@@ -49,7 +49,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hindsearch.agent import protocol
-from hindsearch.records import Passage, QARecord, Trajectory, Turn
+from hindsearch.records import Passage, QARecord, Trajectory, Turn, title_key
 from hindsearch.rewards import exact_match, f1_score, normalize_answer
 
 SNIPPET_CHARS = 160
@@ -90,13 +90,6 @@ def _hop_questions(record: QARecord) -> tuple[str, str] | None:
     if isinstance(hq, (list, tuple)) and len(hq) == 2 and all(isinstance(q, str) and q.strip() for q in hq):
         return hq[0].strip(), hq[1].strip()
     return None
-
-
-def _norm_title(title: str) -> str:
-    t = title.strip()
-    if len(t) >= 2 and t[0] == t[-1] == '"':
-        t = t[1:-1]
-    return t.lower()
 
 
 def feedback_critique(record: QARecord) -> str:
@@ -155,9 +148,9 @@ class ScriptedSearcher:
         hint = protocol.FEEDBACK_TEMPLATE.format(critique=crit.text)
         if kind == "oracle_nogold":
             return self._write(record, rng, hint, kind=kind)  # no privileged information: an unhinted draw
-        missed = {_norm_title(t) for t in prev.evidence} - {_norm_title(t) for turn in prev.turns for t in turn.doc_titles}
+        missed = {title_key(t) for t in prev.evidence} - prev.retrieved_keys()
         subject = record.metadata.get("subject")
-        first = subject if subject and _norm_title(subject) in missed else None
+        first = subject if subject and title_key(subject) in missed else None
         return self._write(record, rng, hint, chain=True, kind=kind, first_query=first, bridge_by_name=True)
 
     def _write(self, record: QARecord, rng: random.Random, hint: str | None = None, chain: bool | None = None,
