@@ -4,6 +4,9 @@ import os
 
 import pytest
 
+from hindsearch.memory import tune_malloc
+
+tune_malloc()  # as the CLI does: the suite's peak RSS without glibc arena growth (HINDSEARCH_MALLOC_TUNE=0 turns it off)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")

@@ -168,6 +168,9 @@ def describe(e: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from hindsearch.memory import tune_malloc
+
+    tune_malloc()  # before torch loads and starts threads: fewer malloc arenas, big tensors go back to the kernel
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import gc
 import json
 import os
 import time
@@ -366,14 +367,19 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.base import load_retriever
 
+    from hindsearch.memory import StageMemory, format_memory_table
+
+    mem = StageMemory()  # peak RSS and wall time per stage, into summary.json
     log(f"[1/5] data and index ({cfg.retrieval.kind})")
-    paths = resolve_data(cfg)
-    train_records, dev = load_records(cfg, paths)
-    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    with mem.stage("data"):
+        paths = resolve_data(cfg)
+        train_records, dev = load_records(cfg, paths)
+        retriever = load_retriever(cfg.retrieval, paths["index_dir"])
     log(f"      {len(train_records)} train questions ({paths['train']}), {len(dev)} dev ({paths['dev']})")
 
     log(f"[2/5] policy {cfg.model.name}")
-    model, tok = load_policy(cfg.model)
+    with mem.stage("load"):
+        model, tok = load_policy(cfg.model)
     rows: dict[str, dict[str, Any]] = {}
     timings: dict[str, float] = {}
 
@@ -388,7 +394,8 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
             log(f"      (distributed run: dev evaluation '{stage}' skipped; run `hindsearch eval --model {run_dir}/final`)")
             return
         t0 = time.time()
-        rows[stage] = summary_row(evaluate_dev(make_engine(m), dev, run_dir / "eval" / stage, cfg))
+        with mem.stage(f"eval_{stage}"):
+            rows[stage] = summary_row(evaluate_dev(make_engine(m), dev, run_dir / "eval" / stage, cfg))
         timings[f"eval_{stage}"] = time.time() - t0
         log(f"      dev EM {STAGE_NAMES[stage]}: {rows[stage]['em']}")
 
@@ -398,9 +405,11 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
         from hindsearch.train.warmup import ensure_warmup
 
         t0 = time.time()
-        wdir = ensure_warmup(cfg, model, tok, retriever, train_records, cache_dir() / "warmup")
-        timings["warmup"] = time.time() - t0
-        model, tok = load_policy(replace(cfg.model, name=str(wdir), gguf_file=None))
+        with mem.stage("warmup"):
+            wdir = ensure_warmup(cfg, model, tok, retriever, train_records, cache_dir() / "warmup")
+            timings["warmup"] = time.time() - t0
+            del model  # the SFT'd copy in memory: the policy is reloaded from the saved folder
+            model, tok = load_policy(replace(cfg.model, name=str(wdir), gguf_file=None))
         log(f"      warmed-up checkpoint: {wdir}")
         dev_eval("warmup", model)
     else:
@@ -410,37 +419,42 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
     log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
         f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
     t0 = time.time()
-    if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
-        final = run_dir / "final"
-        model, tok = load_policy(replace(cfg.model, name=str(final if final.is_dir() else ckpt), gguf_file=None))
-        log(f"      all {cfg.train.steps} steps already done; using {final if final.is_dir() else ckpt}")
-    elif cfg.train.steps > 0:
-        model.train()
-        trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
-        from hindsearch.fsutil import atomic_checkpoints
+    with mem.stage("rl"):
+        if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
+            final = run_dir / "final"
+            model, tok = load_policy(replace(cfg.model, name=str(final if final.is_dir() else ckpt), gguf_file=None))
+            log(f"      all {cfg.train.steps} steps already done; using {final if final.is_dir() else ckpt}")
+        elif cfg.train.steps > 0:
+            model.train()
+            trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
+            from hindsearch.fsutil import atomic_checkpoints
 
-        atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
-        if cfg.train.eval_steps > 0 and not distributed:
-            trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
-        from hindsearch.train.trainer import NonFiniteLoss
+            atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
+            if cfg.train.eval_steps > 0 and not distributed:
+                trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
+            from hindsearch.train.trainer import NonFiniteLoss
 
-        try:
-            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-        except NonFiniteLoss as e:
-            trainer._save_checkpoint(trainer.model, trial=None)
-            raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
-                               f"(lower train.lr or check the data)") from e
-        trainer.save_model(str(run_dir / "final"))
-        model = trainer.accelerator.unwrap_model(trainer.model)
+            try:
+                trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+            except NonFiniteLoss as e:
+                trainer._save_checkpoint(trainer.model, trial=None)
+                raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
+                                   f"(lower train.lr or check the data)") from e
+            trainer.save_model(str(run_dir / "final"))
+            model = trainer.accelerator.unwrap_model(trainer.model)
+            del trainer  # its optimizer state (2x the trainable weights) is not needed by the last evaluation
+            gc.collect()
     timings["rl"] = time.time() - t0
     log("[5/5] dev evaluation after RL")
     dev_eval("rl", model)
     timings["total"] = time.time() - t_start
 
     summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": rows,
-               "timings_s": timings, "paths": {k: str(v) for k, v in paths.items() if v is not None}}
+               "timings_s": timings, "memory": mem.summary(),
+               "paths": {k: str(v) for k, v in paths.items() if v is not None}}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     log("\n" + format_table(rows))
+    log("\n" + format_memory_table(summary["memory"]))
     log(f"\noutputs: {run_dir}/ (config.toml, metrics.jsonl, samples.jsonl, checkpoints/, final/, eval/, "
         f"summary.json); total {timings['total'] / 60:.1f} min")
     return summary

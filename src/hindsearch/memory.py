@@ -1,0 +1,145 @@
+"""Resident memory of the process: glibc allocator tuning and per-stage peak RSS.
+
+``tracemalloc`` does not see torch's allocations, so memory is read from the kernel:
+``/proc/self/status`` ``VmRSS`` (now) and ``VmHWM`` (peak since start; it cannot be reset per stage).
+``StageMemory`` samples ``VmRSS`` on a background thread (every 20 ms by default) and records, for each
+``with mem.stage(name):`` block, the peak RSS seen inside it and its wall time.
+
+``tune_malloc()`` sets glibc's allocator the way ``MALLOC_ARENA_MAX=2 MALLOC_TRIM_THRESHOLD_=32MiB
+MALLOC_MMAP_THRESHOLD_=1MiB`` would, from code (``mallopt``), so the CLI and the tests get it without an
+environment: tensors of 1 MiB or more are mmap'ed and go back to the kernel when freed, at most two malloc
+arenas exist (torch's intra-op threads otherwise each get one, each keeping freed memory), and the heap
+top is trimmed past 32 MiB free. Measured on ``hindsearch sft`` (tiny-cpu): 8.7 GB peak by default, 6.5 GB
+with these settings. An allocator variable already set in the environment wins (glibc applied it at start).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import os
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+# glibc's mallopt parameter numbers (malloc.h)
+M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
+MALLOC_SETTINGS = {  # mallopt parameter -> (environment variable that overrides it, value)
+    M_ARENA_MAX: ("MALLOC_ARENA_MAX", 2),
+    M_TRIM_THRESHOLD: ("MALLOC_TRIM_THRESHOLD_", 32 * 1024 * 1024),
+    M_MMAP_THRESHOLD: ("MALLOC_MMAP_THRESHOLD_", 1024 * 1024),
+}
+_tuned: dict[str, int] | None = None
+
+
+def tune_malloc() -> dict[str, int]:
+    """Apply ``MALLOC_SETTINGS`` with glibc's ``mallopt`` (once per process); returns what was set.
+
+    Does nothing (returns ``{}``) off Linux/glibc, when ``HINDSEARCH_MALLOC_TUNE=0``, and for each
+    setting whose environment variable is already set. Call it as early as possible: arenas that
+    already exist keep their memory.
+    """
+    global _tuned
+    if _tuned is not None:
+        return _tuned
+    _tuned = {}
+    if not sys.platform.startswith("linux") or os.environ.get("HINDSEARCH_MALLOC_TUNE", "1") == "0":
+        return _tuned
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others have no mallopt
+        return _tuned
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    for param, (env, value) in MALLOC_SETTINGS.items():
+        if env not in os.environ and mallopt(param, value) == 1:
+            _tuned[env] = value
+    return _tuned
+
+
+def _status_kb(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def rss_mb() -> float:
+    """Resident set size now, MiB (0.0 where ``/proc`` is unavailable)."""
+    kb = _status_kb("VmRSS")
+    return kb / 1024 if kb is not None else 0.0
+
+
+def hwm_mb() -> float:
+    """Peak resident set size of the process so far (``VmHWM``), MiB (0.0 where unavailable)."""
+    kb = _status_kb("VmHWM")
+    return kb / 1024 if kb is not None else 0.0
+
+
+class StageMemory:
+    """Peak RSS and wall time per named stage, from a sampler thread.
+
+    ``stages[name] = {"peak_rss_mb", "start_rss_mb", "end_rss_mb", "seconds"}``; a stage entered twice
+    keeps the larger peak and adds the seconds. The thread runs only while a stage is open.
+    """
+
+    def __init__(self, interval_s: float = 0.02) -> None:
+        self.interval_s = interval_s
+        self.stages: dict[str, dict[str, float]] = {}
+        self._peak = 0.0
+        self._lock = threading.Lock()
+        self._stop: threading.Event | None = None
+
+    def _sample(self, stop: threading.Event) -> None:
+        while not stop.wait(self.interval_s):
+            r = rss_mb()
+            with self._lock:
+                self._peak = max(self._peak, r)
+
+    @contextmanager
+    def stage(self, name: str) -> Iterator[None]:
+        """Measure the block as stage ``name`` (not reentrant: stages do not nest)."""
+        start = rss_mb()
+        with self._lock:
+            self._peak = start
+        stop = threading.Event()
+        thread = threading.Thread(target=self._sample, args=(stop,), name=f"rss-{name}", daemon=True)
+        thread.start()
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+            end = rss_mb()
+            with self._lock:
+                peak = max(self._peak, end)
+            prev = self.stages.get(name)
+            row = {"peak_rss_mb": round(peak, 1), "start_rss_mb": round(start, 1), "end_rss_mb": round(end, 1),
+                   "seconds": round(time.perf_counter() - t0, 2)}
+            if prev is not None:
+                row["peak_rss_mb"] = max(row["peak_rss_mb"], prev["peak_rss_mb"])
+                row["start_rss_mb"] = prev["start_rss_mb"]
+                row["seconds"] = round(row["seconds"] + prev["seconds"], 2)
+            self.stages[name] = row
+
+    def summary(self) -> dict[str, Any]:
+        """``{"stages": {...}, "peak_rss_mb": VmHWM of the process, "malloc": tune_malloc()'s settings}``."""
+        return {"stages": dict(self.stages), "peak_rss_mb": round(hwm_mb(), 1), "malloc": dict(_tuned or {})}
+
+
+def format_memory_table(mem: dict[str, Any]) -> str:
+    """Plain-text table of ``StageMemory.summary()``: stage, peak RSS (MiB), RSS at the end, seconds."""
+    head = f"{'stage':<16}{'peak RSS MiB':>14}{'end RSS MiB':>13}{'seconds':>10}"
+    lines = [head, "-" * len(head)]
+    for name, r in mem.get("stages", {}).items():
+        lines.append(f"{name:<16}{r['peak_rss_mb']:>14.0f}{r['end_rss_mb']:>13.0f}{r['seconds']:>10.1f}")
+    lines.append(f"{'process peak':<16}{mem.get('peak_rss_mb', 0.0):>14.0f}")
+    return "\n".join(lines)
