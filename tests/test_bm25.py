@@ -13,7 +13,7 @@ from hindsearch.records import Passage, make_contents
 from hindsearch.retrieval.base import PassageStore, build_index, ensure_index, load_index, load_retriever, read_meta
 from hindsearch.retrieval.bm25 import BM25Retriever
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+from shared_data import shared  # noqa: E402 - tests dir on sys.path
 CITIES = ["Varnholm", "Quessat", "Ilbrecht", "Tormouth", "Saldane", "Outerby", "Pelmora", "Kestwick"]
 JOBS = ["painter", "chemist", "sailor", "architect", "violinist", "botanist"]
 
@@ -148,9 +148,7 @@ def test_cli_index_and_search(corpus, tmp_path, capsys):
 
 
 def test_real_wiki_passages(tmp_path):
-    toy = SHARED / "flashrag-toy" / "sample_data.jsonl"
-    if not toy.exists():
-        pytest.skip("../shared/data is not present")
+    toy = shared("flashrag-toy/sample_data.jsonl")
     build_index(toy, tmp_path / "toy", show_progress=False)
     hit = load_index(tmp_path / "toy").retrieve(["lobbyist for Genentech Evan Morris"], 3)[0]
     assert hit[0].id == "0" and hit[0].bare_title == "Evan Morris"

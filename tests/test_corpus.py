@@ -8,7 +8,7 @@ import pytest
 from hindsearch.data.corpus import CorpusError, CorpusStats, iter_corpus, read_corpus, write_corpus
 from hindsearch.records import Passage
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
+from shared_data import shared  # noqa: E402 - tests dir on sys.path
 
 
 def write_lines(path: Path, lines: list[str]) -> Path:
@@ -93,10 +93,8 @@ def test_missing_file(tmp_path):
 
 
 def test_real_corpora():
-    toy = SHARED / "flashrag-toy" / "sample_data.jsonl"
-    hippo = SHARED / "hipporag" / "sample_corpus.json"
-    if not toy.exists() or not hippo.exists():
-        pytest.skip("../shared/data is not present")
+    toy = shared("flashrag-toy/sample_data.jsonl")
+    hippo = shared("hipporag/sample_corpus.json")
     ps = read_corpus(toy)
     assert len(ps) == 1000 and ps[0].id == "0" and ps[0].bare_title == "Evan Morris"
     assert len({p.id for p in ps}) == 1000

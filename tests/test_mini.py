@@ -20,8 +20,7 @@ from hindsearch.data.mini import BENCHMARKS, build_mini, fast_normalize, passage
 from hindsearch.data.qa import load_qa
 from hindsearch.rewards import answer_in_text, normalize_answer
 
-SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"real data slices not found at {SHARED}")
+from shared_data import SHARED, shared  # noqa: E402 - tests dir on sys.path
 
 
 def run_cli(argv: list[str]) -> int:
@@ -43,8 +42,7 @@ def test_fast_normalize_matches_rewards():
 
 @pytest.fixture(scope="module")
 def mini(tmp_path_factory):
-    if not SHARED.is_dir():
-        pytest.skip(f"real data slices not found at {SHARED}")
+    shared()
     out = tmp_path_factory.mktemp("mini")
     t0 = time.perf_counter()
     meta = build_mini(SHARED, out, log=lambda s: None)
