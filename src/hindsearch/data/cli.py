@@ -2,7 +2,7 @@
 
 ``world --out DIR [--seed N --entities N]`` builds the fictional world (cached: rebuilt only
 when seed, size or generator version differ, or with ``--force``); ``data fetch`` downloads
-the paper-scale QA sets and wiki-18 (network needed); ``data mini --shared DIR --out DIR``
+the paper-scale QA sets, wiki-18 and its e5 index with ``huggingface_hub`` (network needed); ``data mini --shared DIR --out DIR``
 builds the mini-wiki and the seven benchmark files from local real-data slices.
 """
 
@@ -13,6 +13,7 @@ import json
 import time
 
 from hindsearch.cli import http_url, nonneg_int, positive_float, positive_int
+from hindsearch.data.fetch import WHAT
 
 
 def cmd_world(args: argparse.Namespace) -> int:
@@ -47,7 +48,7 @@ def cmd_world(args: argparse.Namespace) -> int:
 def cmd_fetch(args: argparse.Namespace) -> int:
     from hindsearch.data.fetch import fetch
 
-    fetch(args.what, args.out, endpoint=args.endpoint, verify=not args.no_verify, connect_timeout=args.connect_timeout)
+    fetch(args.what, args.out, endpoint=args.endpoint, verify=not args.no_verify, etag_timeout=args.connect_timeout)
     return 0
 
 
@@ -72,14 +73,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     d = sub.add_parser("data", help="real QA data: fetch from the HF hub, or build the mini-wiki")
     dsub = d.add_subparsers(dest="data_command", metavar="SUBCOMMAND")
     d.set_defaults(func=lambda a: (d.print_help(), 2)[1])
-    f = dsub.add_parser("fetch", help="download train / test sets / wiki-18 (needs network)",
-                        description="Download the Search-R1 training set, the seven FlashRAG test sets or the wiki-18 "
-                                    "corpus from the Hugging Face hub (resumable; row counts checked, SHA-256 recorded in fetch.json).")
-    f.add_argument("--what", choices=["train", "test", "wiki18", "all"], default="test", help="what to download")
+    f = dsub.add_parser("fetch", help="download train / test sets / wiki-18 / its e5 index (needs network)",
+                        description="Download the Search-R1 training set, the seven FlashRAG test sets, the wiki-18 corpus "
+                                    "or Search-R1's prebuilt e5 FAISS index from the Hugging Face hub with huggingface_hub "
+                                    "(cached by ETag, dropped connections resumed, HF_TOKEN for auth, HF_HUB_OFFLINE=1 "
+                                    "for what is on disk already). Row counts are checked and each file's commit is "
+                                    "recorded in OUT/fetch.json.")
+    f.add_argument("--what", choices=WHAT, default="test",
+                   help="train: nq_hotpotqa_train/{train,test}.parquet; test: the 7 FlashRAG benchmark files; "
+                        "wiki18: wiki18/wiki-18.jsonl.gz (21M passages); e5index: wiki18/e5_Flat.index (about 65 GB); "
+                        "all: everything")
     f.add_argument("--out", required=True, help="output folder (one subfolder per dataset)")
     f.add_argument("--endpoint", type=http_url, default=None,
                    help="hub URL (default: $HF_ENDPOINT, else https://huggingface.co)")
-    f.add_argument("--connect-timeout", type=positive_float, default=5.0, help="seconds to wait for a connection")
+    f.add_argument("--connect-timeout", type=positive_float, default=10.0,
+                   help="seconds to wait for the hub's answer about each file (HF_HUB_ETAG_TIMEOUT overrides it)")
     f.add_argument("--no-verify", action="store_true", help="skip the row-count check")
     f.set_defaults(func=cmd_fetch)
     m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")

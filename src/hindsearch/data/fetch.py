@@ -1,100 +1,196 @@
 """``hindsearch data fetch``: download the paper-scale data from the Hugging Face hub (needs network).
 
-What is fetched (each to its own folder under ``--out``):
+What is fetched (``--out DIR``; each dataset repo is mirrored under its own folder):
 
-* ``train``: Search-R1's NQ+HotpotQA training set (``PeterJinGo/nq_hotpotqa_train``, parquet);
-* ``test``: the seven benchmarks as FlashRAG publishes them (``RUC-NLPIR/FlashRAG_datasets``:
-  nq, triviaqa, popqa test; hotpotqa, 2wikimultihopqa, musique dev; bamboogle test);
-* ``wiki18``: the wiki-18 corpus Search-R1 retrieves from (``PeterJinGo/wiki-18-corpus``).
+* ``train``: Search-R1's NQ+HotpotQA sets (``PeterJinGo/nq_hotpotqa_train``):
+  ``nq_hotpotqa_train/train.parquet`` and ``nq_hotpotqa_train/test.parquet``;
+* ``test``: the seven benchmarks as FlashRAG publishes them (``RUC-NLPIR/FlashRAG_datasets``), at
+  their paths in that repo: ``nq/test.jsonl``, ``triviaqa/test.jsonl``, ``popqa/test.jsonl``,
+  ``hotpotqa/dev.jsonl``, ``2wikimultihopqa/dev.jsonl``, ``musique/dev.jsonl``, ``bamboogle/test.jsonl``;
+* ``wiki18``: the wiki-18 corpus Search-R1 retrieves from (``PeterJinGo/wiki-18-corpus``):
+  ``wiki18/wiki-18.jsonl.gz`` (``hindsearch index`` and ``--corpus`` read it gzipped);
+* ``e5index``: Search-R1's prebuilt e5-base-v2 ``IndexFlatIP`` over that corpus
+  (``PeterJinGo/wiki-18-e5-index``, two parts), joined into ``wiki18/e5_Flat.index`` (about 65 GB;
+  the parts are deleted once joined);
+* ``all``: all of the above.
 
-Downloads are resumable: bytes go to ``<file>.part`` and a rerun asks the server for the rest
-with an HTTP ``Range`` header. A finished file is checked by row count (QA files are parsed
-with ``hindsearch.data.qa.load_qa``, so a format change fails loudly) and recorded with its
-SHA-256 in ``fetch.json``; a later run accepts an existing file only when its size and SHA-256
-match that record, and a resumed download is appended only when the server's ``Content-Range``
-starts where the ``.part`` file ends. Without network the first request fails within the connect
-timeout with a ``ConnectionError`` naming the URL. ``HF_ENDPOINT`` (or ``endpoint=``) points
-at a mirror.
+Downloading is ``huggingface_hub.hf_hub_download(repo_type="dataset", local_dir=...)``: ETag
+checks (a rerun sends one HEAD per file and downloads nothing when the ETag is unchanged; with a
+pinned commit it sends nothing), a dropped connection is resumed with an HTTP ``Range`` request,
+a download goes to a temporary file under ``<local_dir>/.cache/huggingface/`` and is moved to its
+final path only when complete, so a failed download never leaves a partial file where the data
+belongs. ``HF_TOKEN`` (or ``hf auth login``) authenticates, ``HF_ENDPOINT`` (or ``endpoint=``)
+points at a mirror, ``HF_HUB_OFFLINE=1`` uses only what is already on disk. An unreachable hub
+is retried with ``huggingface_hub``'s backoff (about 23 s) before one error line names the file.
+
+After downloading, each file is checked by row count (QA files are parsed with
+``hindsearch.data.qa.load_qa``, so a format change fails loudly; the e5 index is opened with FAISS)
+and recorded in ``fetch.json`` with the repo, the commit it came from (``X-Repo-Commit``), its
+size and rows. A source's ``revision`` pins a commit; none is pinned yet (their commits were not
+known when this was written), so each download records the commit it got.
 """
 
 from __future__ import annotations
 
+import errno
 import gzip
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from hindsearch.data.corpus import file_sha256
+_HUB = "https://huggingface.co"
 
 
 @dataclass(frozen=True)
 class Remote:
-    """One file on the hub: ``repo`` (a dataset repo), ``path`` in it, local ``dest`` and expected rows."""
+    """One file in a dataset repo on the hub, mirrored to ``<out>/<folder>/<path>``."""
 
     name: str
+    """Label shown in the log."""
     repo: str
+    """Dataset repo id, ``owner/name``."""
     path: str
-    dest: str
+    """File path inside the repo (kept as is under ``folder``)."""
+    folder: str
+    """Folder under ``--out`` that mirrors the repo (``local_dir``); ``""`` for ``--out`` itself."""
     rows: int | None = None
+    """Expected rows (QA rows, parquet rows, corpus lines); ``None``: counted but not checked."""
+    revision: str | None = None
+    """Commit (or tag) to download; ``None``: ``main``, and the commit received is recorded."""
 
-    def url(self, endpoint: str) -> str:
-        return f"{endpoint.rstrip('/')}/datasets/{self.repo}/resolve/main/{self.path}"
+    @property
+    def dest(self) -> str:
+        """Path of the file under ``--out`` (POSIX, relative)."""
+        return f"{self.folder}/{self.path}" if self.folder else self.path
+
+
+@dataclass(frozen=True)
+class Joined:
+    """A file made by concatenating downloaded parts (Search-R1 splits its 65 GB index in two)."""
+
+    name: str
+    dest: str
+    parts: tuple[Remote, ...]
+    rows: int | None = None
+    """Vectors the FAISS index must hold (``ntotal``)."""
+    dim: int | None = None
+    """Vector size the FAISS index must have (``d``)."""
 
 
 _FR = "RUC-NLPIR/FlashRAG_datasets"
-REMOTES: dict[str, list[Remote]] = {
-    "train": [Remote("nq_hotpotqa_train", "PeterJinGo/nq_hotpotqa_train", "train.parquet",
-                     "nq_hotpotqa_train/train.parquet", 169615)],
-    "test": [Remote(name, _FR, f"{sub}/{split}.jsonl", f"{name}/{split}.jsonl", rows) for name, sub, split, rows in [
-        ("nq", "nq", "test", 3610), ("triviaqa", "triviaqa", "test", 11313), ("popqa", "popqa", "test", 14267),
-        ("hotpotqa", "hotpotqa", "dev", 7405), ("2wiki", "2wikimultihopqa", "dev", 12576),
-        ("musique", "musique", "dev", 2417), ("bamboogle", "bamboogle", "test", 125)]],
-    "wiki18": [Remote("wiki18", "PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", "wiki18/wiki-18.jsonl.gz", 21015324)],
+_TRAIN = "PeterJinGo/nq_hotpotqa_train"
+_E5 = "PeterJinGo/wiki-18-e5-index"
+WIKI18_ROWS = 21015324
+REMOTES: dict[str, list[Remote | Joined]] = {
+    "train": [Remote("nq_hotpotqa_train", _TRAIN, "train.parquet", "nq_hotpotqa_train", 169615),
+              Remote("nq_hotpotqa_test", _TRAIN, "test.parquet", "nq_hotpotqa_train")],
+    "test": [Remote(name, _FR, path, "", rows) for name, path, rows in [
+        ("nq", "nq/test.jsonl", 3610), ("triviaqa", "triviaqa/test.jsonl", 11313),
+        ("popqa", "popqa/test.jsonl", 14267), ("hotpotqa", "hotpotqa/dev.jsonl", 7405),
+        ("2wiki", "2wikimultihopqa/dev.jsonl", 12576), ("musique", "musique/dev.jsonl", 2417),
+        ("bamboogle", "bamboogle/test.jsonl", 125)]],
+    "wiki18": [Remote("wiki18", "PeterJinGo/wiki-18-corpus", "wiki-18.jsonl.gz", "wiki18", WIKI18_ROWS)],
+    "e5index": [Joined("e5index", "wiki18/e5_Flat.index",
+                       (Remote("e5index part_aa", _E5, "part_aa", "wiki18"), Remote("e5index part_ab", _E5, "part_ab", "wiki18")),
+                       rows=WIKI18_ROWS, dim=768)],
 }
-WHAT = ("train", "test", "wiki18", "all")
+WHAT = ("train", "test", "wiki18", "e5index", "all")
+
+
+class FetchError(RuntimeError):
+    """A download that cannot go on; the message names the repo, the file and what to do."""
 
 
 def default_endpoint() -> str:
-    return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
+    return os.environ.get("HF_ENDPOINT", _HUB).rstrip("/")
 
 
-def download(url: str, dest: str | Path, connect_timeout: float = 5.0, read_timeout: float = 60.0) -> Path:
-    """Download ``url`` to ``dest`` through ``dest.part``, resuming a partial file with HTTP Range.
+def hub_offline() -> bool:
+    """``HF_HUB_OFFLINE`` as set now (``huggingface_hub`` reads it only once, at import)."""
+    from huggingface_hub import constants
 
-    Raises ``ConnectionError`` naming the URL when the server cannot be reached or answers
-    with an error status; the ``.part`` file is kept for the next attempt.
+    env = os.environ.get("HF_HUB_OFFLINE")
+    return constants.HF_HUB_OFFLINE if env is None else env.strip().upper() in {"1", "ON", "YES", "TRUE"}
+
+
+def _explain(err: Exception, rem: Remote, endpoint: str, dest: Path, offline: bool) -> Exception:
+    """Turn a ``huggingface_hub`` error into one plain line naming the repo and the file."""
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RemoteEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    what = f"{rem.path} of dataset repo {rem.repo} (revision {rem.revision or 'main'}, {endpoint})"
+    status = getattr(getattr(err, "response", None), "status_code", None)
+    if isinstance(err, LocalEntryNotFoundError):
+        if offline:
+            return FetchError(f"cannot fetch {what}: HF_HUB_OFFLINE is set and {dest} is not downloaded yet; "
+                              "unset HF_HUB_OFFLINE, or copy a fetched data folder here")
+        cause = err.__cause__ or err.__context__
+        why = f"{type(cause).__name__}: {cause}" if cause else str(err).split(". ")[0]
+        return FetchError(f"cannot fetch {what}: the hub cannot be reached ({why}); data fetch needs network "
+                          "access to the Hugging Face hub, or HF_ENDPOINT / --endpoint set to a mirror")
+    if isinstance(err, GatedRepoError):
+        return FetchError(f"cannot fetch {what}: the repo is gated (HTTP {status}); accept its terms on the hub "
+                          "and set HF_TOKEN (or run `hf auth login`)")
+    if isinstance(err, RepositoryNotFoundError) or status == 401:
+        return FetchError(f"cannot fetch {what}: the repo was not found or needs a token (HTTP {status}); check the "
+                          "name, and for a private repo set HF_TOKEN (or run `hf auth login`)")
+    if isinstance(err, RevisionNotFoundError):
+        return FetchError(f"cannot fetch {what}: revision {rem.revision or 'main'} not found (HTTP {status})")
+    if isinstance(err, RemoteEntryNotFoundError) or status == 404:
+        return FetchError(f"cannot fetch {what}: no such file in the repo (HTTP {status}); upstream may have moved it")
+    if isinstance(err, HfHubHTTPError):
+        return FetchError(f"cannot fetch {what}: HTTP {status}: {str(err).splitlines()[0]}")
+    if isinstance(err, OSError) and err.errno == errno.ENOSPC:
+        return FetchError(f"cannot fetch {what}: disk full while writing under {dest.parent} "
+                          f"({shutil.disk_usage(_existing(dest.parent)).free} bytes free); free space and rerun")
+    return err
+
+
+def _existing(path: Path) -> Path:
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    return path
+
+
+def hub_download(rem: Remote, out: Path, endpoint: str, etag_timeout: float = 10.0) -> tuple[Path, dict[str, Any]]:
+    """Download one file with ``hf_hub_download`` into ``out/rem.folder``; returns (path, info).
+
+    ``info``: ``commit`` (of the repo the file came from), ``bytes`` and ``downloaded`` (False when
+    the local copy was current). Raises ``FetchError`` naming the repo and file; refuses up front
+    when the disk has less free space than the file needs.
     """
-    dest = Path(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    part = dest.with_name(dest.name + ".part")
-    offset = part.stat().st_size if part.exists() else 0
-    headers = {"Accept-Encoding": "identity", **({"Range": f"bytes={offset}-"} if offset else {})}
-    timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+    from huggingface_hub import hf_hub_download
+
+    local_dir = out / rem.folder if rem.folder else out
+    dest = out / rem.dest
+    offline = hub_offline()
+    kw: dict[str, Any] = {"repo_id": rem.repo, "filename": rem.path, "repo_type": "dataset", "revision": rem.revision,
+                          "local_dir": local_dir, "endpoint": endpoint, "etag_timeout": etag_timeout,
+                          "local_files_only": offline}
     try:
-        with httpx.stream("GET", url, headers=headers, timeout=timeout, follow_redirects=True) as r:
-            if r.status_code == 416 and offset:  # nothing left to fetch: the .part is complete
-                part.rename(dest)
-                return dest
-            if r.status_code not in (200, 206):
-                raise ConnectionError(f"download of {url} failed: HTTP {r.status_code}")
-            if r.status_code == 206 and not r.headers.get("content-range", "").startswith(f"bytes {offset}-"):
-                raise ConnectionError(f"download of {url}: the server resumed at {r.headers.get('content-range')!r}, "
-                                      f"not at byte {offset}; delete {part} to start over")
-            mode = "ab" if r.status_code == 206 else "wb"  # 200: server ignored Range, start over
-            with part.open(mode) as f:
-                for block in r.iter_raw():  # as received, so a dropped connection keeps its bytes
-                    f.write(block)
-    except httpx.HTTPError as e:
-        kept = f"; {part.stat().st_size} bytes kept in {part} and resumed next time" if part.exists() else ""
-        raise ConnectionError(f"cannot download {url}: {type(e).__name__}: {e or 'no answer'} "
-                              f"(data fetch needs network access to the Hugging Face hub; set HF_ENDPOINT "
-                              f"for a mirror){kept}") from e
-    part.rename(dest)
-    return dest
+        plan = hf_hub_download(**kw, dry_run=True)  # one HEAD: commit, size, whether the local copy is current
+        will_download = getattr(plan, "will_download", False)  # offline with a bare local file: a path, no plan
+        size = getattr(plan, "file_size", None)
+        if will_download and size:
+            free = shutil.disk_usage(_existing(local_dir)).free
+            if free < size:
+                raise FetchError(f"cannot fetch {rem.path} of dataset repo {rem.repo}: it needs {size:,} bytes and "
+                                 f"{_existing(local_dir)} has {free:,} free; free space or choose another --out")
+        path = Path(hf_hub_download(**kw))
+    except FetchError:
+        raise
+    except Exception as e:  # translated into one line naming the repo and file (or re-raised as is)
+        raise _explain(e, rem, endpoint, dest, offline) from e
+    return path, {"commit": getattr(plan, "commit_hash", None), "bytes": path.stat().st_size, "downloaded": will_download}
 
 
 def count_rows(path: str | Path) -> int:
@@ -112,34 +208,82 @@ def count_rows(path: str | Path) -> int:
     return len(load_qa(path))
 
 
+def faiss_shape(path: str | Path) -> tuple[int, int]:
+    """(ntotal, d) of a FAISS index file, read memory-mapped (nothing loaded)."""
+    import faiss
+
+    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
+    return int(index.ntotal), int(index.d)
+
+
+def _check_rows(dest: Path, expected: int | None, found: int, source: str) -> None:
+    if expected is not None and found != expected:
+        raise FetchError(f"{dest}: expected {expected} rows, found {found} (from {source}: upstream changed or the "
+                         "file is damaged; delete it to download again, or pass --no-verify to keep it)")
+
+
+def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, etag_timeout: float, log) -> dict:
+    """Download ``job``'s parts, concatenate them into ``job.dest`` (through a temporary file), delete the parts."""
+    dest = out / job.dest
+    known = manifest.get(job.dest)
+    if known and dest.is_file() and known.get("bytes") == dest.stat().st_size:
+        log(f"{job.name}: already fetched ({dest})")
+        return known
+    parts = []
+    for rem in job.parts:
+        log(f"{rem.name}: {rem.repo}/{rem.path} -> {out / rem.dest}")
+        parts.append(hub_download(rem, out, endpoint, etag_timeout))
+    tmp = dest.with_name(dest.name + ".joining")
+    try:
+        with tmp.open("wb") as f:
+            for path, _ in parts:
+                with path.open("rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 24)
+        rows = dim = None
+        if verify:
+            rows, dim = faiss_shape(tmp)
+            _check_rows(dest, job.rows, rows, job.parts[0].repo)
+            if job.dim is not None and dim != job.dim:
+                raise FetchError(f"{dest}: vectors have {dim} dimensions, expected {job.dim}")
+        tmp.replace(dest)
+    except OSError as e:
+        raise _explain(e, job.parts[0], endpoint, dest, False) from e
+    finally:
+        tmp.unlink(missing_ok=True)
+    for path, _ in parts:
+        path.unlink()
+    return {"repo": job.parts[0].repo, "parts": [r.path for r in job.parts], "commit": parts[0][1]["commit"],
+            "bytes": dest.stat().st_size, "rows": rows, "dim": dim}
+
+
 def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool = True,
-          remotes: dict[str, list[Remote]] | None = None, connect_timeout: float = 5.0, log=print) -> dict[str, Any]:
-    """Fetch ``what`` (train | test | wiki18 | all) into ``out``; returns the updated ``fetch.json``."""
-    if what not in WHAT:
-        raise ValueError(f"--what must be one of {', '.join(WHAT)}, got {what!r}")
+          remotes: dict[str, list[Remote | Joined]] | None = None, etag_timeout: float = 10.0,
+          log=print) -> dict[str, Any]:
+    """Fetch ``what`` (train | test | wiki18 | e5index | all) into ``out``; returns the updated ``fetch.json``."""
     remotes = remotes or REMOTES
-    endpoint = endpoint or default_endpoint()
+    if what not in (*remotes, "all"):
+        raise ValueError(f"--what must be one of {', '.join([*remotes, 'all'])}, got {what!r}")
+    endpoint = (endpoint or default_endpoint()).rstrip("/")
     out = Path(out)
-    todo = [r for k in ([what] if what != "all" else [k for k in remotes]) for r in remotes[k]]
+    out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "fetch.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    for rem in todo:
-        dest, url = out / rem.dest, rem.url(endpoint)
-        known = manifest.get(rem.dest, {})
-        if dest.exists() and known.get("bytes") == dest.stat().st_size:
-            if known.get("sha256") == file_sha256(dest):
-                log(f"{rem.name}: already fetched ({dest}, SHA-256 matches fetch.json)")
-                continue
-            raise ValueError(f"{dest}: its SHA-256 differs from the one fetch.json recorded when it was downloaded "
-                             "(the file changed on disk); delete it to download it again")
-        log(f"{rem.name}: {url} -> {dest}")
-        download(url, dest, connect_timeout=connect_timeout)
-        rows = count_rows(dest) if verify else None
-        if verify and rem.rows is not None and rows != rem.rows:
-            raise ValueError(f"{dest}: expected {rem.rows} rows, found {rows} (download from {url} is incomplete "
-                             "or upstream changed; delete it to retry, or pass --no-verify to keep it)")
-        manifest[rem.dest] = {"url": url, "rows": rows, "bytes": dest.stat().st_size, "sha256": file_sha256(dest)}
-        out.mkdir(parents=True, exist_ok=True)
-        manifest_path.write_text(json.dumps(manifest, indent=1) + "\n")
-        log(f"{rem.name}: ok ({rows if rows is not None else 'unchecked'} rows)")
+    for job in [j for k in (remotes if what == "all" else [what]) for j in remotes[k]]:
+        if isinstance(job, Joined):
+            entry = _join(job, out, endpoint, manifest, verify, etag_timeout, log)
+        else:
+            log(f"{job.name}: {job.repo}/{job.path} -> {out / job.dest}")
+            path, info = hub_download(job, out, endpoint, etag_timeout)
+            known = manifest.get(job.dest, {})
+            same = not info["downloaded"] and known.get("bytes") == info["bytes"] and known.get("rows") is not None
+            rows = known["rows"] if same else (count_rows(path) if verify else None)
+            if verify:
+                _check_rows(path, job.rows, rows, f"{job.repo}/{job.path}")
+            entry = {"repo": job.repo, "path": job.path, "commit": info["commit"], "bytes": info["bytes"], "rows": rows}
+        manifest[job.dest] = entry
+        tmp = manifest_path.with_name("fetch.json.tmp")
+        tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+        tmp.replace(manifest_path)
+        rows = entry.get("rows")
+        log(f"{job.name}: ok ({rows if rows is not None else 'unchecked'} rows, commit {str(entry['commit'])[:12]})")
     return manifest
