@@ -42,10 +42,16 @@ padding is only ever on the left (``resume_inputs``): the rows of a batch share 
 width W (the longest uncached tail), and a row with a shorter tail re-feeds its last few
 cached tokens instead of padding inside its sequence. The vLLM backend gets full contexts
 (vLLM's prefix caching does the same job there).
+
+Several processes (``hindsearch.hindsight.sync``): with the HF backend a rollout is one lockstep
+region: every forward is announced, and a rank whose rollouts finish earlier runs pad-token forwards
+until every rank is done, so ranks run the same number of forwards through a sharded policy (FSDP,
+or ZeRO-3 with ``ds3_gather_for_generation = false``). A single process runs exactly as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import time
 from collections.abc import Callable, Hashable, Iterable, Sequence
@@ -55,6 +61,7 @@ from typing import Any, Protocol
 import torch
 
 from hindsearch.agent import protocol
+from hindsearch.hindsight import sync
 from hindsearch.records import Passage, QARecord, Trajectory, Turn
 from hindsearch.rewards import exact_match, f1_score
 
@@ -243,6 +250,10 @@ class HFBackend:
         tail = self.tokenizer.decode(ids[-12:], skip_special_tokens=False)
         return any(s in tail for s in stop_strings)
 
+    def lockstep(self) -> Any:
+        """The multi-process region of this backend's forwards (``hindsearch.hindsight.sync``; a no-op alone)."""
+        return sync.lockstep(sync.pad_forward(self.model, self.pad_id))
+
     @torch.no_grad()
     def generate(
         self,
@@ -256,7 +267,26 @@ class HFBackend:
         kv_keys: Sequence[Hashable] | None = None,
     ) -> list[GenOutput]:
         """One turn for each context. With ``kv_store`` (and one ``kv_keys`` entry per context) rows
-        resume from their stored caches and leave theirs in the store for the next call."""
+        resume from their stored caches and leave theirs in the store for the next call.
+
+        With several processes every forward is announced to the other ranks and a rank with fewer (or no)
+        rows runs pad-token forwards until every rank's rows are done (``sync.lockstep``): the policy is
+        sharded under FSDP, and under ZeRO-3 when ``ds3_gather_for_generation`` is false."""
+        with self.lockstep():
+            return self._generate(contexts, max_new_tokens, sampling, stop_strings, generator, logits_hook, kv_store,
+                                  kv_keys)
+
+    def _generate(
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str],
+        generator: torch.Generator | None,
+        logits_hook: LogitsHook | None,
+        kv_store: KVStore | None,
+        kv_keys: Sequence[Hashable] | None,
+    ) -> list[GenOutput]:
         if kv_store is not None and (kv_keys is None or len(kv_keys) != len(contexts)):
             raise ValueError("kv_store needs one kv_keys entry per context")
         device = next(self.model.parameters()).device
@@ -269,8 +299,8 @@ class HFBackend:
         ids, mask, pos, cache = resume_inputs([contexts[i] for i in rows], cached, self.pad_id, device)
         del cached
         # logits_to_keep=1: only the last position's logits are needed (saves a [B, L, V] tensor)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1,
-                         **({self._cache_kw: cache} if cache is not None else {}))
+        out = sync.forward(lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                                              logits_to_keep=1, **({self._cache_kw: cache} if cache is not None else {})))
         self.stats["prefill_tokens"] += int(mask[:, -ids.shape[1] :].sum())
         self.stats["prefill_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -312,10 +342,10 @@ class HFBackend:
                 rows = [rows[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             last_pos = last_pos + 1
-            out = self.model(
+            out = sync.forward(lambda: self.model(
                 input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
                 use_cache=True, **{self._cache_kw: cache},
-            )
+            ))
             cache, logits = self._cache_of(out), out.logits[:, -1, :].float()
         self.stats["kv_save_s"] += save_s
         self.stats["decode_s"] += time.perf_counter() - t0 - save_s
@@ -479,10 +509,14 @@ class RolloutEngine:
                 states.append(s)
         sampling = self.sampling(greedy)
         kv = KVStore() if getattr(self.backend, "supports_kv_store", False) else None
-        while active := [s for s in states if not s.done]:
-            self._turn(active, sampling, gen, kv)
-            if kv is not None:
-                kv.discard(s.index for s in active if s.done)
+        # several processes: one lockstep region for all turns, so a rank whose rollouts end after fewer turns
+        # or decode steps runs pad-token forwards until every rank is done (HFBackend.generate)
+        region = self.backend.lockstep() if isinstance(self.backend, HFBackend) else contextlib.nullcontext()
+        with region:
+            while active := [s for s in states if not s.done]:
+                self._turn(active, sampling, gen, kv)
+                if kv is not None:
+                    kv.discard(s.index for s in active if s.done)
         for s in states:
             self._finish(s.traj)
         return [s.traj for s in states]

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.hindsight import losses
+from hindsearch.hindsight import losses, sync
 from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs, through_last_query
 from hindsearch.records import Passage, Trajectory
 
@@ -159,8 +159,11 @@ def query_text(tokenizer: Any, query_ids: Sequence[int]) -> str:
 def greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_tokens: int) -> list[tuple[list[int], str, bool]]:
     """Fallback matched completion (when no rollout engine is given): batched greedy decoding with a
     KV cache, left-padded, each row stopping at ``</search>`` or EOS; ``(new ids, new text, closed)``."""
-    if not prefixes:
-        return []
+    with sync.lockstep(lambda: sync.pad_forward(model, _pad_id(tokenizer))()):
+        return _greedy_complete(model, tokenizer, prefixes, max_tokens) if prefixes else []
+
+
+def _greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_tokens: int) -> list[tuple[list[int], str, bool]]:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     L = max(len(p) for p in prefixes)
     dev = next(model.parameters()).device
@@ -171,7 +174,7 @@ def greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_t
         att[i, L - len(p) :] = 1
     ids, att = ids.to(dev), att.to(dev)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
+    out = sync.forward(lambda: model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1))
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in transformers 5.2x
     new: list[list[int]] = [[] for _ in prefixes]
     done = [False] * len(prefixes)
@@ -190,7 +193,8 @@ def greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_t
             break
         att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
         pos = pos[:, -1:] + 1
-        out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1, **{kw: out.past_key_values})
+        out = sync.forward(lambda: model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True,
+                                         logits_to_keep=1, **{kw: out.past_key_values}))
     res = []
     for i, g in enumerate(new):
         kept, closed = cut_completion(tokenizer, g, lead[i])
@@ -234,7 +238,8 @@ def base_cache(model: Any, bases: Sequence[Sequence[int]], pad: int) -> tuple[An
         ids[i, P - len(b) :] = torch.tensor(list(b), dtype=torch.long)
         att[i, P - len(b) :] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos.to(dev), use_cache=True, logits_to_keep=1)
+    out = sync.forward(lambda: model(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos.to(dev),
+                                     use_cache=True, logits_to_keep=1))
     return _cache_of(out), att.to(dev)
 
 
@@ -269,8 +274,8 @@ def suffix_forward(
     pos = (batt.sum(-1, keepdim=True) + satt.cumsum(-1) - 1).clamp(min=0)
     att = torch.cat([batt, satt], dim=1)
     kv = expand_cache(model, cache, idx)
-    out = model(input_ids=ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=keep,
-                **{_cache_kw(model): kv})
+    out = sync.forward(lambda: model(input_ids=ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True,
+                                     logits_to_keep=keep, **{_cache_kw(model): kv}))
     return out, _cache_of(out), att, pos
 
 
@@ -292,8 +297,14 @@ def cached_greedy_complete(
     """``greedy_complete`` with shared prefixes computed once: prefixes of one group (e.g. one rollout) are
     decoded from one KV cache of their common prefix; identical prefixes are completed once.
     ``(new ids, new text, closed)`` per prefix, as ``greedy_complete``; up to ``2 * batch_size`` rows decode together."""
-    if not prefixes:
-        return []
+    with sync.lockstep(lambda: sync.pad_forward(model, _pad_id(tokenizer))()):
+        return _cached_greedy_complete(model, tokenizer, prefixes, max_tokens, groups, batch_size) if prefixes else []
+
+
+def _cached_greedy_complete(
+    model: Any, tokenizer: Any, prefixes: list[list[int]], max_tokens: int, groups: Sequence[Hashable] | None,
+    batch_size: int,
+) -> list[tuple[list[int], str, bool]]:
     groups = list(groups) if groups is not None else list(range(len(prefixes)))
     uniq: dict[tuple[Hashable, tuple[int, ...]], int] = {}
     rows: list[int] = []
@@ -332,8 +343,8 @@ def cached_greedy_complete(
                     live = [live[j] for j in keep]
                 att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
                 last = last + 1
-                out = model(input_ids=nxt[:, None], attention_mask=att, position_ids=last[:, None], use_cache=True,
-                            logits_to_keep=1, **{_cache_kw(model): kv})
+                out = sync.forward(lambda: model(input_ids=nxt[:, None], attention_mask=att, position_ids=last[:, None],
+                                                 use_cache=True, logits_to_keep=1, **{_cache_kw(model): kv}))
     res = []
     for i, p in enumerate(prefixes):
         g = new[uniq[(groups[i], tuple(p))]]
@@ -349,6 +360,14 @@ def cached_utilities(
 ) -> torch.Tensor:
     """``u [N]``: mean log-prob of ``answers[i]`` after ``states[i] + ctxs[i]`` (0 for an empty answer), with the
     common prefix of the states of one group computed once and only answer-position logits materialised."""
+    with sync.lockstep(lambda: sync.pad_forward(model, _pad_id_model(model))()):
+        return _cached_utilities(model, states, ctxs, answers, groups, batch_size)
+
+
+def _cached_utilities(
+    model: Any, states: Sequence[Sequence[int]], ctxs: Sequence[Sequence[int]], answers: Sequence[Sequence[int]],
+    groups: Sequence[Hashable], batch_size: int,
+) -> torch.Tensor:
     u = torch.zeros(len(states))
     pad = _pad_id_model(model)
     for gs, members in _chunks(groups, batch_size):
@@ -424,7 +443,7 @@ def propose_pairs(
     failed = [i for i, tr in enumerate(trajs) if tr.failed]
     rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers]
     m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
-    if not rows:
+    if not rows and not sync.active():  # several processes: an idle rank still joins the teacher's forwards
         return []
     prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
     comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
@@ -476,8 +495,8 @@ def verify_pairs(
         outs = cached_greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens, groups, batch_size)
     elif complete is None:
         outs = greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens)
-    else:
-        outs = complete(prefixes, cfg.max_query_tokens) if prefixes else []
+    else:  # several processes: every rank calls the engine (its HF backend runs in lockstep), even with nothing
+        outs = complete(prefixes, cfg.max_query_tokens) if prefixes or sync.active() else []
     m["completions"] = float(len(prefixes))
     close = _close_ids(tokenizer)
     for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
@@ -544,9 +563,10 @@ def verify_pairs(
                          for s in ("T", "S")}))
     m["utility_evals"] = float(len(prefs))
     u: list[float] = []
-    if prefs and prefix_cache:
+    scored = bool(prefs) or sync.active()  # several processes: an idle rank still joins the policy's forwards
+    if scored and prefix_cache:
         u = cached_utilities(policy, slot_state, slot_ctx, conts, slot_group, batch_size).tolist()
-    elif prefs:
+    elif scored:
         lp, _, _ = continuation_logprobs(policy, prefs, conts, 0, batch_size)
         lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
         u = (lp.sum(-1) / lens).tolist()
@@ -603,7 +623,7 @@ def run_igsd(
     pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size)
     m["positions_selected"] = float(len(pairs))
     m["time_proposal"] = time.perf_counter() - t0
-    if not pairs:
+    if not pairs and not sync.active():  # several processes: every rank goes through verification's forwards
         return tens, m, samples
     if prefix_cache and _is_hf_engine_of(complete, policy):
         complete = None

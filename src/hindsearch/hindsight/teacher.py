@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from hindsearch.agent import protocol
+from hindsearch.hindsight import sync
 
 TEACHERS = ("frozen", "live", "ema")
 
@@ -124,6 +125,14 @@ def _pad_id(model: Any) -> int:
     return int(pid or 0)
 
 
+def _logits_forward(model: Any, kw: dict[str, Any], keep: int) -> Any:
+    """``model(**kw)`` keeping only the last ``keep`` positions' logits where the architecture allows it."""
+    try:
+        return model(**kw, logits_to_keep=keep)  # only the positions that predict the continuation
+    except TypeError:  # architectures without logits_to_keep
+        return model(**kw)
+
+
 @torch.no_grad()
 def continuation_logprobs(
     model: Any,
@@ -146,43 +155,42 @@ def continuation_logprobs(
     lT = torch.zeros(B, T)
     ids_out = torch.zeros(B, T, topk, dtype=torch.long)
     lp_out = torch.zeros(B, T, topk)
-    if B == 0 or T == 0:
+    # multi-process: every rank runs as many forwards as the busiest one (hindsight.sync)
+    with sync.lockstep(lambda: sync.pad_forward(model, _pad_id(model))()):
+        if B == 0 or T == 0:
+            return lT, ids_out, lp_out
+        device = next(model.parameters()).device
+        pad = _pad_id(model)
+        for s in range(0, B, batch_size):
+            rows = range(s, min(s + batch_size, B))
+            P = max(len(prefix_ids_list[i]) for i in rows)
+            Tb = max(len(cont_ids_list[i]) for i in rows)
+            if Tb == 0:
+                continue
+            ids = torch.full((len(rows), P + Tb), pad, dtype=torch.long)
+            att = torch.zeros(len(rows), P + Tb, dtype=torch.long)
+            for j, i in enumerate(rows):
+                p, c = list(prefix_ids_list[i]), list(cont_ids_list[i])
+                if not p:
+                    raise ValueError(f"row {i}: empty prefix (a continuation needs at least one context token)")
+                ids[j, P - len(p) : P + len(c)] = torch.tensor(p + c, dtype=torch.long)
+                att[j, P - len(p) : P + len(c)] = 1
+            pos = (att.cumsum(-1) - 1).clamp(min=0)
+            kw = dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device))
+            out = sync.forward(lambda: _logits_forward(model, kw, Tb + 1))
+            logits = out.logits[:, -(Tb + 1) : -1].float()  # [b, Tb, V]: column P-1+t predicts cont[t]
+            lse = torch.logsumexp(logits, dim=-1)  # [b, Tb]; no full log-softmax copy of [b, Tb, V]
+            tgt = ids[:, P:].to(device)
+            got = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
+            cmask = att[:, P:].to(device).bool()
+            lT[s : s + len(rows), :Tb] = torch.where(cmask, got, torch.zeros_like(got)).cpu()
+            if topk > 0:
+                if topk > logits.shape[-1]:
+                    raise ValueError(f"topk = {topk} exceeds the vocabulary size {logits.shape[-1]}")
+                v, k_ids = logits.topk(topk, dim=-1)
+                ids_out[s : s + len(rows), :Tb] = k_ids.cpu()
+                lp_out[s : s + len(rows), :Tb] = (v - lse.unsqueeze(-1)).cpu()
         return lT, ids_out, lp_out
-    device = next(model.parameters()).device
-    pad = _pad_id(model)
-    for s in range(0, B, batch_size):
-        rows = range(s, min(s + batch_size, B))
-        P = max(len(prefix_ids_list[i]) for i in rows)
-        Tb = max(len(cont_ids_list[i]) for i in rows)
-        if Tb == 0:
-            continue
-        ids = torch.full((len(rows), P + Tb), pad, dtype=torch.long)
-        att = torch.zeros(len(rows), P + Tb, dtype=torch.long)
-        for j, i in enumerate(rows):
-            p, c = list(prefix_ids_list[i]), list(cont_ids_list[i])
-            if not p:
-                raise ValueError(f"row {i}: empty prefix (a continuation needs at least one context token)")
-            ids[j, P - len(p) : P + len(c)] = torch.tensor(p + c, dtype=torch.long)
-            att[j, P - len(p) : P + len(c)] = 1
-        pos = (att.cumsum(-1) - 1).clamp(min=0)
-        kw = dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device))
-        try:
-            out = model(**kw, logits_to_keep=Tb + 1)  # only the positions that predict the continuation
-        except TypeError:  # architectures without logits_to_keep
-            out = model(**kw)
-        logits = out.logits[:, -(Tb + 1) : -1].float()  # [b, Tb, V]: column P-1+t predicts cont[t]
-        lse = torch.logsumexp(logits, dim=-1)  # [b, Tb]; no full log-softmax copy of [b, Tb, V]
-        tgt = ids[:, P:].to(device)
-        got = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
-        cmask = att[:, P:].to(device).bool()
-        lT[s : s + len(rows), :Tb] = torch.where(cmask, got, torch.zeros_like(got)).cpu()
-        if topk > 0:
-            if topk > logits.shape[-1]:
-                raise ValueError(f"topk = {topk} exceeds the vocabulary size {logits.shape[-1]}")
-            v, k_ids = logits.topk(topk, dim=-1)
-            ids_out[s : s + len(rows), :Tb] = k_ids.cpu()
-            lp_out[s : s + len(rows), :Tb] = (v - lse.unsqueeze(-1)).cpu()
-    return lT, ids_out, lp_out
 
 
 def teacher_token_logprobs(

@@ -10,6 +10,10 @@
   completion + retrieval + answer-likelihood gain (``hindsearch.hindsight.igsd``) → gated pair KL.
 - ``make_terms(cfg)``: the terms of ``cfg.method``.
 
+With several processes (``hindsearch.hindsight.sync``) every rank goes through the judge and teacher
+calls of ``prepare`` even with nothing to judge, so that ranks run the same number of forwards through
+sharded models; a single process returns early exactly as before.
+
 Both return the *unweighted* loss; the trainer adds ``term.lam * loss``. A term with nothing to
 distil returns an exact 0 that is still attached to the logits' graph.
 """
@@ -23,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.hindsight import losses
+from hindsearch.hindsight import losses, sync
 from hindsearch.hindsight.igsd import igsd_term_loss, run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
 from hindsearch.hindsight.teacher import (
@@ -108,11 +112,13 @@ class HindSearchTerm:
             met["critique_minus_neutral"] = 0.0
             met["frac_critique_above_neutral"] = 0.0
         samples: list[dict[str, Any]] = [{} for _ in trajectories]
-        if not elig:
+        synced = sync.active()  # several processes: every rank reaches the judge and teacher regions, even idle
+        if not elig and not synced:
             return AuxBatch(tens, met, samples)
         t0 = time.perf_counter()
         crits = judge.critique([trajectories[i] for i in elig])
-        met["judge_time"] = time.perf_counter() - t0
+        if elig:
+            met["judge_time"] = time.perf_counter() - t0
         use = [i for i, cr in zip(elig, crits) if cr.usable]
         for i, cr in zip(elig, crits):
             met["redactions"] += cr.redactions
@@ -122,7 +128,7 @@ class HindSearchTerm:
                           "critique_usable": cr.usable, "redactions": cr.redactions, "judge_error": cr.error,
                           "judge_truncation": cr.truncation}
         met["critiques"] = float(len(use))
-        if not use:
+        if not use and not synced:
             return AuxBatch(tens, met, samples)
         t0 = time.perf_counter()
         teacher = select_teacher(c.teacher, ctx)
@@ -134,7 +140,8 @@ class HindSearchTerm:
         if c.neutral_control:
             neutral = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, NEUTRAL_CRITIQUE) for i in use]
             lN = teacher_token_logprobs(teacher, neutral, comps)[0]
-        met["teacher_time"] = time.perf_counter() - t0
+        if use:
+            met["teacher_time"] = time.perf_counter() - t0
         gaps = []
         for j, i in enumerate(use):
             tr, n = trajectories[i], len(comps[j])
