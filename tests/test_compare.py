@@ -234,3 +234,43 @@ def test_tiny_compare_parallel_jobs_with_probe_and_bootstrap(tiny_preset, monkey
     probe = json.loads((out / "probe.json").read_text())
     assert probe["n_failed"] <= 2 and set(probe["hints"]) == {"neutral", "critique_gold", "critique_nogold", "answer"}
     assert "paired bootstrap" in md and "Teacher probes" in md and "| hindsearch | 1 | 4 |" in md
+
+
+def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):
+    """``--config tiny-cpu`` resolves like ``hindsearch train --config tiny-cpu`` (the checkout's configs/), from
+    a folder without configs/; an unknown name fails with one line listing the presets."""
+    import hindsearch.compare
+    from hindsearch.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    def fake_run_compare(config, methods, seeds, out, **kw):  # stops before training: only the resolution is tested
+        seen.update(config=config, methods=methods, seeds=seeds, kw=kw)
+        return "table"
+
+    monkeypatch.setattr(hindsearch.compare, "run_compare", fake_run_compare)
+    assert main(["compare", "--config", "tiny-cpu", "--methods", "grpo", "--seeds", "3", "--out", "o", "--no-report",
+                 "--jobs", "2", "--probe", "5", "--steps", "7", "--mini-limit", "9"]) == 0
+    cfg = Path(seen["config"])
+    assert cfg.is_absolute() and cfg.name == "tiny-cpu.toml" and cfg.parent.name == "configs" and cfg.exists()
+    assert Config.load(cfg).model.name  # a real preset
+    assert seen["methods"] == ["grpo"] and seen["seeds"] == [3]
+    assert (seen["kw"]["jobs"], seen["kw"]["probe"], seen["kw"]["steps"], seen["kw"]["mini_limit"]) == (2, 5, 7, 9)
+    main(["compare", "--out", "o", "--no-report"])  # the default is the tiny-cpu preset too
+    assert Path(seen["config"]) == cfg and seen["kw"]["probe"] == 0 and seen["kw"]["jobs"] == 1
+    capsys.readouterr()
+    assert main(["compare", "--config", "no-such-preset", "--out", "o"]) == 1
+    err = capsys.readouterr().err
+    assert "'no-such-preset' not found" in err and "tiny-cpu" in err
+
+
+@pytest.mark.parametrize("flag", ["--jobs", "--steps", "--probe", "--mini-limit", "--test-limit"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_compare_rejects_counts_below_one(flag, value, capsys):
+    from hindsearch.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["compare", "--out", "o", flag, value])
+    assert e.value.code == 2
+    assert f"argument {flag}: '{value}' must be at least 1" in capsys.readouterr().err

@@ -8,6 +8,8 @@ that rollouts search (query tokens exist) and half of them fail (critiques and I
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -146,15 +148,47 @@ def test_missing_parts_say_not_recorded(tmp_path):
 
 
 def test_compare_dir_report(run_dir, tmp_path):
+    """A comparison folder: the results table and the bars come from the runs' results.json (mean ± std over
+    seeds) and per-question test trajectories (paired bootstrap against GRPO), not from results.md."""
+    from hindsearch.records import Trajectory
+
     cmp = tmp_path / "cmp"
-    for name in ("grpo-s0", "igsd-s0"):
-        shutil.copytree(run_dir, cmp / name, ignore=shutil.ignore_patterns("checkpoints", "init"))
-    (cmp / "results.md").write_text("# title\n\n| method | world EM |\n|---|---|\n| grpo | 1.0 ± 0.0 |\n")
+    cmp.mkdir()
+    (cmp / "compare.json").write_text(json.dumps({"methods": ["grpo", "igsd"], "seeds": [0, 1]}))
+    for m, s, em in (("grpo", 0, 0.2), ("grpo", 1, 0.4), ("igsd", 0, 0.5), ("igsd", 1, 0.7)):
+        rd = cmp / f"{m}-s{s}"
+        if (m, s) == ("grpo", 0):  # one real run section; the others hold only what the table needs
+            shutil.copytree(run_dir, rd, ignore=shutil.ignore_patterns("checkpoints", "init"))
+        else:
+            rd.mkdir()
+            (rd / "metrics.jsonl").write_text(json.dumps({"step": 1, "rollout/reward_mean": em}) + "\n")
+        (rd / "results.json").write_text(json.dumps({"method": m, "seed": s, "step_s": 2.0 if m == "grpo" else 3.0,
+                                                     "benchmarks": {"world": {"em": em, "em_1hop": em, "n": 10}}}))
+        (rd / "done.json").write_text("{}")
+        traj = rd / "eval" / "test-world" / "trajectories.jsonl"
+        traj.parent.mkdir(parents=True)
+        traj.write_text("".join(json.dumps(Trajectory(qid=f"q{i}", question="?", golden_answers=["a"], prompt_ids=[],
+                                                      em=float(i < 10 * em), hops=1 + i % 2).to_dict()) + "\n"
+                                for i in range(10)))
     out = write_report(cmp)
-    page = parse(out.read_text())
-    text = " ".join(page.text)
-    assert "Comparison results" in text and "grpo-s0" in text and "igsd-s0" in text
-    assert page.tags.get("table", 0) >= 1 and "curves.png not recorded" in text
+    text = out.read_text()
+    page = parse(text)
+    words = " ".join(page.text)
+    assert "Comparison results" in words and "grpo-s0" in words and "igsd-s1" in words
+    assert "curves.png not recorded" in words and "results.md" not in words
+    rows = re.findall(r"<tr>(.*?)</tr>", text, re.S)
+    cells = [re.findall(r"<td>(.*?)</td>", r) for r in rows]
+    assert ["grpo", "2", "30.0 ± 14.1", "30.0 ± 14.1", "-", "2.0", "1.00x"] in cells
+    assert ["igsd", "2", "60.0 ± 14.1", "60.0 ± 14.1", "-", "3.0", "1.50x"] in cells
+    assert any(c[:3] == ["igsd", "2", "10"] and c[3].startswith("+30.0 [") for c in cells), cells  # bootstrap row
+    alts = re.findall(r'<img alt="([^"]*)"', text)
+    assert "EM per method, mean ± std over seeds" in alts
+    assert "each method minus GRPO, paired bootstrap 95% interval" in alts
+    # before any run finished: the page says so instead of an empty table
+    for rd in cmp.glob("*-s*"):
+        (rd / "results.json").unlink()
+        (rd / "done.json").unlink()
+    assert "no finished run yet" in render(cmp)
 
 
 def test_cli_report(run_dir, tmp_path):
@@ -165,20 +199,83 @@ def test_cli_report(run_dir, tmp_path):
     assert main(["report", str(tmp_path / "missing")]) == 1
 
 
-def test_headless_screenshot(run_dir, tmp_path):
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--enable-logging=stderr", "--v=0", "--window-size=1200,900"]
+PLANT = "<script>document.title='PW'+'NED';document.body.insertAdjacentHTML('afterbegin','<b id=pw'+'ned>x</b>')</script>"
+"""Markup planted in a question and a critique: if it ran, the title would read PWNED and an element with id pwned would exist."""
+
+
+def chromium() -> str:
+    """Debian's chromium (``.ci/run`` installs it); missing: skip, or fail under ``CI=true``."""
     exe = next((shutil.which(n) for n in ("chromium", "chromium-browser", "google-chrome") if shutil.which(n)), None)
     if exe is None:
-        pytest.skip("chromium is not installed: no headless screenshot (the HTML is still parsed above)")
-    html_file = write_report(run_dir, tmp_path / "r.html")
-    png = tmp_path / "shot.png"
-    subprocess.run([exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={png}", "--window-size=1200,900",
-                    html_file.as_uri()], check=True, timeout=60, capture_output=True)
-    import matplotlib.image as mpimg
+        if os.environ.get("CI") == "true":
+            pytest.fail("chromium is not installed; CI must run the browser test (.ci/run installs it: apt-get install -y chromium)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium): no headless browser check")
+    return exe
 
-    img = mpimg.imread(png)
-    assert img.std() > 0.01, "screenshot is blank"
+
+def open_in_chromium(exe: str, page: Path, profile: Path, action: str) -> tuple[str, list[str]]:
+    """Load ``page`` in headless Chromium with ``action`` (``--dump-dom`` or ``--screenshot=PNG``);
+    returns stdout (the DOM after load, with ``--dump-dom``) and the page's console messages."""
+    proc = subprocess.run([exe, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", action, page.as_uri()],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout, [line for line in proc.stderr.splitlines() if ":CONSOLE" in line]
+
+
+def planted_scripts(dom: str) -> dict[str, object]:
+    """What the checks look at in a DOM after load: the title, script elements, the planted element, the text."""
+    page = parse(dom)
+    return {"title": re.search(r"<title>(.*?)</title>", dom, re.S).group(1), "scripts": page.tags.get("script", 0),
+            "pwned": 'id="pwned"' in dom, "text": " ".join(page.text)}
+
+
+def test_chromium_checks_catch_a_running_script(tmp_path):
+    """The browser checks below can fail: on a page where the planted markup is not escaped, the script runs
+    (title and element change) and a console message is seen."""
+    exe = chromium()
+    bad = tmp_path / "bad.html"
+    bad.write_text(f"<!DOCTYPE html><html><head><title>t</title></head><body>{PLANT}"
+                   "<script>console.error('boom')</script></body></html>")
+    dom, console = open_in_chromium(exe, bad, tmp_path / "profile", "--dump-dom")
+    seen = planted_scripts(dom)
+    assert seen["title"] == "PWNED" and seen["pwned"] and seen["scripts"] == 2
+    assert any('"boom"' in line for line in console), console
+
+
+def test_report_in_headless_chromium(run_dir, tmp_path):
+    """The report of the real two-step run, with a planted <script> in a question and a critique, in Debian's
+    chromium: the screenshot is not blank, no console message (the page has no script; a blocked script or
+    fetch would log one), and the planted script shows as text and never runs."""
+    import numpy as np
+    from matplotlib.image import imread
+
+    exe = chromium()
+    run = tmp_path / "run"
+    shutil.copytree(run_dir, run, ignore=shutil.ignore_patterns("checkpoints", "init"))
+    rows = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
+    failed = next(r for r in rows if r["reward"] <= 0 and r.get("hind", {}).get("critique"))
+    failed["question"] = PLANT + failed["question"]
+    failed["hind"]["critique"] = PLANT + failed["hind"]["critique"]
+    (run / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = write_report(run, tmp_path / "report.html")
+
+    dom, console = open_in_chromium(exe, page, tmp_path / "profile", "--dump-dom")
+    assert console == []
+    seen = planted_scripts(dom)
+    assert seen["title"] == "hindsearch run: run" and seen["scripts"] == 0 and not seen["pwned"]
+    assert seen["text"].count(PLANT) == 2  # the question and the critique, as text
+    assert "Trajectories" in seen["text"] and "HindSearch critique" in seen["text"]
+
+    png = tmp_path / "shot.png"
+    _, console = open_in_chromium(exe, page, tmp_path / "profile", f"--screenshot={png}")
+    assert console == []
+    img = imread(png)[..., :3]
+    colours = len(np.unique((img * 255).astype(np.uint8).reshape(-1, 3), axis=0))
+    ink = float((img.min(axis=-1) < 0.9).mean())
+    assert img.shape[:2] == (900, 1200) and colours > 200 and ink > 0.05, (colours, ink)
 
 
 def test_every_recorded_field_is_escaped(tmp_path):

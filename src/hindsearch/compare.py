@@ -139,7 +139,7 @@ def mean_spread(xs: Sequence[float]) -> tuple[float, float]:
 
 def aggregate(results: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Per method: ``{column header: (mean, std, n)}`` over seeds plus ``step_s``; ``results`` are ``results.json`` dicts."""
-    benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
+    benches = bench_names(results)
     out: dict[str, dict[str, Any]] = {}
     for m in methods:
         rs = [r for r in results if r.get("method") == m]
@@ -168,12 +168,13 @@ def _bench_order(b: str) -> tuple[int, str]:
     return (1 + MINI_BENCHMARKS.index(b), b) if b in MINI_BENCHMARKS else (99, b)
 
 
-def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
-    """The results table: EM x100 as ``mean ± std`` over seeds, step time and its ratio to GRPO."""
+def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the results table: EM x100 as ``mean ± std`` over seeds (one seed: the mean alone),
+    the median step time and its ratio to GRPO (``-`` where not recorded)."""
     cols = columns(sorted(benches, key=_bench_order))
     heads = ["method", "seeds"] + [c[0] for c in cols] + ["step s", "vs GRPO"]
-    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
     base = agg.get("grpo", {}).get("step_s")
+    rows = []
     for m, row in agg.items():
         cells = [m, str(len(row["seeds"]))]
         for header, _, _ in cols:
@@ -183,10 +184,31 @@ def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], tit
         st = row.get("step_s")
         cells.append("-" if st is None else f"{st:.1f}")
         cells.append("-" if st is None or not base else f"{st / base:.2f}x")
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). Step time: median seconds "
-              "per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO."]
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return heads, rows
+
+
+RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). Step time: "
+                "median seconds per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO.")
+
+
+def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
+    """The results table (``results_rows``) as markdown."""
+    heads, rows = results_rows(agg, benches)
+    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
+    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    return "\n".join(lines + ["", RESULTS_NOTE]) + "\n"
+
+
+def load_results(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
+    """The ``results.json`` of every finished (method, seed) run of a comparison folder."""
+    paths = [out_dir / run_name(m, s) / "results.json" for m in methods for s in seeds]
+    return [json.loads(p.read_text()) for p in paths if p.exists()]
+
+
+def bench_names(results: Sequence[dict[str, Any]]) -> list[str]:
+    """The benchmarks any of ``results`` evaluated, world first, then the mini benchmarks in their order."""
+    return sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
 
 
 def pick_reward(row: dict[str, Any]) -> float:
@@ -268,14 +290,8 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
 
 def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
     """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
-    results = []
-    for m in methods:
-        for s in seeds:
-            p = out_dir / run_name(m, s) / "results.json"
-            if p.exists():
-                results.append(json.loads(p.read_text()))
-    benches = sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
-    md = results_markdown(aggregate(results, methods), benches, title)
+    results = load_results(out_dir, methods, seeds)
+    md = results_markdown(aggregate(results, methods), bench_names(results), title)
     from hindsearch.paired import bootstrap_markdown
 
     boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
@@ -550,10 +566,11 @@ def _title(config: str, cfg: Any) -> str:
 
 def main_compare(args: argparse.Namespace) -> int:
     """Entry point of ``hindsearch compare`` (arguments defined in ``hindsearch.report.register``)."""
+    from hindsearch.train.cli import find_config
+
     methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
-    if not Path(args.config).exists():
-        raise FileNotFoundError(f"--config {args.config}: file not found")
-    md = run_compare(args.config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
+    config = str(find_config(args.config))  # a TOML file or a shipped preset name, as for ``hindsearch train``
+    md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
                      mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,
                      jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0))
     print(md)

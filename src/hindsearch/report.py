@@ -1,19 +1,26 @@
 """``hindsearch report RUN_DIR``: one static HTML page per training run or comparison.
 
-The page needs no server and no network: plots are matplotlib PNGs inlined as base64, styles
-are inline. It holds
+The page is rendered by jinja2 (autoescape on) from the templates in ``hindsearch/templates``;
+every value read from a run folder is escaped, so markup in a question, critique or metric name
+shows as text. It needs no server and no network (a Content-Security-Policy forbids scripts and
+any fetch): plots are matplotlib PNGs inlined as base64 and styles are inline. It holds
 
-- **metrics plots** from ``metrics.jsonl`` (reward, EM, searches per rollout, loss parts, the
-  HindSearch weights and IGSD gate statistics, step time split); a metric that was not logged
-  shows "not recorded";
-- a **trajectory browser** over ``samples.jsonl``: question, gold answers, each turn (query and
-  retrieved titles), the answer and reward; for failed rollouts the judge's critique and the
-  per-token teacher-minus-student log-probs on the query tokens (coloured spans: green = the
-  teacher, who saw the critique, prefers the token more than the student did; red = less); for
+- **curves** from ``metrics.jsonl`` and ``dev_curve.jsonl``: reward, EM (training rollouts and
+  greedy dev EM), step time split first, then searches per rollout, validity, loss parts, the
+  HindSearch weights, IGSD gate statistics and lengths; a metric that was not logged shows
+  "not recorded";
+- the **evaluation** table (``summary.json``'s dev EM before/after RL, ``results.json``'s benchmarks)
+  and the **teacher probes** (``probe.json``) as tables;
+- a **trajectory browser** over ``samples.jsonl`` (one collapsible ``<details>`` per rollout):
+  question, gold answers, each turn (query and retrieved titles), the answer and reward; for failed
+  rollouts the judge's critique and the per-token teacher log-probs on the distilled tokens (coloured
+  spans: green = the critique teacher prefers the token, red = less; the value is the tooltip); for
   IGSD the verified pairs (student vs teacher query, what each retrieved, IG_S, IG_T, delta, gate).
 
-A *compare dir* (``hindsearch compare --out DIR``: ``results.md``, ``curves.png`` and one run
-folder per (method, seed)) gets the results table and curves, then one section per run.
+A *compare dir* (``hindsearch compare --out DIR``: one run folder per (method, seed) with its
+``results.json``) gets, from those numbers, the results table, bars per method with error bars
+(mean ± sample std over seeds; each method minus GRPO with the paired-bootstrap 95% interval),
+``curves.png``, then one section per run.
 
 Field names are read tolerantly (several spellings); whatever is missing is reported as "not
 recorded" rather than failing, so the page works for runs of every method and version.
@@ -26,10 +33,11 @@ from __future__ import annotations
 
 import argparse
 import base64
-import html
+import functools
 import io
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -39,6 +47,8 @@ ACTION_OR_INFO_RE = re.compile(r"<(search|answer)>(.*?)</\1>|<information>(.*?)(
 DOC_TITLE_RE = re.compile(r"Doc \d+\(Title: (.*?)\) ")
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
+TEMPLATES = Path(__file__).parent / "templates"
+"""The jinja2 templates of the page (shipped as package data)."""
 
 
 # --------------------------------------------------------------------------- loading
@@ -51,6 +61,7 @@ class Run:
     samples: list[dict[str, Any]] = field(default_factory=list)
     config_text: str = ""
     results: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
     bad_lines: list[str] = field(default_factory=list)
 
 
@@ -75,8 +86,23 @@ def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
+def read_json(path: Path, bad: list[str]) -> dict[str, Any]:
+    """A JSON object file ({} when absent; a parse error or a non-object is reported in ``bad``)."""
+    if not path.exists():
+        return {}
+    try:
+        obj = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        bad.append(f"{path}: {e}")
+        return {}
+    if not isinstance(obj, dict):
+        bad.append(f"{path}: not a JSON object")
+        return {}
+    return obj
+
+
 def load_run(path: str | Path) -> Run:
-    """Read ``metrics.jsonl``, ``samples.jsonl``, ``config.toml`` and ``results.json`` of a run folder."""
+    """Read ``metrics.jsonl``, ``samples.jsonl``, ``config.toml``, ``results.json`` and ``summary.json`` of a run folder."""
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"run folder not found: {p}")
@@ -85,11 +111,8 @@ def load_run(path: str | Path) -> Run:
     run.samples = read_jsonl(p / "samples.jsonl", run.bad_lines)
     if (p / "config.toml").exists():
         run.config_text = (p / "config.toml").read_text()
-    if (p / "results.json").exists():
-        try:
-            run.results = json.loads((p / "results.json").read_text())
-        except json.JSONDecodeError as e:
-            run.bad_lines.append(f"{p / 'results.json'}: {e}")
+    run.results = read_json(p / "results.json", run.bad_lines)
+    run.summary = read_json(p / "summary.json", run.bad_lines)
     return run
 
 
@@ -113,19 +136,25 @@ def pick(d: dict[str, Any], *names: str, default: Any = None) -> Any:
     return default
 
 
+def is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
 def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
     """``(steps, values)`` of a numeric metric over the rows that have it (step = ``step`` or row index + 1)."""
     xs, ys = [], []
     for i, r in enumerate(rows):
         v = r.get(key)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            xs.append(float(r.get("step", i + 1)))
+        if is_number(v):
+            step = r.get("step", i + 1)
+            xs.append(float(step) if is_number(step) else float(i + 1))
             ys.append(float(v))
     return xs, ys
 
 
 def metric_groups(keys: set[str]) -> dict[str, list[str]]:
-    """Group logged metric names into the report's panels (a panel lists the keys it found)."""
+    """Group logged metric names into the report's panels (a panel lists the keys it found); the
+    headline panels (reward, EM) come first."""
 
     def first(*cands: str) -> list[str]:
         for c in cands:
@@ -140,7 +169,7 @@ def metric_groups(keys: set[str]) -> dict[str, list[str]]:
     numeric = sorted(keys)
     return {
         "Reward": first("reward_mean", "reward", "rewards/em_reward/mean") + first("reward_std"),
-        "Exact match (training rollouts)": first("em", "train/em") + [k for k in numeric if k.startswith("dev") and "em" in k],
+        "Exact match (training rollouts, greedy dev)": first("em", "train/em") + [k for k in numeric if k.startswith("dev") and "em" in k],
         "Searches per rollout": first("searches_per_rollout", "num_searches"),
         "Validity": present("validity_rate", "invalid_turn_rate", "answered_rate"),
         "Loss parts": [k for k in numeric if k == "loss" or k.startswith("loss/") or k in ("hind/L_hind", "igsd/L_igsd")],
@@ -157,27 +186,28 @@ def time_keys(keys: set[str]) -> list[str]:
     return sorted(k for k in keys if k.startswith("time/") and k not in ("time/step", "time/step_cpu"))
 
 
-def fig_to_b64(fig: Any) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
-    import matplotlib.pyplot as plt
-
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def line_plot(rows: list[dict[str, Any]], keys: list[str], title: str) -> str | None:
-    """Base64 PNG of the ``keys`` against step (None when none has a value)."""
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    data = [(k, *series(rows, k)) for k in keys]
+    return plt
+
+
+def fig_to_b64(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    _pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str) -> str | None:
+    """Base64 PNG of ``(label, steps, values)`` lines (None when none has a value)."""
     data = [d for d in data if d[1]]
     if not data:
         return None
-    fig, ax = plt.subplots(figsize=(4.2, 2.6))
+    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
     for k, xs, ys in data:
         ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=k)
     ax.set_title(title, fontsize=10)
@@ -188,20 +218,20 @@ def line_plot(rows: list[dict[str, Any]], keys: list[str], title: str) -> str | 
     return fig_to_b64(fig)
 
 
+def line_plot(rows: list[dict[str, Any]], keys: list[str], title: str) -> str | None:
+    """Base64 PNG of the ``keys`` against step (None when none has a value)."""
+    return plot_lines([(k, *series(rows, k)) for k in keys], title)
+
+
 def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     """Base64 PNG: stacked bars of the step time split (seconds) per step."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    steps = [float(r.get("step", i + 1)) for i, r in enumerate(rows)]
     if not keys or not rows:
         return None
-    fig, ax = plt.subplots(figsize=(4.2, 2.6))
+    steps = [float(r["step"]) if is_number(r.get("step")) else float(i + 1) for i, r in enumerate(rows)]
+    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
     bottom = [0.0] * len(rows)
     for k in keys:
-        vals = [float(r.get(k) or 0.0) for r in rows]
+        vals = [float(r[k]) if is_number(r.get(k)) else 0.0 for r in rows]
         ax.bar(steps, vals, bottom=bottom, label=k.removeprefix("time/"))
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_title("Step time split (s)", fontsize=10)
@@ -211,41 +241,90 @@ def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     return fig_to_b64(fig)
 
 
-def summary_table(rows: list[dict[str, Any]]) -> str:
-    """Median step time and first/last values of the main metrics."""
+def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """``[metric, first, last, median]`` of the main metrics and the step time."""
     cands = ("reward_mean", "em", "searches_per_rollout", "validity_rate")
     keys = [x for c in cands for x in (c, f"rollout/{c}") if any(x in r for r in rows)]
     keys += ["time/step"] if any("time/step" in r for r in rows) else []
-    if not keys:
-        return "<p class=nr>not recorded</p>"
-    out = ["<table><tr><th>metric</th><th>first</th><th>last</th><th>median</th></tr>"]
+    out = []
     for k in keys:
         _, ys = series(rows, k)
-        if not ys:
-            continue
-        med = sorted(ys)[len(ys) // 2]
-        out.append(f"<tr><td>{html.escape(str(k))}</td><td>{ys[0]:.3g}</td><td>{ys[-1]:.3g}</td><td>{med:.3g}</td></tr>")
-    out.append("</table>")
-    return "".join(out)
+        if ys:
+            out.append([k, f"{ys[0]:.3g}", f"{ys[-1]:.3g}", f"{sorted(ys)[len(ys) // 2]:.3g}"])
+    return out
 
 
-def metrics_section(run: Run) -> str:
-    """HTML of the metrics panels of one run."""
-    if not run.metrics:
-        return "<h3>Metrics</h3><p class=nr>not recorded (no metrics.jsonl rows)</p>"
-    keys = {k for r in run.metrics for k, v in r.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
-    parts = [f"<h3>Metrics</h3><p>{len(run.metrics)} logged steps.</p>", summary_table(run.metrics), "<div class=grid>"]
+def metrics_view(run: Run) -> dict[str, Any]:
+    """Summary rows and plot panels (``{"title", "img"}``, img None when not recorded) of one run."""
+    from hindsearch.compare import dev_curve
+
+    keys = {k for r in run.metrics for k, v in r.items() if is_number(v)}
+    panels = []
     for title, ks in metric_groups(keys).items():
-        img = line_plot(run.metrics, ks, title) if ks else None
-        parts.append(_panel(title, img))
-    parts.append(_panel("Step time split", time_plot(run.metrics, time_keys(keys))))
-    parts.append("</div>")
-    return "".join(parts)
+        data = [(k, *series(run.metrics, k)) for k in ks]
+        if title.startswith("Exact match"):
+            dev = dev_curve(run.path)
+            data.append(("dev EM (greedy)", [float(s) for s, _ in dev], [v for _, v in dev]))
+        panels.append({"title": title, "img": plot_lines(data, title)})
+        if title.startswith("Exact match"):  # the headline: reward, EM, step time
+            panels.append({"title": "Step time split", "img": time_plot(run.metrics, time_keys(keys))})
+    return {"steps": len(run.metrics), "summary": summary_rows(run.metrics), "panels": panels}
 
 
-def _panel(title: str, img: str | None) -> str:
-    body = f'<img alt="{html.escape(title)}" src="data:image/png;base64,{img}">' if img else "<p class=nr>not recorded</p>"
-    return f'<div class=panel data-panel="{html.escape(title)}"><b>{html.escape(title)}</b><br>{body}</div>'
+# --------------------------------------------------------------------------- evaluation and probes
+EVAL_HEAD = ["", "EM", "1-hop EM", "2-hop EM", "n", "searches / q", "validity"]
+
+
+def eval_cells(name: str, r: dict[str, Any]) -> list[str]:
+    """One row of the evaluation table from a ``bench_row`` dict (rates in %)."""
+    def pct(k: str) -> str:
+        return f"{100 * r[k]:.1f}" if is_number(r.get(k)) else "-"
+
+    searches = r.get("searches")
+    return [name, pct("em"), pct("em_1hop"), pct("em_2hop"), str(r.get("n", "-")),
+            f"{searches:.2f}" if is_number(searches) else "-", pct("validity")]
+
+
+def evaluation_view(run: Run) -> list[list[str]]:
+    """Rows of the evaluation table: dev EM per stage (``summary.json``), then each benchmark (``results.json``)."""
+    rows = []
+    dev = run.summary.get("dev")
+    if isinstance(dev, dict):
+        rows += [eval_cells(f"dev, {stage}", r) for stage, r in dev.items() if isinstance(r, dict)]
+    benches = run.results.get("benchmarks")
+    if isinstance(benches, dict):
+        rows += [eval_cells(name, r) for name, r in benches.items() if isinstance(r, dict)]
+    return rows
+
+
+PROBE_HEAD = ["context", "usable", "rerun EM", "evidence recall", "searches/q", "search again", "hit missed", "u(D)",
+              "EM from state", "P(search) 2-hop", "query lT-lS", "query lT-lN", "action lT-lS", "action lT-lN"]
+PROBE_GAPS = ("query_lT_minus_lS", "query_lT_minus_neutral", "action_lT_minus_lS", "action_lT_minus_neutral")
+
+
+def probe_view(path: Path) -> dict[str, Any] | None:
+    """The teacher-probe table of ``path/probe.json`` (``hindsearch probe``; the columns of
+    ``hindsight.probe.format_probe``), ``{"error"}`` when unreadable, None when absent."""
+    p = Path(path) / "probe.json"
+    if not p.exists():
+        return None
+
+    def row(name: str, e: dict[str, Any], usable: Any) -> list[str]:
+        r, s, g = e["rerun"], e["state"], e.get("gap", {})
+        return [name, str(usable), f"{100 * r['em']:.1f}", f"{100 * r['evidence_recall']:.1f}", f"{r['searches']:.2f}",
+                f"{100 * s['search_again']:.1f}", f"{100 * s['hit_missed']:.1f}", f"{s['u_D']:.2f}",
+                f"{100 * s['em_from_state']:.1f}", f"{100 * e['p_search_two_hop']:.1f}",
+                *(f"{g[k]:+.3f}" if k in g else "-" for k in PROBE_GAPS)]
+
+    try:
+        res = json.loads(p.read_text())
+        rows = [row("student (no hint)", res["student"], res["n_failed"])]
+        rows += [row(name, e, e["usable"]) for name, e in res["hints"].items()]
+        note = (f"On {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
+                f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.")
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        return {"error": f"{p}: unreadable ({type(e).__name__}: {e})", "head": [], "rows": [], "note": ""}
+    return {"error": None, "head": PROBE_HEAD, "rows": rows, "note": note}
 
 
 # --------------------------------------------------------------------------- trajectories
@@ -256,59 +335,56 @@ def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     each ``<search>``/``<answer>`` action, with the titles of the ``<information>`` block after it.
     """
     if isinstance(sample.get("turns"), list) and sample["turns"]:
-        return [{"action": t.get("action", "?"), "content": t.get("content", ""),
-                 "titles": list(t.get("doc_titles") or [])} for t in sample["turns"] if isinstance(t, dict)]
-    text = pick(sample, "completion", "completion_text", default="") or ""
+        return [{"action": str(t.get("action", "?")), "content": str(t.get("content", "")),
+                 "titles": [str(x) for x in t.get("doc_titles") or []]} for t in sample["turns"] if isinstance(t, dict)]
+    text = str(pick(sample, "completion", "completion_text", default="") or "")
     turns: list[dict[str, Any]] = []
     for m in ACTION_OR_INFO_RE.finditer(text):
         if m.group(1):
             turns.append({"action": m.group(1), "content": m.group(2).strip(), "titles": []})
         elif turns and turns[-1]["action"] == "search":
             turns[-1]["titles"] = DOC_TITLE_RE.findall(m.group(3))
-    if not turns and sample.get("queries"):
-        turns = [{"action": "search", "content": q, "titles": []} for q in sample["queries"]]
+    if not turns and isinstance(sample.get("queries"), list):
+        turns = [{"action": "search", "content": str(q), "titles": []} for q in sample["queries"]]
     return turns
 
 
-def token_spans(tokens: list[str], diffs: list[float]) -> str:
-    """Query tokens as coloured spans: green when teacher-minus-student log-prob > 0, red when < 0.
-
-    Opacity grows with ``|diff|`` (saturating at 2 nats); the value is in the ``title`` tooltip.
-    """
+def token_colours(tokens: Sequence[str], diffs: Sequence[float]) -> list[dict[str, str]]:
+    """``{"tok", "rgb", "alpha", "diff"}`` per token: green when the log-prob difference is > 0, red when
+    < 0, opacity growing with ``|diff|`` (saturating at 2 nats); ``diff`` is the signed value for the tooltip."""
     out = []
     for tok, d in zip(tokens, diffs):
         a = min(abs(d) / 2.0, 1.0) * 0.85 + 0.05
-        rgb = "0,160,60" if d > 0 else "210,40,40"
-        out.append(f'<span class=tok style="background:rgba({rgb},{a:.2f})" title="{d:+.3f}">{html.escape(tok)}</span>')
-    return "".join(out)
+        out.append({"tok": str(tok), "rgb": "0,160,60" if d > 0 else "210,40,40", "alpha": f"{a:.2f}", "diff": f"{d:+.3f}"})
+    return out
 
 
-def hind_block(h: Any) -> str:
-    """HTML of a HindSearch sample: critique and per-token teacher-minus-student log-probs."""
+def token_spans(tokens: list[str], diffs: list[float]) -> str:
+    """The tokens as coloured ``<span class=tok>`` (``token_colours``; the value is in the ``title`` tooltip)."""
+    return str(environment().get_template("macros.html.j2").module.token_spans(token_colours(tokens, diffs)))
+
+
+def _floats(xs: Any) -> list[float] | None:
+    if isinstance(xs, list) and all(is_number(x) for x in xs):
+        return [float(x) for x in xs]
+    return None
+
+
+def hind_view(h: Any) -> dict[str, Any] | None:
+    """A HindSearch sample's critique, judge flags and per-token teacher log-probs on the distilled tokens."""
     if not isinstance(h, dict):
-        return ""
+        return None
     crit = pick(h, "critique", "critique_text", "text")
-    parts = ["<div class=hind><b>HindSearch critique</b>"]
-    if crit is None:
-        parts.append(" <span class=nr>not recorded</span>")
-    else:
-        parts.append(f' <span class=crit>{html.escape(str(crit))}</span>')
-    for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation"):
-        if k in h:
-            parts.append(f" <small>{k}={html.escape(str(h[k]))}</small>")
+    extras = [[k, str(h[k])] for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation")
+              if k in h]
     toks = pick(h, "distill_tokens", "query_tokens", "tokens", "query_token_strs")
-    label = "critique teacher &minus; neutral-feedback teacher log-prob on distilled tokens"
-    diffs = pick(h, "lT_minus_neutral")
+    label, diffs = "critique teacher − neutral-feedback teacher log-prob on distilled tokens", _floats(pick(h, "lT_minus_neutral"))
     if diffs is None:  # runs without the neutral control: the teacher's own log-probs (older runs: lT_minus_lS)
-        label, diffs = "teacher log-prob on distilled tokens", pick(h, "lT")
+        label, diffs = "teacher log-prob on distilled tokens", _floats(pick(h, "lT"))
     if diffs is None:
-        label, diffs = "teacher &minus; student log-prob on query tokens", pick(h, "lT_minus_lS", "teacher_minus_student")
-    if isinstance(toks, list) and isinstance(diffs, list) and toks:
-        parts.append(f"<div class=toks>{label}: {token_spans([str(t) for t in toks], [float(x) for x in diffs])}</div>")
-    else:
-        parts.append("<div class=nr>per-token teacher log-probs: not recorded</div>")
-    parts.append("</div>")
-    return "".join(parts)
+        label, diffs = "teacher − student log-prob on query tokens", _floats(pick(h, "lT_minus_lS", "teacher_minus_student"))
+    tokens = token_colours([str(t) for t in toks], diffs) if isinstance(toks, list) and toks and diffs else None
+    return {"critique": None if crit is None else str(crit), "extras": extras, "label": label, "tokens": tokens}
 
 
 def igsd_pairs(g: Any) -> list[dict[str, Any]]:
@@ -323,156 +399,157 @@ def igsd_pairs(g: Any) -> list[dict[str, Any]]:
     return []
 
 
-def _fmt(v: Any) -> str:
+def cell(v: Any) -> str | None:
+    """A table cell: floats signed to 3 decimals, lists joined by ``; ``, None stays None ("not recorded")."""
     if isinstance(v, float):
         return f"{v:+.3f}"
     if isinstance(v, list):
-        return "; ".join(html.escape(str(x)) for x in v)
-    return html.escape(str(v)) if v is not None else '<span class=nr>not recorded</span>'
+        return "; ".join(str(x) for x in v)
+    return None if v is None else str(v)
 
 
-def igsd_block(g: Any) -> str:
-    """HTML table of IGSD verified pairs (student vs teacher query, retrieved titles, IG_S, IG_T, delta, gate)."""
-    pairs = igsd_pairs(g)
-    if not pairs:
-        return "<div class=igsd><b>IGSD</b> <span class=nr>no verified pairs recorded</span></div>" if g else ""
-    rows = ["<div class=igsd><b>IGSD verified pairs</b><table><tr><th>student query</th><th>student retrieved</th>"
-            "<th>teacher query</th><th>teacher retrieved</th><th>token S / T</th><th>IG_S</th><th>IG_T</th><th>delta</th><th>gate</th></tr>"]
-    for p in pairs:
+IGSD_HEAD = ["student query", "student retrieved", "teacher query", "teacher retrieved", "token S / T", "IG_S", "IG_T",
+             "delta", "gate"]
+
+
+def igsd_view(g: Any) -> dict[str, Any] | None:
+    """IGSD verified pairs as table rows (``{"cells", "open"}``; open = gate > 0.5); None when the sample has no IGSD record."""
+    if not g:
+        return None
+    rows = []
+    for p in igsd_pairs(g):
         gate = pick(p, "gate", "g")
-        gcls = " class=open" if isinstance(gate, (int, float)) and gate > 0.5 else ""
-        rows.append(
-            f"<tr><td>{_fmt(pick(p, 'q_S', 'student_query', 'q_s'))}</td>"
-            f"<td>{_fmt(pick(p, 'titles_S', 'student_titles', 'titles_s'))}</td>"
-            f"<td>{_fmt(pick(p, 'q_T', 'teacher_query', 'q_t'))}</td>"
-            f"<td>{_fmt(pick(p, 'titles_T', 'teacher_titles', 'titles_t'))}</td>"
-            f"<td><code>{html.escape(str(p.get('student_token', '?')))}</code> / "
-            f"<code>{html.escape(str(p.get('teacher_token', '?')))}</code></td>"
-            f"<td>{_fmt(pick(p, 'ig_S', 'ig_s', 'IG_S'))}</td><td>{_fmt(pick(p, 'ig_T', 'ig_t', 'IG_T'))}</td>"
-            f"<td>{_fmt(pick(p, 'delta'))}</td><td{gcls}>{_fmt(gate)}</td></tr>"
-        )
-    rows.append("</table></div>")
-    return "".join(rows)
+        rows.append({"open": is_number(gate) and gate > 0.5, "cells": [
+            cell(pick(p, "q_S", "student_query", "q_s")), cell(pick(p, "titles_S", "student_titles", "titles_s")),
+            cell(pick(p, "q_T", "teacher_query", "q_t")), cell(pick(p, "titles_T", "teacher_titles", "titles_t")),
+            f"{p.get('student_token', '?')} / {p.get('teacher_token', '?')}",
+            cell(pick(p, "ig_S", "ig_s", "IG_S")), cell(pick(p, "ig_T", "ig_t", "IG_T")), cell(pick(p, "delta")), cell(gate)]})
+    return {"head": IGSD_HEAD, "rows": rows}
 
 
-def sample_html(s: dict[str, Any]) -> str:
-    """One rollout of the trajectory browser as a ``<details>`` element."""
-    reward = float(pick(s, "reward", "em", default=0.0) or 0.0)
+def sample_reward(s: dict[str, Any]) -> float:
+    r = pick(s, "reward", "em", default=0.0)
+    return float(r) if is_number(r) else 0.0
+
+
+def sample_view(s: dict[str, Any]) -> dict[str, Any]:
+    """One rollout of the trajectory browser."""
+    reward = sample_reward(s)
     ok = reward > 0
-    q = html.escape(str(s.get("question", "?")))
-    gold = html.escape(", ".join(str(a) for a in s.get("golden_answers") or []))
-    head = (f"<summary><span class={'ok' if ok else 'fail'}>{'✔' if ok else '✘'} r={reward:g}</span> "
-            f"step {html.escape(str(s.get('step', '?')))} · {q} <small>(hops {html.escape(str(s.get('hops', '?')))})</small></summary>")
-    body = [f"<div>gold: <b>{gold or '<span class=nr>not recorded</span>'}</b></div><ol class=turns>"]
-    for t in turns_of(s):
-        if t["action"] == "search":
-            titles = ", ".join(html.escape(x) for x in t["titles"]) or "<span class=nr>titles not recorded</span>"
-            body.append(f"<li><b>search</b> <code>{html.escape(t['content'])}</code><br><small>retrieved: {titles}</small></li>")
-        else:
-            body.append(f"<li><b>{html.escape(t['action'])}</b> <code>{html.escape(t['content'])}</code></li>")
-    body.append("</ol>")
-    body.append(f"<div>answer: <code>{html.escape(str(s.get('answer')))}</code> · reward {reward:g}"
-                f" · stop {html.escape(str(s.get('stop_reason', '')))}</div>")
-    if not ok:
-        body.append(hind_block(pick(s, "hind", "hindsearch")))
-    body.append(igsd_block(s.get("igsd")))
     comp = pick(s, "completion", "completion_text")
-    if comp:
-        body.append(f"<details><summary>raw completion</summary><pre>{html.escape(str(comp))}</pre></details>")
-    return f"<details class='traj {'ok' if ok else 'fail'}'>{head}{''.join(body)}</details>"
+    gold = s.get("golden_answers")
+    return {"ok": ok, "reward": f"{reward:g}", "step": str(s.get("step", "?")), "question": str(s.get("question", "?")),
+            "hops": str(s.get("hops", "?")), "gold": [str(a) for a in gold] if isinstance(gold, list) else [],
+            "turns": turns_of(s), "answer": str(s.get("answer")), "stop": str(s.get("stop_reason", "")),
+            "hind": None if ok else hind_view(pick(s, "hind", "hindsearch")), "igsd": igsd_view(s.get("igsd")),
+            "completion": None if comp is None else str(comp)}
 
 
-def browser_section(run: Run) -> str:
-    if not run.samples:
-        return "<h3>Trajectories</h3><p class=nr>not recorded (no samples.jsonl rows)</p>"
+def trajectories_view(run: Run) -> dict[str, Any]:
     samples = run.samples[-MAX_SAMPLES:]
-    n_fail = sum(1 for s in samples if float(pick(s, "reward", default=0.0) or 0.0) <= 0)
-    n_hind = sum(1 for s in samples if isinstance(pick(s, "hind", "hindsearch"), dict))
-    n_igsd = sum(len(igsd_pairs(s.get("igsd"))) for s in samples)
-    head = (f"<h3>Trajectories</h3><p>{len(samples)} rollouts shown (of {len(run.samples)}); {n_fail} failed, "
-            f"{n_hind} with a critique, {n_igsd} IGSD verified pairs.</p>")
-    return head + "".join(sample_html(s) for s in reversed(samples))
+    return {"total": len(run.samples), "shown": len(samples),
+            "failed": sum(1 for s in samples if sample_reward(s) <= 0),
+            "critiques": sum(1 for s in samples if isinstance(pick(s, "hind", "hindsearch"), dict)),
+            "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples),
+            "samples": [sample_view(s) for s in reversed(samples)]}
 
 
-def results_section(run: Run) -> str:
-    if not run.results:
-        return ""
-    return f"<h3>Evaluation</h3><pre>{html.escape(json.dumps(run.results, indent=1)[:5000])}</pre>"
-
-
-def run_section(run: Run, title: str | None = None) -> str:
-    """The full section of one run: metrics, evaluation, trajectories, config."""
-    bad = ""
-    if run.bad_lines:
-        bad = "<p class=fail>Unreadable lines: " + "; ".join(html.escape(b) for b in run.bad_lines[:10]) + "</p>"
-    cfg = f"<details><summary>config.toml</summary><pre>{html.escape(run.config_text)}</pre></details>" if run.config_text else ""
-    return (f"<section class=run id='run-{html.escape(run.path.name)}'><h2>{html.escape(title or run.path.name)}</h2>"
-            f"{bad}{metrics_section(run)}{results_section(run)}{probe_section(run.path)}{browser_section(run)}{cfg}</section>")
-
-
-def probe_section(path: Path) -> str:
-    """The teacher-probe table of ``path/probe.json`` (``hindsearch probe``), or nothing when absent."""
-    p = Path(path) / "probe.json"
-    if not p.exists():
-        return ""
-    from hindsearch.hindsight.probe import format_probe
-
-    try:
-        md = format_probe(json.loads(p.read_text()))
-    except (ValueError, KeyError, TypeError) as e:
-        return f"<p class=fail>probe.json unreadable: {html.escape(str(e))}</p>"
-    return "<h3>Teacher probes</h3>" + markdown_table_html(md)
+def run_view(run: Run) -> dict[str, Any]:
+    """Everything the template shows of one run: metrics, evaluation, probes, trajectories, config."""
+    return {"name": run.path.name, "bad_lines": run.bad_lines[:10],
+            "metrics": metrics_view(run) if run.metrics else None, "evaluation": evaluation_view(run),
+            "probe": probe_view(run.path), "trajectories": trajectories_view(run), "config_text": run.config_text}
 
 
 # --------------------------------------------------------------------------- compare dirs
-def markdown_table_html(md: str) -> str:
-    """Render the pipe tables of a markdown text as HTML tables; other lines become paragraphs."""
-    out, table = [], []
+def compare_plan(path: Path) -> tuple[list[str], list[int]]:
+    """Methods and seeds of a comparison: ``compare.json`` when readable, else the ``results.json`` of its runs."""
+    from hindsearch.compare import run_name
 
-    def flush() -> None:
-        if table:
-            rows = [r for r in table if not re.fullmatch(r"\|?[\s:|-]+\|?", r)]
-            cells = [[c.strip() for c in r.strip().strip("|").split("|")] for r in rows]
-            h = "".join(f"<th>{html.escape(c)}</th>" for c in cells[0])
-            body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in cells[1:])
-            out.append(f"<table class=results><tr>{h}</tr>{body}</table>")
-            table.clear()
-
-    for line in md.splitlines():
-        if line.strip().startswith("|"):
-            table.append(line)
-            continue
-        flush()
-        if line.strip():
-            tag = "h3" if line.startswith("#") else "p"
-            out.append(f"<{tag}>{html.escape(line.lstrip('#').strip())}</{tag}>")
-    flush()
-    return "".join(out)
+    plan = read_json(path / "compare.json", [])
+    if isinstance(plan.get("methods"), list) and isinstance(plan.get("seeds"), list):
+        return [str(m) for m in plan["methods"]], [int(s) for s in plan["seeds"] if is_number(s)]
+    methods: list[str] = []
+    seeds: set[int] = set()
+    for d in sub_runs(path):
+        r = read_json(d / "results.json", [])
+        if isinstance(r.get("method"), str) and is_number(r.get("seed")) and d.name == run_name(r["method"], int(r["seed"])):
+            methods += [] if r["method"] in methods else [r["method"]]
+            seeds.add(int(r["seed"]))
+    methods.sort(key=lambda m: (m != "grpo", m))
+    return methods, sorted(seeds)
 
 
-def compare_section(path: Path) -> str:
-    parts = ["<section id=results><h2>Comparison results</h2>"]
-    md = path / "results.md"
-    parts.append(markdown_table_html(md.read_text()) if md.exists() else "<p class=nr>results.md not recorded</p>")
-    png = path / "curves.png"
-    if png.exists():
-        parts.append(f'<img alt="curves" src="data:image/png;base64,{base64.b64encode(png.read_bytes()).decode()}">')
-    else:
-        parts.append("<p class=nr>curves.png not recorded</p>")
-    parts.append("</section>")
-    return "".join(parts)
+def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, float] | None]], title: str,
+             ylabel: str, zero_line: bool = False) -> str | None:
+    """Base64 PNG of grouped bars: per group (x), one bar per key of ``bars`` at ``value`` with the error
+    bar from ``low`` to ``high`` (``(value, low, high)``; None leaves the bar out). None when nothing to draw."""
+    if not groups or not any(v for vals in bars.values() for v in vals):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(groups) * max(1, len(bars)) ** 0.5), 2.8))
+    width = 0.8 / max(1, len(bars))
+    for i, (name, vals) in enumerate(bars.items()):
+        xs = [g + (i - (len(bars) - 1) / 2) * width for g, v in enumerate(vals) if v is not None]
+        pts = [v for v in vals if v is not None]
+        if pts:
+            ax.bar(xs, [p[0] for p in pts], width, label=name,
+                   yerr=[[p[0] - p[1] for p in pts], [p[2] - p[0] for p in pts]], capsize=3, error_kw={"lw": 1})
+    if zero_line:
+        ax.axhline(0, color="#444", lw=0.8)
+    ax.set_xticks(range(len(groups)), list(groups), fontsize=7, rotation=20 if len(groups) > 4 else 0)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, framealpha=0.6)
+    ax.grid(alpha=0.3, axis="y")
+    return fig_to_b64(fig)
 
 
-CSS = """
-body{font-family:system-ui,sans-serif;margin:1.5em;background:#fff;color:#222;max-width:1300px}
-h1{border-bottom:2px solid #345}h2{background:#eef2f7;padding:.3em}
-.grid{display:flex;flex-wrap:wrap;gap:.6em}.panel{border:1px solid #ccd;padding:.4em;min-width:200px}
-.nr{color:#888;font-style:italic}.ok{color:#170}.fail{color:#b11}
-details.traj{border-left:4px solid #ccc;margin:.3em 0;padding:.2em .5em}details.traj.fail{border-color:#d66}
-details.traj.ok{border-color:#6b6}code{background:#f4f4f4}.tok{padding:0 1px;border-radius:2px;font-family:monospace}
-.crit{background:#fff6d0}table{border-collapse:collapse;margin:.4em 0}td,th{border:1px solid #ccd;padding:2px 6px;font-size:90%}
-td.open{background:#c8f0c8}pre{white-space:pre-wrap;font-size:80%;background:#f8f8f8;padding:.4em}
-"""
+def compare_view(path: Path) -> dict[str, Any]:
+    """The comparison's results table and bars (mean ± std over seeds per method), the paired bootstrap
+    against GRPO (table and bars with the 95% interval), ``curves.png`` and the probe table."""
+    from hindsearch.compare import RESULTS_NOTE, aggregate, bench_names, columns, load_results, results_rows, run_name
+    from hindsearch.paired import bootstrap_rows
+
+    methods, seeds = compare_plan(path)
+    results = load_results(path, methods, seeds)
+    view: dict[str, Any] = {"methods": methods, "seeds": seeds, "results": None, "bars": None, "boot": None,
+                            "boot_bars": None, "note": RESULTS_NOTE, "probe": probe_view(path), "curves": None}
+    if results:
+        agg, benches = aggregate(results, methods), bench_names(results)
+        head, rows = results_rows(agg, benches)
+        view["results"] = {"head": head, "rows": rows}
+        cols = [c[0] for c in columns(benches)]
+
+        def bar(v: Any) -> tuple[float, float, float] | None:
+            return None if v is None else (100 * v[0], 100 * (v[0] - v[1]), 100 * (v[0] + v[1]))
+
+        view["bars"] = bar_plot(cols, {m: [bar(agg[m].get(c)) for c in cols] for m in methods},
+                                "EM per method (mean ± std over seeds)", "EM %")
+    boot = bootstrap_rows(lambda m, s: path / run_name(m, s), methods, seeds)
+    if boot:
+        keys = (("EM", "em"), ("EM 2-hop", "em_2hop"), ("evidence recall", "recall"))
+        view["boot"] = {"head": ["method", "seeds", "questions"] + [k[0] for k in keys],
+                        "rows": [[r["method"], str(r["seeds"]), str(r["questions"])]
+                                 + [f"{100 * r[k][0]:+.1f} [{100 * r[k][1]:+.1f}, {100 * r[k][2]:+.1f}]" for _, k in keys]
+                                 for r in boot]}
+        view["boot_bars"] = bar_plot([k[0] for k in keys],
+                                     {r["method"]: [tuple(100 * x for x in r[k]) for _, k in keys] for r in boot},
+                                     "each method minus GRPO (paired bootstrap, 95% interval)", "points", zero_line=True)
+    if (path / "curves.png").exists():
+        view["curves"] = base64.b64encode((path / "curves.png").read_bytes()).decode()
+    return view
+
+
+# --------------------------------------------------------------------------- page
+@functools.cache
+def environment() -> Any:
+    """The jinja2 environment of the templates: autoescape on, undefined names fail loudly."""
+    import jinja2
+
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 
 
 def render(path: str | Path) -> str:
@@ -480,18 +557,17 @@ def render(path: str | Path) -> str:
     p = Path(path)
     if not p.is_dir():
         raise FileNotFoundError(f"run folder not found: {p}")
-    if not is_compare_dir(p) and not any((p / f).exists() for f in ("metrics.jsonl", "summary.json", "config.toml")):
+    compare, name = is_compare_dir(p), p.resolve().name
+    if not compare and not any((p / f).exists() for f in ("metrics.jsonl", "summary.json", "config.toml")):
         raise ValueError(f"{p} is not a run or comparison folder (no metrics.jsonl, summary.json or config.toml)")
-    if is_compare_dir(p):
-        runs = sub_runs(p)
-        toc = "".join(f"<li><a href='#run-{html.escape(r.name)}'>{html.escape(r.name)}</a></li>" for r in runs)
-        body = compare_section(p) + f"<h2>Runs</h2><ul>{toc}</ul>" + "".join(run_section(load_run(r)) for r in runs)
-        title = f"hindsearch comparison: {p.name}"
+    if compare:
+        title = f"hindsearch comparison: {name}"
+        runs = [run_view(load_run(r)) for r in sub_runs(p)]
+        cmp = compare_view(p)
     else:
-        body = run_section(load_run(p))
-        title = f"hindsearch run: {p.name}"
-    return (f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
-            f"<style>{CSS}</style></head><body><h1>{html.escape(title)}</h1>{body}</body></html>")
+        title = f"hindsearch run: {name}"
+        runs, cmp = [run_view(load_run(p))], None
+    return environment().get_template("report.html.j2").render(title=title, compare=cmp, runs=runs)
 
 
 def write_report(path: str | Path, out: str | Path | None = None) -> Path:
@@ -524,22 +600,28 @@ def register(sub: Any) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_report)
 
+    from hindsearch.cli import positive_int
+
     c = sub.add_parser("compare", help="train and evaluate several methods x seeds from one warmed-up checkpoint")
-    c.add_argument("--config", default="configs/tiny-cpu.toml", help="base preset (TOML)")
+    c.add_argument("--config", default="tiny-cpu",
+                   help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
     c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
                    help="comma list of grpo, hindsearch, hindsearch-nogold, igsd, hindsearch+igsd")
     c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
-    c.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's train.steps)")
+    c.add_argument("--steps", type=positive_int, default=None,
+                   help="RL steps per run (default: the preset's train.steps)")
     c.add_argument("--mini", default=None, help="folder from 'hindsearch data mini' (adds the seven mini benchmarks)")
-    c.add_argument("--mini-limit", type=int, default=None, help="questions per mini benchmark (default eval.limit)")
-    c.add_argument("--test-limit", type=int, default=None, help="world test questions (default all)")
+    c.add_argument("--mini-limit", type=positive_int, default=None,
+                   help="questions per mini benchmark (default: the preset's eval.limit)")
+    c.add_argument("--test-limit", type=positive_int, default=None, help="world test questions (default: all)")
     c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied to every run")
+                   help="config override applied to every run (repeatable)")
     c.add_argument("--out", required=True, help="comparison folder (resumable)")
     c.add_argument("--no-report", action="store_true", help="do not write DIR/report.html")
-    c.add_argument("--jobs", type=int, default=1,
+    c.add_argument("--jobs", type=positive_int, default=1,
                    help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
-    c.add_argument("--probe", type=int, default=0, metavar="N",
-                   help="first probe the starting checkpoint on N failed training rollouts (DIR/probe.json; 0 = no probe)")
+    c.add_argument("--probe", type=positive_int, default=0, metavar="N",
+                   help="first probe the starting checkpoint on N failed training rollouts, into DIR/probe.json "
+                        "(default: no probe)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=_cmd_compare)
