@@ -214,3 +214,175 @@ def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
     judged = [s["hind"] for s in samples if s["reward"] == 0 and "hind" in s]
     assert judged and all(j["judge_kind"] == "lm" and j["critique_raw"] for j in judged)
     assert all(j["critique_usable"] == ("distill_tokens" in j) for j in judged)
+
+
+# ------------------------------------------------------------------ TRL trainer with fake vLLM engines
+# vLLM rollouts through TRL's real GRPO step: TRL's VLLMGeneration replaced by a fake holding a fake engine
+# (test_vllm_backend), so TRL's weight sync, log-prob recomputation and importance sampling really run.
+import copy  # noqa: E402
+import math  # noqa: E402
+
+from test_vllm_backend import FakeClient, FakeLLM, VLLMEmulator, install_fake_vllm, spans  # noqa: E402
+
+
+def trainer_script(tok_, records):
+    """Even rollouts of a turn-0 call search the question and answer the gold; odd ones search 'weather'."""
+    by_q = {r.question: r for r in records}
+
+    def script_batch(contexts):
+        outs = []
+        for j, ctx in enumerate(contexts):
+            text = tok_.decode(ctx)
+            rec = next(r for q, r in by_q.items() if q in text)
+            if not text.rstrip().endswith("</information>"):  # turn 0 (the prompt itself names the tags)
+                q = rec.question if j % 2 == 0 else "weather"
+                outs.append(tok_(f"<search> {q} </search>", add_special_tokens=False)["input_ids"])
+            elif "<search> weather </search>" in text:
+                outs.append(tok_("<answer> nobody </answer>", add_special_tokens=False)["input_ids"])
+            else:
+                outs.append(tok_(f"<answer> {rec.golden_answers[0]} </answer>", add_special_tokens=False)["input_ids"])
+        return outs
+
+    return script_batch
+
+
+def batch_logp(k):
+    """Fixed sampler log-probs: the first token of a turn far below the model's (its ratio hits the cap)."""
+    return -20.0 if k == 0 else -0.25
+
+
+class BatchEmulator(VLLMEmulator):
+    """The emulator with a script that sees the whole batch (row parity decides the turn-0 query)."""
+
+    def __init__(self, tok_, script_batch):
+        super().__init__(tok_, None, logp=batch_logp)
+        self.script_batch, self._pending = script_batch, []
+
+    def batch(self, contexts):
+        self._pending = list(self.script_batch(contexts))
+
+    def run(self, context, max_tokens, stop):
+        s = self._pending.pop(0)
+        self.script = lambda ctx: s
+        return super().run(context, max_tokens, stop)
+
+
+class BatchLLM(FakeLLM):
+    def generate(self, prompts, params, use_tqdm=True):
+        self.em.batch([p["prompt_token_ids"] for p in prompts])
+        return super().generate(prompts, params, use_tqdm)
+
+
+class BatchClient(FakeClient):
+    def generate(self, prompts, **kw):
+        self.em.batch(prompts)
+        return super().generate(prompts, **kw)
+
+
+def fake_vllm_generation(kind, em, events, sleep=False):
+    class FakeVLLMGeneration:
+        """Stands in for TRL's ``VLLMGeneration``: holds the fake engine, records weight syncs."""
+
+        def __init__(self, **kw):
+            self.mode, self.enable_sleep_mode, self.kw = kw["mode"], sleep, kw
+            self._llm_weights_sleeping = sleep
+            eng = (BatchLLM if kind == "colocate" else BatchClient)(em)
+            eng.events = events
+            if kind == "colocate":
+                self.llm = eng
+            else:
+                self.vllm_client = eng
+            self.syncs = 0
+
+        def sync_weights(self):
+            self.syncs += 1
+            events.append("sync")
+            self._llm_weights_sleeping = False
+
+    return FakeVLLMGeneration
+
+
+@pytest.mark.parametrize("kind", ["colocate", "server", "colocate-sleep"])
+def test_trainer_vllm_rollouts_is_correction_and_metrics(kind, world, tok, tmp_path, monkeypatch):
+    install_fake_vllm(monkeypatch)
+    import trl.trainer.grpo_trainer as gt
+
+    w, retriever = world
+    records = w.splits["train"][:4]
+    mode = kind.split("-")[0]
+    cfg = Config.load(None, OVERRIDES + ['rollout.backend="vllm"', f'rollout.vllm_mode="{mode}"',
+                                         "rollout.vllm_is_cap=2.0"])
+    events: list[str] = []
+    em = BatchEmulator(tok, trainer_script(tok, records))
+    monkeypatch.setattr(gt, "VLLMGeneration", fake_vllm_generation(mode, em, events, sleep=kind.endswith("sleep")))
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    run = tmp_path / "run"
+    ensure_on_disk(model, tok, run / "init")
+    model.train()
+    init = copy.deepcopy(model).eval()
+    engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
+    trainer = build_trainer(cfg, model, tok, engine, retriever, records, run)
+    assert trainer.args.vllm_importance_sampling_mode == "token_truncate"
+    assert trainer.args.vllm_importance_sampling_clip_max == 2.0 and trainer.args.vllm_mode == mode
+    assert trainer.args.vllm_max_model_length == cfg.rollout.max_total_tokens
+    assert trainer.vllm_generation.kw["server_port"] == cfg.rollout.vllm_server_port
+    steps: list[list] = []
+    inner = trainer.rollout_func
+
+    def capture(prompts, tr):
+        out = inner(prompts, tr)
+        steps.append(list(trainer._last_trajs))
+        return out
+
+    trainer.rollout_func = capture
+    trainer.train()
+
+    assert len(steps) == 2
+    assert type(trainer.engine.backend).__name__ == ("VLLMBackend" if mode == "colocate" else "VLLMServerBackend")
+    # weights are synced once per step, before that step's first generation
+    gens = [e for e in events if e in ("sync", "generate")]
+    firsts = [i for i, e in enumerate(gens) if e == "generate" and (i == 0 or gens[i - 1] == "sync")]
+    assert gens.count("sync") == 2 and len(firsts) == 2 and gens[0] == "sync"
+    if kind.endswith("sleep"):  # woken before the rollout, back to sleep (level 2) after the aux prepare
+        cycle = [e for e in events if e != "generate"]
+        assert cycle == ["sync", "wake:kv_cache", "sleep:2"] * 2
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["rollout/reward_mean"] == pytest.approx(0.5) and r["rollout/searches_per_rollout"] == 1.0
+        # TRL's own mismatch keys and ours agree (one process)
+        assert r["vllm/logp_diff_mean"] == pytest.approx(r["sampling/sampling_logp_difference/mean"], rel=1e-5)
+        assert r["vllm/logp_diff_max"] == pytest.approx(r["sampling/sampling_logp_difference/max"], rel=1e-5)
+        assert r["vllm/is_ratio_mean"] == pytest.approx(r["sampling/importance_sampling_ratio/mean"], rel=1e-5)
+        assert r["vllm/is_ratio_max"] == pytest.approx(2.0)  # -20 sampler log-probs: capped
+        assert r["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
+        assert 0 < r["vllm/is_capped_frac"] < 1 and r["vllm/logp_nan_tokens"] == 0
+        assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
+    # independent check of step 1: the initial model's log-probs of the generated tokens vs the fixed ones
+    diffs = []
+    with torch.no_grad():
+        for t in steps[0]:
+            ids = torch.tensor([t.prompt_ids + t.completion_ids])
+            lp = init(input_ids=ids).logits[0].float().log_softmax(-1)
+            P = len(t.prompt_ids)
+            for s, e in spans(t.gen_mask, 1):
+                for k in range(s, e):
+                    diffs.append(abs(float(lp[P + k - 1, t.completion_ids[k]]) - t.logprobs[k]))
+                assert t.logprobs[s:e] == [batch_logp(k) for k in range(e - s)]
+    assert rows[0]["vllm/logp_diff_mean"] == pytest.approx(sum(diffs) / len(diffs), rel=1e-4)
+    assert rows[0]["vllm/logp_diff_max"] == pytest.approx(max(diffs), rel=1e-4)
+
+
+def test_colocate_tensor_parallel_is_refused(world, tok, tmp_path, monkeypatch):
+    install_fake_vllm(monkeypatch)
+    import trl.trainer.grpo_trainer as gt
+
+    w, retriever = world
+    records = w.splits["train"][:2]
+    cfg = Config.load(None, OVERRIDES + ['rollout.backend="vllm"', "train.trl.vllm_tensor_parallel_size=2"])
+    monkeypatch.setattr(gt, "VLLMGeneration", fake_vllm_generation("colocate", None, []))
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    ensure_on_disk(model, tok, tmp_path / "init")
+    engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
+    with pytest.raises(ValueError, match="tensor parallel size 1"):
+        build_trainer(cfg, model, tok, engine, retriever, records, tmp_path / "run")

@@ -106,6 +106,20 @@ class RetrievalConfig:
 class RolloutConfig:
     backend: str = "hf"
     """Generation backend: ``hf`` (transformers generate, CPU/GPU) or ``vllm`` (GPU)."""
+    vllm_mode: str = "colocate"
+    """With ``backend = vllm`` in training: ``colocate`` (a vLLM engine inside each training process, on its
+    GPU) or ``server`` (a separate ``trl vllm-serve`` process on its own GPUs; see the README)."""
+    vllm_server_host: str = "127.0.0.1"
+    """``vllm_mode = server``: host of the ``trl vllm-serve`` server."""
+    vllm_server_port: int = 8001
+    """``vllm_mode = server``: port of the ``trl vllm-serve`` server (8001: the paper presets' retrieval
+    server already listens on 8000)."""
+    vllm_server_timeout: float = 240.0
+    """``vllm_mode = server``: seconds to wait for the server to come up before training fails."""
+    vllm_is_cap: float = 2.0
+    """Truncated importance sampling for vLLM rollouts: each generated token's loss is weighted by
+    ``min(pi_train / pi_vllm, cap)`` (TRL's ``token_truncate`` mode, ``vllm_importance_sampling_clip_max``);
+    must be >= 1. The log-prob mismatch and the ratio statistics are logged as ``vllm/*`` in metrics.jsonl."""
     max_turns: int = 4
     """Maximum number of searches; after that one last turn must answer."""
     max_new_tokens_per_turn: int = 128
@@ -372,6 +386,12 @@ class Config:
         _positive("rollout.max_turns", self.rollout.max_turns, allow_zero=True)
         _positive("rollout.max_new_tokens_per_turn", self.rollout.max_new_tokens_per_turn)
         _positive("rollout.max_total_tokens", self.rollout.max_total_tokens)
+        _choice("rollout.vllm_mode", self.rollout.vllm_mode, ("colocate", "server"))
+        _positive("rollout.vllm_server_port", self.rollout.vllm_server_port)
+        if not self.rollout.vllm_server_timeout > 0:
+            raise ConfigError(f"rollout.vllm_server_timeout must be > 0, got {self.rollout.vllm_server_timeout}")
+        if not self.rollout.vllm_is_cap >= 1:
+            raise ConfigError(f"rollout.vllm_is_cap must be >= 1, got {self.rollout.vllm_is_cap}")
         _positive("rollout.num_generations", self.rollout.num_generations)
         if self.rollout.temperature < 0:
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.rollout.temperature}")

@@ -1,23 +1,53 @@
-"""vLLM turn generation (GPU), the same ``Backend`` interface as ``rollout.HFBackend``.
+"""vLLM turn generation (GPU): the same ``Backend`` interface as ``rollout.HFBackend``, in two modes.
 
-``vllm`` is an optional extra (``pip install vllm``); importing this module without it is
-fine, constructing the backend raises a clear error. Each turn is one ``LLM.generate`` call
-on token-id prompts with stop strings ``</search>`` / ``</answer>`` (kept in the output),
-``logprobs=0`` (the sampled token's log-prob) and ``detokenize`` only for the stop check.
-vLLM's returned ``token_ids`` are the sampled ids, so the engine's exactness holds.
+- **colocate** (``VLLMBackend``): a ``vllm.LLM`` in the training process (TRL's ``vllm_mode = colocate``;
+  the trainer hands over TRL's own ``LLM`` and TRL syncs the weights into it before each step's rollouts).
+- **server** (``VLLMServerBackend``): TRL's ``VLLMClient`` against a ``trl vllm-serve`` server
+  (``vllm_mode = server``; TRL pushes the weights over NCCL before each step's rollouts).
 
-Log-probs are vLLM's ``processed_logprobs`` of the temperature-scaled distribution when the
-installed vLLM supports ``logprobs_mode`` (as the HF backend), else its default.
-Weight updates during training are the trainer's business (TRL's vLLM colocate/server
-mode); ``llm`` may be an ``LLM`` the trainer already holds.
+Each turn is one batch of requests on token-id prompts (the full context: prompt + completion so far;
+vLLM's prefix cache re-reads nothing it has seen) with the stop strings ``</search>`` / ``</answer>``
+kept in the output, ``logprobs = 0`` (the sampled token's log-prob only) and a per-row token budget.
+
+Exactness (the HF backend is the reference): the returned ids are vLLM's sampled ``token_ids``, never
+its text. vLLM stops on a stop string found in the *decoded* text, so the last token may carry
+characters after the stop (``</search`` + ``>.``): that whole token is kept, as the HF backend keeps it.
+The finish reason is decided from the ids, in the HF backend's order: last id an EOS/stop-token id ->
+``eos`` (vLLM reports ``length`` when EOS is the last token the budget allowed, and ``stop`` with an int
+``stop_reason`` for generation-config stop ids); else a stop string -> ``stop``; else ``length``.
+
+Log-probs: vLLM's log-prob of the sampled token; ``processed_logprobs`` (temperature-scaled, as the HF
+backend and TRL's recomputation) when the engine runs with ``logprobs_mode = processed_logprobs``, which
+TRL's colocate ``LLM`` and ``trl vllm-serve`` both set. A position vLLM could not score is NaN (TRL's
+importance-sampling correction then leaves that token uncorrected and keeps it out of the mismatch).
+
+What TRL 1.16's ``VLLMClient.generate`` cannot send or return, and what we do instead (server mode):
+- ``max_tokens`` is one value per request: rows are grouped by budget, one request per distinct budget
+  (sent concurrently);
+- stop strings and ``include_stop_str_in_output`` are not parameters: they go in ``generation_kwargs``,
+  which the client copies into the ``/v1/completions`` body;
+- ``seed`` is one value per request, so identical prompts (a GRPO group's first turn) would sample the same
+  completion: no seed is sent and server-mode sampling is not reproducible from ``train.seed``;
+- ``finish_reason`` / ``stop_reason`` are dropped by the client: the finish is decided from the ids as
+  above (stop string found in ``tokenizer.decode(ids)``).
+
+``vllm`` is an optional extra (``pip install vllm``); importing this module without it is fine,
+constructing a colocate backend raises a clear error.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+import torch
+
 from hindsearch.agent.rollout import GenOutput, LogitsHook, SamplingParams
+
+SEED_HIGH = 2**31 - 1
 
 
 def _import_vllm() -> Any:
@@ -31,23 +61,112 @@ def _import_vllm() -> Any:
     return vllm
 
 
-class VLLMBackend:
-    """Turn generation through a ``vllm.LLM``."""
+def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
+    """EOS ids that end a turn: the tokenizer's EOS and the model's ``generation_config.eos_token_id``(s)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gc = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gc if isinstance(gc, list) else [gc] if gc is not None else [])
+    return ids
 
-    def __init__(self, llm: Any, eos_ids: set[int] | None = None) -> None:
-        self.vllm = _import_vllm()
+
+def row_seeds(generator: torch.Generator | None, n: int) -> list[int] | None:
+    """``n`` request seeds drawn from the rollout's generator (None without one): reproducible from the
+    rollout seed, different for every row and every turn (the generator advances with each call)."""
+    if generator is None:
+        return None
+    return torch.randint(0, SEED_HIGH, (n,), generator=generator, device=generator.device).tolist()
+
+
+def sampling_kwargs(sampling: SamplingParams, max_tokens: int, stop_strings: Sequence[str],
+                    seed: int | None = None) -> dict[str, Any]:
+    """``vllm.SamplingParams`` keyword arguments of one row: its budget, the stop strings kept in the
+    output, the sampled token's log-prob, temperature/top-p (greedy: temperature 0, no seed)."""
+    greedy = sampling.is_greedy
+    kw: dict[str, Any] = dict(
+        n=1, max_tokens=int(max_tokens), stop=list(stop_strings), include_stop_str_in_output=True, logprobs=0,
+        temperature=0.0 if greedy else float(sampling.temperature), top_p=1.0 if greedy else float(sampling.top_p),
+    )
+    if seed is not None and not greedy:
+        kw["seed"] = int(seed)
+    return kw
+
+
+def classify_finish(ids: Sequence[int], eos_ids: set[int], hit_stop: bool, engine_finish: str | None) -> str:
+    """The HF backend's finish reason for vLLM's output: ``eos`` (last id is an EOS id, or vLLM stopped on
+    something other than a stop string), ``stop`` (a stop string), ``length`` (budget)."""
+    if ids and ids[-1] in eos_ids:
+        return "eos"
+    if hit_stop:
+        return "stop"
+    if engine_finish in (None, "length"):
+        return "length"
+    if engine_finish == "stop":
+        return "eos"  # a stop-token id we were not told about
+    raise RuntimeError(f"vLLM finished a request with finish_reason = {engine_finish!r}")
+
+
+def pick_sampled(ids: Sequence[int], values: Sequence[Sequence[float | None]],
+                 token_ids: Sequence[Sequence[int]]) -> list[float]:
+    """The sampled token's log-prob at every position: ``values[k][j]`` is the log-prob of
+    ``token_ids[k][j]`` at position ``k``; the entry for ``ids[k]`` is taken (NaN if absent or None)."""
+    if len(values) != len(ids) or len(token_ids) != len(ids):
+        raise RuntimeError(f"vLLM returned {len(values)} log-prob positions for {len(ids)} tokens")
+    out = []
+    for t, vs, ts in zip(ids, values, token_ids):
+        v = next((v for v, u in zip(vs, ts) if int(u) == int(t)), None)
+        out.append(float("nan") if v is None or math.isnan(float(v)) else float(v))
+    return out
+
+
+def budget_groups(max_new_tokens: Sequence[int]) -> dict[int, list[int]]:
+    """Rows with a positive budget grouped by budget (server mode: one request per distinct ``max_tokens``)."""
+    groups: dict[int, list[int]] = {}
+    for i, n in enumerate(max_new_tokens):
+        if n > 0:
+            groups.setdefault(int(n), []).append(i)
+    return groups
+
+
+def _check(ids: list[int], budget: int) -> None:
+    if len(ids) > budget:
+        raise RuntimeError(f"vLLM returned {len(ids)} tokens for a budget of {budget}")
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
+
+    def _count(self, t0: float, requests: int, outs: Sequence[GenOutput]) -> None:
+        self.stats["calls"] += 1
+        self.stats["requests"] += requests
+        self.stats["generated_tokens"] += sum(len(o.ids) for o in outs)
+        self.stats["generate_s"] += time.perf_counter() - t0
+
+
+class VLLMBackend(_Stats):
+    """Colocate mode: turn generation through a ``vllm.LLM`` (TRL's, or one built by ``from_model``)."""
+
+    def __init__(self, llm: Any, eos_ids: set[int] | None = None, vllm_module: Any = None) -> None:
+        super().__init__()
+        self.vllm = vllm_module if vllm_module is not None else _import_vllm()
         self.llm = llm
-        self.eos_ids = eos_ids or set()
+        self.eos_ids = set(eos_ids or ())
 
     @classmethod
     def from_model(cls, model: Any, tokenizer: Any, **llm_kwargs: Any) -> "VLLMBackend":
-        """Build an ``LLM`` over the same checkpoint as an HF model (its ``name_or_path``)."""
+        """Build an ``LLM`` over the same checkpoint as an HF model (its ``name_or_path``), outside training."""
         vllm = _import_vllm()
         path = getattr(model, "name_or_path", None)
         if not path:
             raise ValueError("vLLM backend needs a model loaded from a path or hub id (model.name_or_path is empty)")
-        llm = vllm.LLM(model=path, **{"gpu_memory_utilization": 0.3, "enable_prefix_caching": True, **llm_kwargs})
-        return cls(llm, {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+        kw = {"gpu_memory_utilization": 0.3, "enable_prefix_caching": True, "logprobs_mode": "processed_logprobs",
+              **llm_kwargs}
+        try:
+            llm = vllm.LLM(model=path, **kw)
+        except TypeError:  # vLLM without logprobs_mode: its default (raw log-probs)
+            kw.pop("logprobs_mode")
+            llm = vllm.LLM(model=path, **kw)
+        return cls(llm, stop_token_ids(tokenizer, model), vllm)
 
     def generate(
         self,
@@ -55,35 +174,94 @@ class VLLMBackend:
         max_new_tokens: list[int],
         sampling: SamplingParams,
         stop_strings: Sequence[str],
-        generator: Any = None,
+        generator: torch.Generator | None = None,
         logits_hook: LogitsHook | None = None,
     ) -> list[GenOutput]:
         if logits_hook is not None:
             raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
-        seed = int(generator.initial_seed()) if generator is not None else None
-        outs: list[GenOutput] = [GenOutput([], [], "length") for _ in contexts]
+        t0 = time.perf_counter()
+        outs = [GenOutput([], [], "length") for _ in contexts]
         rows = [i for i, n in enumerate(max_new_tokens) if n > 0]
         if not rows:
             return outs
-        params = []
-        for i in rows:
-            kw = dict(
-                max_tokens=max_new_tokens[i], stop=list(stop_strings), include_stop_str_in_output=True,
-                logprobs=0, temperature=0.0 if sampling.is_greedy else sampling.temperature,
-                top_p=1.0 if sampling.is_greedy else sampling.top_p, seed=None if seed is None else seed + i,
-            )
-            params.append(self.vllm.SamplingParams(**kw))
-        prompts = [{"prompt_token_ids": contexts[i]} for i in rows]
-        results = self.llm.generate(prompts, params, use_tqdm=False)
+        seeds = None if sampling.is_greedy else row_seeds(generator, len(rows))
+        params = [self.vllm.SamplingParams(**sampling_kwargs(sampling, max_new_tokens[i], stop_strings,
+                                                              seeds[j] if seeds else None))
+                  for j, i in enumerate(rows)]
+        results = self.llm.generate([{"prompt_token_ids": list(contexts[i])} for i in rows], params, use_tqdm=False)
+        if len(results) != len(rows):
+            raise RuntimeError(f"vLLM returned {len(results)} results for {len(rows)} prompts")
         for i, res in zip(rows, results):
             c = res.outputs[0]
-            ids = list(c.token_ids)
-            lps = [float(lp[t].logprob) if lp and t in lp else 0.0 for t, lp in zip(ids, c.logprobs or [{}] * len(ids))]
-            if c.finish_reason == "stop" and c.stop_reason is None:
-                finish = "eos"
-            elif c.finish_reason == "stop":
-                finish = "stop"
-            else:
-                finish = "length"
-            outs[i] = GenOutput(ids, lps, finish)
+            ids = [int(t) for t in c.token_ids]
+            _check(ids, max_new_tokens[i])
+            if c.logprobs is None:
+                raise RuntimeError("vLLM returned no log-probs (SamplingParams.logprobs = 0 was not honoured)")
+            lps = pick_sampled(ids, [[lp.logprob for lp in d.values()] for d in c.logprobs],
+                               [list(d.keys()) for d in c.logprobs])
+            outs[i] = GenOutput(ids, lps, classify_finish(ids, self.eos_ids, isinstance(c.stop_reason, str),
+                                                          c.finish_reason))
+        self._count(t0, len(rows), outs)
+        return outs
+
+
+class VLLMServerBackend(_Stats):
+    """Server mode: turn generation through TRL's ``VLLMClient`` (``client.generate`` on token-id prompts).
+
+    ``decode(ids) -> str`` (the tokenizer's, special tokens kept) finds the stop string the client does not
+    report. ``max_workers``: budget groups sent at once.
+    """
+
+    def __init__(self, client: Any, decode: Callable[[list[int]], str], eos_ids: set[int] | None = None,
+                 max_workers: int = 8) -> None:
+        super().__init__()
+        self.client, self.decode, self.eos_ids, self.max_workers = client, decode, set(eos_ids or ()), max_workers
+
+    def request(self, prompts: list[list[int]], max_tokens: int, sampling: SamplingParams,
+                stop_strings: Sequence[str]) -> dict[str, Any]:
+        """One ``client.generate`` call: token-id prompts sharing one budget (no seed, see the module doc)."""
+        kw = sampling_kwargs(sampling, max_tokens, stop_strings)
+        extra = {"stop": kw["stop"], "include_stop_str_in_output": True}
+        return self.client.generate(prompts=prompts, n=1, temperature=kw["temperature"], top_p=kw["top_p"],
+                                    max_tokens=kw["max_tokens"], logprobs=0, generation_kwargs=extra)
+
+    def generate(
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str],
+        generator: torch.Generator | None = None,
+        logits_hook: LogitsHook | None = None,
+    ) -> list[GenOutput]:
+        if logits_hook is not None:
+            raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
+        t0 = time.perf_counter()
+        outs = [GenOutput([], [], "length") for _ in contexts]
+        groups = list(budget_groups(max_new_tokens).items())
+        if not groups:
+            return outs
+
+        def send(group: tuple[int, list[int]]) -> dict[str, Any]:
+            budget, rows = group
+            return self.request([list(contexts[i]) for i in rows], budget, sampling, stop_strings)
+
+        if len(groups) == 1:
+            replies = [send(groups[0])]
+        else:
+            with ThreadPoolExecutor(max_workers=min(self.max_workers, len(groups))) as pool:
+                replies = list(pool.map(send, groups))
+        for (budget, rows), rep in zip(groups, replies):
+            comp, lps, lp_ids = rep["completion_ids"], rep.get("logprobs"), rep.get("logprob_token_ids")
+            if len(comp) != len(rows):
+                raise RuntimeError(f"vLLM server returned {len(comp)} completions for {len(rows)} prompts")
+            if lps is None or lp_ids is None:
+                raise RuntimeError("vLLM server returned no log-probs (is it a `trl vllm-serve` / vLLM >= 0.10 server?)")
+            for k, i in enumerate(rows):
+                ids = [int(t) for t in comp[k]]
+                _check(ids, budget)
+                hit = any(s in self.decode(ids) for s in stop_strings)
+                finish = classify_finish(ids, self.eos_ids, hit, "length" if len(ids) >= budget else "stop")
+                outs[i] = GenOutput(ids, pick_sampled(ids, lps[k], lp_ids[k]), finish)
+        self._count(t0, len(groups), outs)
         return outs

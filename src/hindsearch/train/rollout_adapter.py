@@ -17,6 +17,10 @@ so the order TRL expects is kept by construction.
 
 Rewards: ``em_reward`` reads the forwarded ``em`` field; ``format_reward`` is 1 for a rollout whose last
 model turn is a well-formed ``<answer>`` (off unless ``train.format_reward > 0``).
+
+vLLM log-prob mismatch (``truncated_is_ratio``, ``mismatch_sums``, ``mismatch_metrics``): the trainer's
+recomputed log-probs ``pi_train`` against the sampler's ``pi_vllm`` on generated tokens, and TRL's
+token-level truncated importance-sampling ratio ``min(exp(log pi_train - log pi_vllm), cap)``.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+import torch
 
 from hindsearch.records import QARecord, Trajectory
 
@@ -163,3 +169,59 @@ def sample_records(
                 rec[name] = recs[i]
         out.append(rec)
     return out
+
+
+# ---------------------------------------------------------------- vLLM log-prob mismatch
+MISMATCH_FIELDS = ("tokens", "abs_diff_sum", "abs_diff_max", "ratio_sum", "ratio_min", "ratio_max", "capped", "nan")
+
+
+def truncated_is_ratio(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                       cap: float) -> torch.Tensor:
+    """TRL's ``token_truncate`` importance ratio: ``min(exp((lp_train - lp_vllm) * mask), cap)``.
+
+    All inputs ``[B, T]`` (``mask``: 1 on generated, non-padding tokens); -> ``[B, T]``. A NaN sampler
+    log-prob (vLLM could not score the token) gives ratio 1, as in TRL; masked positions give 1.
+    """
+    diff = torch.nan_to_num((trainer_logps - sampler_logps) * mask, nan=0.0)
+    return torch.exp(diff).clamp(max=cap)
+
+
+def mismatch_sums(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
+                  cap: float) -> torch.Tensor:
+    """One process's reducible mismatch statistics -> ``[8]`` float (``MISMATCH_FIELDS``):
+    scored tokens, sum and max of ``|lp_train - lp_vllm|``, sum/min/max of the truncated ratio, tokens whose
+    raw ratio exceeded ``cap``, generated tokens without a sampler log-prob (NaN, left out of the rest).
+
+    ``trainer_logps``, ``sampler_logps``, ``mask``: ``[B, T]``.
+    """
+    m = mask.bool()
+    nan = torch.isnan(sampler_logps) & m
+    ok = m & ~nan
+    d = (trainer_logps - sampler_logps)[ok].float()
+    r = truncated_is_ratio(trainer_logps, sampler_logps, mask, cap)[ok].float()
+    n = d.numel()
+    z = torch.zeros((), device=d.device)
+    return torch.stack([
+        torch.tensor(float(n), device=d.device), d.abs().sum(), d.abs().max() if n else z, r.sum(),
+        r.min() if n else z + float("inf"), r.max() if n else z, (d > math.log(cap)).sum().float(),
+        nan.sum().float(),
+    ]).float()
+
+
+def mismatch_metrics(sums: torch.Tensor) -> dict[str, float]:
+    """Combine ``mismatch_sums`` rows of all processes (``[P, 8]`` or ``[8]``) into the logged metrics:
+    ``logp_diff_mean`` / ``logp_diff_max`` (|lp_train - lp_vllm| per generated token), ``is_ratio_mean`` /
+    ``_min`` / ``_max`` (truncated ratio), ``is_capped_frac`` (share of tokens at the cap), ``logp_nan_tokens``."""
+    s = sums.reshape(-1, len(MISMATCH_FIELDS)).double()
+    n = float(s[:, 0].sum())
+    if n == 0:
+        return {"logp_nan_tokens": float(s[:, 7].sum())}
+    return {
+        "logp_diff_mean": float(s[:, 1].sum()) / n,
+        "logp_diff_max": float(s[:, 2].max()),
+        "is_ratio_mean": float(s[:, 3].sum()) / n,
+        "is_ratio_min": float(s[:, 4].min()),
+        "is_ratio_max": float(s[:, 5].max()),
+        "is_capped_frac": float(s[:, 6].sum()) / n,
+        "logp_nan_tokens": float(s[:, 7].sum()),
+    }

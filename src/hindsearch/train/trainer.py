@@ -32,8 +32,16 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
 A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
 checkpoint and stops with a clear error.
 
-vLLM (GPU only, untested here): with ``rollout.backend = vllm`` TRL's vLLM engine is created
-(``use_vllm``); ``_rollout`` hands it to our engine's vLLM backend so the same multi-turn loop runs on it.
+vLLM (``rollout.backend = vllm``; GPU, tested on CPU against fake engines): TRL creates its vLLM engine
+(``use_vllm``; ``rollout.vllm_*`` set the mode, server and IS cap: ``vllm_grpo_fields``) and, before each
+step's ``rollout_func``, syncs the policy's weights into it (``sync_weights``: colocate loads them into the
+``LLM``, server mode broadcasts them over NCCL; both reset the prefix cache). ``_rollout`` hands TRL's
+``LLM`` (colocate) or a ``VLLMClient`` (server: TRL's on the main process, one per other process) to the
+engine's vLLM backend, so the same multi-turn loop runs on it and its trajectories carry vLLM's sampling
+log-probs. With ``vllm_enable_sleep_mode`` (``[train.trl]``) the colocated engine is woken for the rollout
+and put back to sleep (level 2) after the aux terms' ``prepare`` (IGSD completes queries through it).
+TRL recomputes the log-probs with the training model and applies token-level truncated importance
+sampling (``min(ratio, rollout.vllm_is_cap)``); ``vllm/*`` metrics log the mismatch (``rollout_adapter``).
 """
 
 from __future__ import annotations
@@ -91,6 +99,25 @@ def selected_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_l
     idx = positions.nonzero()  # [N, 2]
     h = hidden[:, -completion_len - 1 : -1, :]
     return lm_head(h[idx[:, 0], idx[:, 1]]), idx
+
+
+def vllm_grpo_fields(rollout_cfg: Any) -> dict[str, Any]:
+    """``GRPOConfig`` fields of the vLLM path from our ``rollout`` section (``rollout.vllm_*``).
+
+    Token-level truncated importance sampling (``token_truncate``; TRL's default ``sequence_mask`` would drop
+    whole multi-turn trajectories), capped at ``vllm_is_cap``; vLLM's context is ``max_total_tokens``.
+    """
+    return dict(
+        vllm_mode=rollout_cfg.vllm_mode,
+        vllm_server_host=rollout_cfg.vllm_server_host,
+        vllm_server_port=int(rollout_cfg.vllm_server_port),
+        vllm_server_timeout=float(rollout_cfg.vllm_server_timeout),
+        vllm_importance_sampling_correction=True,
+        vllm_importance_sampling_mode="token_truncate",
+        vllm_importance_sampling_clip_max=float(rollout_cfg.vllm_is_cap),
+        vllm_importance_sampling_clip_min=None,
+        vllm_max_model_length=int(rollout_cfg.max_total_tokens),
+    )
 
 
 def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.Tensor]],
@@ -164,6 +191,8 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self._vllm_attached = False
         self.ema_decay = ema_decay
         self.grad_share_steps = grad_share_steps
+        if getattr(args, "use_vllm", False):
+            self._apply_vllm_fields(args, engine)
         super().__init__(
             model=model,
             reward_funcs=reward_funcs,
@@ -182,8 +211,9 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         t0 = time.perf_counter()
         records = ra.records_for_prompts(prompts, self._by_key)
         seed = self.rollout_seed * 1_000_003 + self.state.global_step
-        if self.use_vllm:  # GPU only; not exercised by the CPU tests
+        if self.use_vllm:  # TRL has synced the weights into vLLM for this step (see the module doc)
             self._attach_vllm()
+            self._vllm_wake()
             trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
         else:
             with unwrap_model_for_generation(
@@ -207,18 +237,70 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self._add_time("rollout", time.perf_counter() - t0)
         return out
 
+    @staticmethod
+    def _apply_vllm_fields(args: Any, engine: Any) -> None:
+        """Set ``vllm_grpo_fields`` of the engine's rollout config on ``args`` (before TRL reads them)."""
+        import dataclasses
+        import warnings
+
+        rcfg = getattr(engine, "cfg", None)
+        if rcfg is None or not hasattr(rcfg, "vllm_mode"):
+            raise ValueError("rollout.backend = vllm: the rollout engine's config has no vllm_* fields")
+        defaults = {f.name: f.default for f in dataclasses.fields(args)}
+        for k, v in vllm_grpo_fields(rcfg).items():
+            old = getattr(args, k, None)
+            if k == "vllm_max_model_length" and old is not None:
+                continue  # a [train.trl] vllm_max_model_length wins (a longer context is harmless)
+            if old != defaults.get(k) and old != v:
+                warnings.warn(f"train.trl.{k} = {old!r} is ignored: rollout.vllm_* sets {k} = {v!r}", stacklevel=3)
+            setattr(args, k, v)
+        if args.vllm_mode == "colocate" and int(getattr(args, "vllm_tensor_parallel_size", 1)) > 1:
+            raise ValueError(
+                "rollout.backend = vllm with vllm_tensor_parallel_size > 1 in colocate mode is not supported: the "
+                "multi-turn loop issues a different number of generate calls on each process, and a tensor-"
+                "parallel group needs identical calls. Use tensor parallel size 1, or rollout.vllm_mode = server")
+
     def _attach_vllm(self) -> None:
-        """Give the engine TRL's vLLM LLM (colocate) so the multi-turn loop generates with it. GPU only."""
+        """Point the engine at TRL's vLLM: its ``LLM`` (colocate) or a ``VLLMClient`` (server). Once."""
         if self._vllm_attached:
             return
-        from hindsearch.agent.vllm_backend import VLLMBackend  # guarded import: clear error without vllm
+        from hindsearch.agent.vllm_backend import VLLMBackend, VLLMServerBackend, stop_token_ids
 
-        llm = getattr(self.vllm_generation, "llm", None)
-        if llm is None:
-            raise RuntimeError("rollout.backend = vllm needs vllm_mode = colocate (server mode is not wired yet)")
-        eos = self.processing_class.eos_token_id
-        self.engine.backend = VLLMBackend(llm, {eos} if eos is not None else set())
+        vg = self.vllm_generation
+        tok = self.processing_class
+        eos = stop_token_ids(tok, self.accelerator.unwrap_model(self.model))
+        if self.vllm_mode == "colocate":
+            self.engine.backend = VLLMBackend(vg.llm, eos)
+        else:
+            client = getattr(vg, "vllm_client", None)  # TRL builds it on the main process only
+            if client is None:
+                from trl.generation.vllm_client import VLLMClient
+
+                a = self.args
+                url = a.vllm_server_base_url or f"http://{a.vllm_server_host}:{a.vllm_server_port}"
+                client = VLLMClient(base_url=url, group_port=a.vllm_group_port,
+                                    connection_timeout=a.vllm_server_timeout)
+            self.engine.backend = VLLMServerBackend(
+                client, lambda ids: tok.decode(ids, skip_special_tokens=False), eos)
         self._vllm_attached = True
+
+    def _vllm_wake(self) -> None:
+        """Colocate + sleep mode: weights back (re-synced if they were discarded) and the KV cache mapped.
+        Server mode on several processes: wait until the main process has pushed this step's weights."""
+        vg = self.vllm_generation
+        if self.vllm_mode == "colocate" and getattr(vg, "enable_sleep_mode", False):
+            if getattr(vg, "_llm_weights_sleeping", False):
+                vg.sync_weights()  # sleep level 2 discarded them; TRL's sync wakes the weights first
+            vg.llm.wake_up(tags=["kv_cache"])
+        elif self.vllm_mode == "server" and self.accelerator.num_processes > 1:
+            self.accelerator.wait_for_everyone()
+
+    def _vllm_sleep(self) -> None:
+        """Colocate + sleep mode: free vLLM's GPU memory for the update (level 2, as TRL's own generate)."""
+        vg = self.vllm_generation
+        if self.vllm_mode == "colocate" and getattr(vg, "enable_sleep_mode", False):
+            vg.llm.sleep(level=2)
+            vg._llm_weights_sleeping = True
 
     # ------------------------------------------------------------------ scoring + aux prepare
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: D401 - TRL hook
@@ -228,6 +310,22 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         return out
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        if not self.use_vllm:
+            return self._score_and_prepare(inputs)
+        try:
+            out = self._score_and_prepare(inputs)
+        finally:
+            self._vllm_sleep()
+        if "old_per_token_logps" in out and "sampling_per_token_logps" in out:
+            mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
+            sums = ra.mismatch_sums(out["old_per_token_logps"], out["sampling_per_token_logps"], mask,
+                                    float(self.args.vllm_importance_sampling_clip_max))
+            sums = self.accelerator.gather(sums[None]) if self.accelerator.num_processes > 1 else sums
+            self._step_metrics.update({f"vllm/{k}": v for k, v in ra.mismatch_metrics(sums).items()})
+        return out
+
+    def _score_and_prepare(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
+        """TRL's generation and scoring (our rollouts), then the aux terms' ``prepare``."""
         out = super()._generate_and_score_completions(inputs)
         trajs = self._last_trajs
         B, T = out["completion_ids"].shape
