@@ -1,8 +1,9 @@
 """Dense retriever: sentence-transformers pooling on a tiny random BERT (plain HF folder: masked mean; a
-sentence-transformers folder: its own pooling), the real MiniLM for ranking."""
+sentence-transformers folder: its own pooling), the real MiniLM for ranking, and a prebuilt bare FAISS file
+(as Search-R1's e5_Flat.index) loaded with its corpus through the search and serve commands."""
 
+import gzip
 import json
-
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ import torch
 
 from hindsearch.records import Passage, make_contents
 from hindsearch.retrieval.base import build_index, load_index, read_meta
-from hindsearch.retrieval.dense import DenseRetriever, Encoder, default_prefixes, minilm_path
+from hindsearch.retrieval.dense import (DenseRetriever, Encoder, default_prefixes, ensure_faiss_index, import_faiss,
+                                        minilm_path)
 
 pytest.importorskip("faiss")
 
@@ -157,3 +159,103 @@ def test_dense_save_load_and_hnsw(minilm_index, dense, tmp_path):
     assert h.retrieve(q, 1)[0][0].id == "d2"
     with pytest.raises(ValueError, match="built with encoder 'minilm'"):
         load_index(minilm_index, encoder="e5-base-v2")
+
+
+# ---------------------------------------------------------------- a prebuilt FAISS file + its corpus (Search-R1's e5_Flat.index)
+@pytest.fixture(scope="module")
+def bare_faiss(tmp_path_factory, minilm):
+    """A bare ``.index`` file as Search-R1 ships one (IndexFlatIP, one row per corpus line) and its gzipped corpus."""
+    import faiss
+
+    from hindsearch.data.corpus import write_corpus
+
+    d = tmp_path_factory.mktemp("prebuilt")
+    write_corpus(d / "wiki.jsonl", passages())
+    (d / "wiki.jsonl.gz").write_bytes(gzip.compress((d / "wiki.jsonl").read_bytes()))
+    index = faiss.IndexFlatIP(minilm.dim)
+    index.add(minilm.encode([p.contents for p in passages()], kind="passage"))
+    faiss.write_index(index, str(d / "e5_Flat.index"))
+    return d / "e5_Flat.index", d / "wiki.jsonl.gz", index
+
+
+def test_prebuilt_faiss_file_through_search_and_serve(bare_faiss, minilm, tmp_path, monkeypatch, capsys):
+    import httpx
+
+    from hindsearch.cli import main as cli_main
+    from hindsearch.retrieval import server
+    from hindsearch.retrieval.server import BackgroundServer, create_app
+
+    faiss_file, corpus, index = bare_faiss
+    out = tmp_path / "wiki18-e5"
+    flags = ["--faiss-index", str(faiss_file), "--corpus", str(corpus), "--encoder", "minilm", "--index", str(out)]
+    assert cli_main(["search", "jazz piano", "-k", "1", *flags]) == 0
+    printed = capsys.readouterr().out
+    assert "indexing the passages of" in printed and "1. [" in printed and "Brisco Tallow  (id d2)" in printed
+    meta = read_meta(out)
+    assert (meta["kind"], meta["encoder"], meta["n_docs"], meta["dim"], meta["prefixes"]) == ("dense", "minilm", 8, 384, ["", ""])
+    assert meta["faiss_link"] == "hardlink" and (out / "faiss.index").stat().st_ino == faiss_file.stat().st_ino
+
+    seen = {}
+    monkeypatch.setattr(server, "serve", lambda index_dir, **kw: seen.update(index_dir=index_dir, **kw))
+    assert cli_main(["serve", *flags, "--port", "0"]) == 0
+    assert seen["index_dir"] == str(out) and "indexing" not in capsys.readouterr().out  # the folder is reused
+    assert read_meta(out)["created"] == meta["created"]
+
+    qs = [q for q, _ in QUERIES]
+    with BackgroundServer(create_app(load_index(seen["index_dir"]), default_topk=3)) as srv:
+        r = httpx.post(f"{srv.url}/retrieve", json={"queries": qs, "topk": 3, "return_scores": True}, timeout=60)
+    result = r.json()["result"]  # Search-R1's client reads exactly this key
+    assert [hits[0]["document"]["id"] for hits in result] == [f"d{i}" for _, i in QUERIES]
+    scores, _ = index.search(minilm.encode(qs, kind="query"), 3)  # the file's own answer, no prefix for MiniLM
+    assert np.allclose([[h["score"] for h in hits] for hits in result], scores, atol=1e-5)
+
+    ensure_faiss_index(faiss_file, corpus, out, encoder="minilm", query_prefix="query: ", log=lambda s: None)
+    assert read_meta(out)["prefixes"] == ["query: ", ""] and read_meta(out)["created"] == meta["created"]
+    r = load_index(out)
+    got = [p.score for p in r.retrieve(["jazz piano"], 3)[0]]
+    want, _ = index.search(minilm.encode(["query: jazz piano"], kind="query"), 3)
+    bare, _ = index.search(minilm.encode(["jazz piano"], kind="query"), 3)
+    assert r.encoder.prefixes[0] == "query: " and np.allclose(got, want[0], atol=1e-5)
+    assert not np.allclose(got, bare[0], atol=1e-3)
+
+
+def test_prebuilt_faiss_mismatches_name_the_file(bare_faiss, minilm, tmp_path, capsys):
+    import faiss
+
+    from hindsearch.cli import main as cli_main
+    from hindsearch.data.corpus import write_corpus
+
+    faiss_file, corpus, index = bare_faiss
+    longer = tmp_path / "longer.jsonl"
+    write_corpus(longer, [*passages(), Passage(id="d8", contents=make_contents("Extra", "one passage too many"))])
+    with pytest.raises(ValueError, match=r"e5_Flat\.index: holds 8 vectors but .*longer\.jsonl has 9 passages; a FAISS "
+                                         r"index must be loaded with the corpus it was built from"):
+        import_faiss(faiss_file, longer, tmp_path / "o", encoder=minilm)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["longer.jsonl"]  # nothing half-built left behind
+
+    wide = tmp_path / "wide.index"
+    faiss.write_index(faiss.IndexFlatIP(16), str(wide))
+    with pytest.raises(ValueError, match=r"wide\.index: its vectors have 16 dimensions but encoder 'minilm' makes 384"):
+        import_faiss(wide, corpus, tmp_path / "o", encoder=minilm)
+    (tmp_path / "junk.index").write_bytes(b"not an index at all")
+    with pytest.raises(ValueError, match=r"junk\.index: not a FAISS index file"):
+        import_faiss(tmp_path / "junk.index", corpus, tmp_path / "o", encoder=minilm)
+    with pytest.raises(FileNotFoundError, match=r"--faiss-index .*nowhere\.index: file not found"):
+        import_faiss(tmp_path / "nowhere.index", corpus, tmp_path / "o", encoder=minilm)
+
+    # a folder whose FAISS file no longer matches its passages is refused on load, naming the file
+    out = tmp_path / "ok"
+    import_faiss(faiss_file, corpus, out, encoder=minilm)
+    (out / "faiss.index").unlink()
+    small = faiss.IndexFlatIP(384)
+    small.add(index.reconstruct_n(0, 3))
+    faiss.write_index(small, str(out / "faiss.index"))
+    with pytest.raises(ValueError, match=r"e5_Flat\.index: holds 3 vectors but index folder .*ok has 8 passages"):
+        DenseRetriever(out, encoder=minilm)
+
+    assert cli_main(["serve", "--faiss-index", str(faiss_file)]) == 1
+    assert "--faiss-index needs --corpus" in capsys.readouterr().err
+    assert cli_main(["search", "q", "--index", str(out), "--corpus", str(corpus)]) == 1
+    assert "--corpus goes with --faiss-index" in capsys.readouterr().err
+    assert cli_main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "b"), "--faiss-index", str(faiss_file)]) == 1
+    assert "--kind bm25" in capsys.readouterr().err

@@ -208,14 +208,6 @@ def count_rows(path: str | Path) -> int:
     return len(load_qa(path))
 
 
-def faiss_shape(path: str | Path) -> tuple[int, int]:
-    """(ntotal, d) of a FAISS index file, read memory-mapped (nothing loaded)."""
-    import faiss
-
-    index = faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY)
-    return int(index.ntotal), int(index.d)
-
-
 def _check_rows(dest: Path, expected: int | None, found: int, source: str) -> None:
     if expected is not None and found != expected:
         raise FetchError(f"{dest}: expected {expected} rows, found {found} (from {source}: upstream changed or the "
@@ -241,6 +233,8 @@ def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, e
                     shutil.copyfileobj(src, f, 1 << 24)
         rows = dim = None
         if verify:
+            from hindsearch.retrieval.dense import faiss_shape
+
             rows, dim = faiss_shape(tmp)
             _check_rows(dest, job.rows, rows, job.parts[0].repo)
             if job.dim is not None and dim != job.dim:

@@ -8,10 +8,26 @@ from hindsearch.cli import http_url, port_number, positive_float, positive_int
 from hindsearch.retrieval.limits import ServerLimits
 
 
+E5 = "e5-base-v2"
+
+
 def cmd_index(args: argparse.Namespace) -> int:
+    if args.faiss_index:
+        from hindsearch.retrieval.dense import import_faiss
+
+        if args.kind != "dense" or args.hnsw or args.skip_bad:
+            raise ValueError("--faiss-index imports a prebuilt dense index: --kind bm25, --hnsw and --skip-bad do not apply "
+                             "(the corpus must match the index row for row)")
+        meta = import_faiss(args.faiss_index, args.corpus, args.out, encoder=args.encoder or E5,
+                            query_prefix=args.query_prefix, device=args.device)
+        print(f"imported {args.faiss_index} ({meta['n_docs']} vectors of {meta['dim']}, {meta['faiss_link']}ed, "
+              f"{meta['encoder']}, query prefix {meta['prefixes'][0]!r}) with the passages of {args.corpus} into {args.out}")
+        return 0
+    if args.query_prefix is not None:
+        raise ValueError("--query-prefix goes with --faiss-index (a built dense index uses its encoder's prefixes)")
     from hindsearch.retrieval.base import build_index
 
-    meta = build_index(args.corpus, args.out, kind=args.kind, encoder=args.encoder, skip_bad=args.skip_bad,
+    meta = build_index(args.corpus, args.out, kind=args.kind, encoder=args.encoder or "minilm", skip_bad=args.skip_bad,
                        hnsw=args.hnsw, device=args.device, batch_size=args.batch_size)
     skipped = f", {meta['skipped_rows']} bad rows skipped" if meta.get("skipped_rows") else ""
     print(f"indexed {meta['n_docs']} passages ({meta['kind']}{', ' + meta['encoder'] if meta.get('encoder') else ''}) "
@@ -19,9 +35,26 @@ def cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
+def index_folder(args: argparse.Namespace) -> str:
+    """The index folder ``search``/``serve`` load: ``--index``, or the one made for ``--faiss-index`` + ``--corpus``."""
+    if args.faiss_index:
+        from hindsearch.retrieval.dense import ensure_faiss_index
+
+        if not args.corpus:
+            raise ValueError("--faiss-index needs --corpus, the corpus file the index was built from (one vector per line)")
+        return str(ensure_faiss_index(args.faiss_index, args.corpus, args.index, encoder=args.encoder or E5,
+                                      query_prefix=args.query_prefix, device=args.device))
+    for flag, value in (("--corpus", args.corpus), ("--encoder", args.encoder), ("--query-prefix", args.query_prefix)):
+        if value is not None:
+            raise ValueError(f"{flag} goes with --faiss-index (an index folder records its corpus and encoder)")
+    if not args.index:
+        raise ValueError("give --index DIR (from `hindsearch index`) or --faiss-index FILE --corpus FILE")
+    return args.index
+
+
 def cmd_search(args: argparse.Namespace) -> int:
-    if bool(args.index) == bool(args.url):
-        raise ValueError("give exactly one of --index DIR or --url URL")
+    if bool(args.index or args.faiss_index) == bool(args.url):
+        raise ValueError("give exactly one of --index DIR, --faiss-index FILE --corpus FILE, or --url URL")
     if args.url:
         from hindsearch.retrieval.client import RemoteRetriever
 
@@ -29,7 +62,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         from hindsearch.retrieval.base import load_index
 
-        retriever = load_index(args.index)
+        retriever = load_index(index_folder(args), device=args.device)
     for query in args.query:
         hits = retriever.retrieve([query], args.k)[0]
         print(f"query: {query!r} ({len(hits)} hits)")
@@ -48,8 +81,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
     if args.topk > args.max_topk:
         raise ValueError(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
-    serve(args.index, host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs)
+    serve(index_folder(args), host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs)
     return 0
+
+
+def add_faiss_flags(p: argparse.ArgumentParser) -> None:
+    """``--faiss-index FILE --corpus FILE [--encoder NAME --query-prefix TEXT]``: serve a prebuilt FAISS file."""
+    p.add_argument("--faiss-index", metavar="FILE",
+                   help="a prebuilt FAISS index file (e.g. Search-R1's e5_Flat.index) instead of an index folder; needs "
+                        "--corpus. Its passages are indexed once into --index (default: FILE.hindsearch) and reused")
+    p.add_argument("--corpus", help="with --faiss-index: the corpus it was built from, one vector per line in order "
+                                    "(.jsonl or .jsonl.gz, e.g. wiki-18.jsonl.gz)")
+    p.add_argument("--encoder", default=None,
+                   help=f"with --faiss-index: the encoder that made its vectors (default: {E5}, as Search-R1's index)")
+    p.add_argument("--query-prefix", default=None,
+                   help="with --faiss-index: text put before each query (default: 'query: ' for e5 encoders, else none)")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -60,7 +106,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="corpus .jsonl or .jsonl.gz (id, contents | title+text per line) or .json list")
     p.add_argument("--out", required=True, help="index folder to write (new, empty, or an earlier index)")
     p.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="retriever kind")
-    p.add_argument("--encoder", default="minilm", help="dense encoder: minilm, e5-base-v2 or an HF path/id")
+    p.add_argument("--encoder", default=None,
+                   help=f"dense encoder: minilm, {E5} or an HF path/id (default: minilm; {E5} with --faiss-index)")
+    p.add_argument("--faiss-index", metavar="FILE",
+                   help="dense: import this prebuilt FAISS file (e.g. Search-R1's e5_Flat.index, built from --corpus, "
+                        "one vector per line) instead of encoding the corpus; it is hard-linked, not copied")
+    p.add_argument("--query-prefix", default=None,
+                   help="with --faiss-index: text put before each query (default: 'query: ' for e5 encoders, else none)")
     p.add_argument("--skip-bad", action="store_true", help="skip and count malformed rows instead of failing")
     p.add_argument("--hnsw", type=positive_int, default=None, metavar="M",
                    help="dense: HNSW graph with M links (default: a flat, exact index)")
@@ -69,10 +121,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_index)
 
     p = sub.add_parser("search", help="print the top-k passages for queries",
-                       description="Print the top-k passages for each query, from an index folder or a retrieval server.")
+                       description="Print the top-k passages for each query, from an index folder, a prebuilt FAISS file "
+                                   "with its corpus, or a retrieval server.")
     p.add_argument("query", nargs="+", help="one or more queries (quote each)")
-    p.add_argument("--index", help="index folder (default: none; give this or --url)")
+    p.add_argument("--index", help="index folder (default: none; give this, --faiss-index or --url)")
     p.add_argument("--url", type=http_url, help="retrieval server URL instead of --index (default: none)")
+    add_faiss_flags(p)
+    p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")
     p.add_argument("-k", type=positive_int, default=3, help="passages per query")
     p.add_argument("--snippet", type=positive_int, default=160, help="characters of text shown per hit")
     p.add_argument("--timeout", type=positive_float, default=10.0, help="seconds to wait for the server (--url)")
@@ -81,11 +136,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     lim = ServerLimits()
     p = sub.add_parser(
         "serve", help="serve an index over HTTP (Search-R1 /retrieve API)",
-        description="Serve an index folder over HTTP with Search-R1's POST /retrieve API (and GET /health). "
+        description="Serve an index folder (or a prebuilt FAISS file with its corpus, e.g. Search-R1's e5_Flat.index "
+                    "with wiki-18.jsonl.gz) over HTTP with Search-R1's POST /retrieve API (and GET /health). "
                     "Requests over a limit get a 4xx JSON error; every limit below is a flag. "
                     "Memory stays bounded by about max-pending x max-body-bytes of buffered bodies plus "
                     "max-inflight parses and responses.")
-    p.add_argument("--index", required=True, help="index folder to serve (from `hindsearch index`)")
+    p.add_argument("--index", help="index folder to serve (from `hindsearch index`); with --faiss-index, the folder "
+                                   "its passages go to (default: none; give this or --faiss-index)")
+    add_faiss_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0..65535)")
     p.add_argument("--topk", type=positive_int, default=3, help="passages per query when a request gives no topk")

@@ -14,18 +14,31 @@ embeddings (max |diff| 1.5e-7, identical top-3 for 200/200 questions) at the sam
 passages (72.9 s vs 73.7 s).
 
 The index is ``<index>/faiss.index`` (``IndexFlatIP``, or ``IndexHNSWFlat`` with inner
-product when ``hnsw`` is set), loaded memory-mapped (``faiss.IO_FLAG_MMAP``).
+product when ``hnsw`` is set), loaded memory-mapped (``faiss.IO_FLAG_MMAP``). Loading checks that
+it holds one vector per passage and that its vectors have the encoder's size.
+
+A prebuilt FAISS file (Search-R1's ``e5_Flat.index``: an ``IndexFlatIP`` over e5-base-v2 embeddings
+of ``wiki-18.jsonl``, one row per corpus line, in order) becomes an index folder with
+``import_faiss`` / ``ensure_faiss_index``: the corpus is written as the folder's passage store and
+the FAISS file is hard-linked into it (symlinked across file systems; never copied), after checking
+``ntotal == corpus rows`` and ``d == encoder dimension``. Queries get the encoder's prefix
+(``query: `` for e5 models, configurable with ``query_prefix``), as Search-R1's server does.
 """
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import time
+from array import array
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore
+from hindsearch.records import Passage
+from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 
@@ -116,20 +129,160 @@ def build_dense(
     return {"encoder": enc.name, "dim": int(vecs.shape[1]), "prefixes": list(enc.prefixes), "hnsw": hnsw, "max_length": enc.max_length}
 
 
+def read_faiss(path: str | Path, mmap: bool = True):
+    """Open a FAISS index file (memory-mapped unless ``mmap`` is false); clear errors for a missing or foreign file."""
+    import faiss
+
+    path = Path(path)
+    if not path.exists():
+        gone = f" (it links to {os.readlink(path)}, which is gone)" if path.is_symlink() else ""
+        raise FileNotFoundError(f"FAISS index not found: {path}{gone}")
+    try:
+        return faiss.read_index(str(path), faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0)
+    except RuntimeError as e:
+        if mmap:  # some index types (HNSW) cannot be memory-mapped
+            return read_faiss(path, mmap=False)
+        raise ValueError(f"{path}: not a FAISS index file FAISS can read ({str(e).strip().splitlines()[-1]})") from e
+
+
+def faiss_shape(path: str | Path) -> tuple[int, int]:
+    """(ntotal, d) of a FAISS index file, read memory-mapped (the vectors are not loaded)."""
+    index = read_faiss(path)
+    return int(index.ntotal), int(index.d)
+
+
+def check_faiss_fits(path: str | Path, ntotal: int, d: int, n_passages: int, encoder: str, dim: int, corpus: str) -> None:
+    """Raise ``ValueError`` naming ``path`` unless it holds one ``dim``-sized vector per passage of ``corpus``."""
+    if d != dim:
+        raise ValueError(f"{path}: its vectors have {d} dimensions but encoder {encoder!r} makes {dim}; give the "
+                         "encoder the index was built with (Search-R1's e5_Flat.index: --encoder e5-base-v2)")
+    if ntotal != n_passages:
+        raise ValueError(f"{path}: holds {ntotal:,} vectors but {corpus} has {n_passages:,} passages; a FAISS index "
+                         "must be loaded with the corpus it was built from (one vector per line, in order)")
+
+
+def write_store_streaming(passages: Iterable[Passage], out_dir: Path) -> int:
+    """``passages.jsonl`` + ``offsets.npy`` as ``base.write_store`` writes them, keeping no texts (21M rows fit)."""
+    offsets = array("q", [0])
+    with (out_dir / "passages.jsonl").open("wb") as f:
+        for p in passages:
+            line = (json.dumps(p.to_search_r1(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+            f.write(line)
+            offsets.append(offsets[-1] + len(line))
+    np.save(out_dir / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
+    return len(offsets) - 1
+
+
+def _stamp(path: Path) -> dict:
+    st = path.stat()
+    return {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def _link(src: Path, dst: Path) -> str:
+    """Hard-link ``src`` to ``dst`` (no copy); a symlink where hard links cannot reach. Returns which."""
+    try:
+        os.link(src, dst)
+        return "hardlink"
+    except OSError:
+        dst.symlink_to(src.resolve())
+        return "symlink"
+
+
+def import_faiss(
+    faiss_file: str | Path,
+    corpus: str | Path,
+    out_dir: str | Path,
+    encoder: str | Encoder = "e5-base-v2",
+    query_prefix: str | None = None,
+    device: str = "cpu",
+    max_length: int = 256,
+) -> dict:
+    """Make an index folder from a prebuilt FAISS file and the corpus it was built from; returns ``index.json``.
+
+    The FAISS file must hold one vector per corpus passage, in corpus order, of the encoder's size
+    (``ValueError`` naming the file otherwise); nothing is left behind when a check fails.
+    ``query_prefix``: prepended to each query (default: ``query: `` for e5 encoders, else none).
+    """
+    from hindsearch.data.corpus import file_sha256, iter_corpus
+    from hindsearch.fsutil import check_replaceable, publish, staging
+
+    faiss_file, corpus, out = Path(faiss_file), Path(corpus), Path(out_dir)
+    for flag, path in (("--faiss-index", faiss_file), ("--corpus", corpus)):
+        if not path.is_file():
+            raise FileNotFoundError(f"{flag} {path}: file not found")
+    ntotal, d = faiss_shape(faiss_file)
+    enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, max_length=max_length)
+    check_faiss_fits(faiss_file, ntotal, d, ntotal, enc.name, enc.dim, str(corpus))  # the size, before the long pass
+    check_replaceable(out, is_index_dir, "index folder", protect=(corpus, faiss_file))
+    prefixes = (enc.prefixes[0] if query_prefix is None else query_prefix, enc.prefixes[1])
+    with staging(out) as tmp:
+        n = write_store_streaming(iter_corpus(corpus), tmp)
+        check_faiss_fits(faiss_file, ntotal, d, n, enc.name, enc.dim, str(corpus))
+        link = _link(faiss_file, tmp / "faiss.index")
+        meta = {"version": INDEX_VERSION, "kind": "dense", "encoder": enc.name, "dim": d, "prefixes": list(prefixes),
+                "hnsw": None, "max_length": enc.max_length, "corpus": corpus.name, "corpus_sha256": file_sha256(corpus),
+                "corpus_stamp": _stamp(corpus), "faiss_source": str(faiss_file.resolve()), "faiss_link": link,
+                "faiss_stamp": _stamp(faiss_file), "n_docs": n, "skipped_rows": 0,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
+        publish(tmp, out)
+    return meta
+
+
+def default_faiss_dir(faiss_file: str | Path) -> Path:
+    """Where the index folder of a bare FAISS file goes when none is named: ``<file>.hindsearch`` beside it."""
+    return Path(f"{faiss_file}.hindsearch")
+
+
+def ensure_faiss_index(
+    faiss_file: str | Path,
+    corpus: str | Path,
+    out_dir: str | Path | None = None,
+    encoder: str = "e5-base-v2",
+    query_prefix: str | None = None,
+    device: str = "cpu",
+    log=print,
+) -> Path:
+    """The index folder for ``faiss_file`` + ``corpus`` + ``encoder``, built only when it is missing or stale.
+
+    Current means: same FAISS file (path, size, mtime), same corpus (size, mtime) and same encoder.
+    A different ``query_prefix`` only rewrites ``index.json``.
+    """
+    out = Path(out_dir) if out_dir is not None else default_faiss_dir(faiss_file)
+    faiss_file, corpus = Path(faiss_file), Path(corpus)
+    try:
+        meta = json.loads((out / "index.json").read_text())
+    except (OSError, ValueError):
+        meta = {}
+    current = (faiss_file.is_file() and corpus.is_file() and meta.get("version") == INDEX_VERSION
+               and meta.get("faiss_source") == str(faiss_file.resolve()) and meta.get("faiss_stamp") == _stamp(faiss_file)
+               and meta.get("corpus_stamp") == _stamp(corpus) and meta.get("encoder") == encoder)
+    if not current:
+        log(f"indexing the passages of {corpus} for {faiss_file} into {out} (once; reused while both are unchanged)")
+        import_faiss(faiss_file, corpus, out, encoder=encoder, query_prefix=query_prefix, device=device)
+        return out
+    want = default_prefixes(encoder)[0] if query_prefix is None else query_prefix
+    if meta["prefixes"][0] != want:
+        meta["prefixes"] = [want, meta["prefixes"][1]]
+        tmp = out / "index.json.tmp"
+        tmp.write_text(json.dumps(meta, indent=2) + "\n")
+        tmp.replace(out / "index.json")
+    return out
+
+
 class DenseRetriever(IndexedRetriever):
     """``Retriever`` over a dense index folder (FAISS index memory-mapped)."""
 
     def __init__(self, index_dir: str | Path, device: str = "cpu", encoder: Encoder | None = None, mmap: bool = True):
-        import faiss
-
         d = Path(index_dir)
         meta = json.loads((d / "index.json").read_text())
         self.store = PassageStore(d)
-        flags = faiss.IO_FLAG_MMAP if mmap and not meta.get("hnsw") else 0
-        self.index = faiss.read_index(str(d / "faiss.index"), flags)
+        self.index = read_faiss(d / "faiss.index", mmap=mmap and not meta.get("hnsw"))
         self.encoder = encoder or Encoder(
             meta["encoder"], device=device, max_length=meta.get("max_length", 256), prefixes=tuple(meta["prefixes"])
         )
+        check_faiss_fits(meta.get("faiss_source") or d / "faiss.index", int(self.index.ntotal), int(self.index.d),
+                         len(self.store), self.encoder.name, self.encoder.dim, f"index folder {d}")
 
     def _search(self, queries: list[str], k: int) -> list[Hits]:
         scores, ids = self.index.search(self.encoder.encode(queries, kind="query"), k)  # [n, k] each
