@@ -1,0 +1,216 @@
+"""Two processes through the real TRL trainer (``accelerate launch --num_processes 2 --cpu``, gloo), where rank 0
+has failed rollouts and rank 1 has none, two steps each of ``hindsearch`` (LM judge = TRL's reference model, with
+the neutral control) and ``igsd``.
+
+On CPU accelerate runs DDP, whose forwards issue no collective. To make the test see what ZeRO-3 / FSDP do, the
+launched script gives the policy and the reference model an **emulated sharded forward**: a forward pre-hook that
+all-reduces a marker (as ZeRO-3 all-gathers weights on every forward) and checks the sum; a forward on one rank
+that meets another collective, or a forward of the other model, on the other rank raises (or hangs, and the hard
+timeout kills the process group). Each rank also counts its forwards per model; the test asserts that both ranks
+ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced`` patches ``sync.active`` to False,
+exactly the code before it) the run fails.
+
+This file is also the launched script (``python tests/test_multiprocess.py --dir DIR``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TIMEOUT_S = 240
+METHODS = ("hindsearch", "igsd")
+MARK = {"policy": 1.0, "ref": 2.0}
+
+
+# ---------------------------------------------------------------- the launched script (one per rank)
+def _engine_class():
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_trainer import ScriptedEngine
+
+    from hindsearch.agent.rollout import RolloutEngine
+
+    class RankEngine(ScriptedEngine):
+        """``ScriptedEngine`` on rank 0 (even rollouts answer the gold, odd ones search ``weather`` and fail);
+        on every other rank all rollouts search the question and answer the gold: no failed rollout there."""
+
+        def __init__(self, *a, all_gold: bool):
+            super().__init__(*a)
+            self.all_gold = all_gold
+
+        def rollout(self, records, num_generations=1, **kw):
+            if not self.all_gold:
+                return super().rollout(records, num_generations, **kw)
+            enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+            self._scripts = [[enc(f"<search> {r.question} </search>"), enc(f"<answer> {r.golden_answers[0]} </answer>")]
+                             for r in records for _ in range(num_generations)]
+            return RolloutEngine.rollout(self, records, num_generations, **kw)
+
+    return RankEngine
+
+
+def emulate_sharding(model, name: str, counts: dict[str, int]) -> None:
+    """Every forward of ``model`` joins a collective first (like ZeRO-3's weight all-gather) and counts itself."""
+    import torch
+    import torch.distributed as dist
+
+    def hook(_mod, _args):
+        counts[name] += 1
+        t = torch.tensor([MARK[name]], dtype=torch.float64)
+        dist.all_reduce(t)
+        if float(t) != MARK[name] * dist.get_world_size():
+            raise RuntimeError(f"rank {dist.get_rank()}: forward {counts[name]} of the {name} model met another "
+                               f"collective on another rank (sum {float(t)}): ranks ran different forwards")
+
+    model.register_forward_pre_hook(hook)
+
+
+def worker(d: Path, methods: list[str], unsynced: bool, watchdog_s: float) -> None:
+    import faulthandler
+
+    import torch
+
+    rank = int(os.environ["RANK"])
+    (d / f"pid-rank{rank}").write_text(str(os.getpid()))  # torchrun starts ranks in their own sessions
+    faulthandler.dump_traceback_later(watchdog_s, exit=True)  # a hung rank prints where it waits, then exits
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hindsearch.config import Config
+    from hindsearch.data.world import generate_world
+    from hindsearch.hindsight import sync
+    from hindsearch.retrieval.base import load_index
+    from hindsearch.train.run import build_trainer
+
+    torch.set_num_threads(1)
+    if unsynced:  # the code before hindsearch.hindsight.sync: every rank does only its own work
+        sync.active = lambda: False
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_trainer import OVERRIDES
+
+    tok = AutoTokenizer.from_pretrained(d / "init")
+    retriever = load_index(d / "bm25")
+    records = generate_world(seed=0, n_entities=60).splits["train"][:4]
+    Engine = _engine_class()
+    from hindsearch.hindsight import judge
+
+    real_finish = judge.finish
+    # the tiny random judge writes blank lines (a degenerate critique); its generate calls stay real, only their
+    # text is replaced by a usable critique so that the teacher's forwards (critique and neutral control) run too
+    judge.finish = lambda raw, *a: real_finish("Search for the passage that names the answer directly.", *a)
+    for method in methods:
+        extra = {"hindsearch": ['hindsearch.judge_kind="lm"', "hindsearch.critique_max_tokens=6",
+                                "hindsearch.neutral_control=true"],
+                 "igsd": ["igsd.max_positions_per_rollout=2", "igsd.max_query_tokens=4", "igsd.n_controls=1"]}[method]
+        cfg = Config.load(None, [o for o in OVERRIDES if not o.startswith("train.save_steps")]
+                          + [f'method="{method}"', "train.save_steps=100", "train.beta=0.04"] + extra)
+        model = AutoModelForCausalLM.from_pretrained(d / "init")
+        model.train()
+        engine = Engine(model, tok, retriever, cfg.rollout, all_gold=rank != 0)
+        trainer = build_trainer(cfg, model, tok, engine, retriever, records, d / f"run-{method}")
+        counts = {"policy": 0, "ref": 0}
+        emulate_sharding(trainer.accelerator.unwrap_model(trainer.model), "policy", counts)
+        assert trainer.aux_ctx.frozen is trainer.ref_model  # beta > 0: the judge and teacher are TRL's reference
+        emulate_sharding(trainer.accelerator.unwrap_model(trainer.ref_model), "ref", counts)
+        trainer.train()
+        failed = [float(t.failed) for t in trainer._last_trajs]
+        (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
+
+
+# ---------------------------------------------------------------- the test (parent process)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(d: Path, methods: list[str], unsynced: bool = False, timeout_s: float = TIMEOUT_S) -> tuple[int | None, str]:
+    """Run the script on 2 CPU processes in its own process group; ``(returncode or None on timeout, output)``."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
+           "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
+           str(Path(__file__).resolve()), "--dir", str(d), "--watchdog", str(max(timeout_s - 30, 10)), "--methods",
+           *methods] + (["--unsynced"] if unsynced else [])
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_DISABLE_RICH": "1",
+           "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"}
+    log = d / "launch.log"
+    with log.open("w") as out:
+        p = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            rc: int | None = p.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            rc = None
+        finally:
+            if p.poll() is None or rc is None:
+                _kill(p.pid, killpg=True)
+                p.wait()
+                for f in d.glob("pid-rank*"):  # ranks live in their own sessions: end them by their recorded ids
+                    _kill(int(f.read_text()), only_if=str(d))
+    return rc, log.read_text(errors="replace")
+
+
+def _kill(pid: int, killpg: bool = False, only_if: str | None = None) -> None:
+    """SIGKILL ``pid`` (its process group with ``killpg``); with ``only_if``, only while its command line holds it."""
+    try:
+        if only_if is not None and only_if not in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace"):
+            return
+        (os.killpg if killpg else os.kill)(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError, FileNotFoundError):
+        pass
+
+
+def prepare(d: Path) -> None:
+    """The world's BM25 index and a tiny random model + tokenizer saved once for both ranks."""
+    from hindsearch.data.world import generate_world
+    from hindsearch.micro import train_tokenizer
+    from hindsearch.models import tiny_random_model
+    from hindsearch.retrieval.base import build_index
+
+    w = generate_world(seed=0, n_entities=60)
+    build_index(w.passages, d / "bm25", kind="bm25", show_progress=False)
+    tok = train_tokenizer([p.contents for p in w.passages] + [r.question for s in w.splits.values() for r in s],
+                          vocab_size=1024)
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    model.save_pretrained(d / "init")
+    tok.save_pretrained(d / "init")
+
+
+def test_two_ranks_with_unequal_failed_rollouts(tmp_path):
+    import pytest
+
+    prepare(tmp_path)
+    t0 = time.time()
+    rc, out = launch(tmp_path, list(METHODS))
+    tail = "\n".join(out.splitlines()[-60:])
+    if rc is None:
+        pytest.fail(f"2-process run did not finish in {TIMEOUT_S} s (hang: ranks ran different forwards?)\n{tail}")
+    assert rc == 0, f"2-process run failed (exit {rc}):\n{tail}"
+    for method in METHODS:
+        c0, c1 = (json.loads((tmp_path / f"counts-{method}-rank{r}.json").read_text()) for r in (0, 1))
+        assert c0["failed_last_step"] > 0 and c1["failed_last_step"] == 0, (c0, c1)  # the asymmetry is real
+        assert (c0["policy"], c0["ref"]) == (c1["policy"], c1["ref"]), (method, c0, c1)
+        rows = [json.loads(x) for x in (tmp_path / f"run-{method}" / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2], method
+        for r in rows:  # rank 0 logs: its failed rollouts went through the term's forwards
+            if method == "hindsearch":
+                assert r["hind/failed"] == 1.0 and r["hind/critiques"] == 1.0 and r["hind/judge_time"] > 0, r
+                assert r["hind/teacher_time"] > 0 and r["hind/distill_tokens"] > 0, r
+            else:
+                assert r["igsd/failed"] == 1.0 and r["igsd/positions_selected"] > 0 and r["igsd/completions"] > 0, r
+    print(f"2 processes x {len(METHODS)} methods x 2 steps: {time.time() - t0:.1f} s")
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--dir", type=Path, required=True)
+    ap.add_argument("--methods", nargs="+", default=list(METHODS))
+    ap.add_argument("--unsynced", action="store_true", help="disable hindsearch.hindsight.sync (shows the hang)")
+    ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
+    a = ap.parse_args()
+    worker(a.dir, a.methods, a.unsynced, a.watchdog)
