@@ -1,4 +1,6 @@
-"""Two processes through the real TRL trainer (``accelerate launch --num_processes 2 --cpu``, gloo), where rank 0
+"""Two processes through the real TRL trainer (``accelerate launch --multi_gpu --num_processes 2`` with no visible
+GPU, so torchrun starts 2 CPU ranks on gloo: accelerate's ``--cpu`` with 2 processes needs mpirun and otherwise
+starts one process), where rank 0
 has failed rollouts and rank 1 has none, two steps each of ``hindsearch`` (LM judge = TRL's reference model, with
 the neutral control) and ``igsd``.
 
@@ -10,7 +12,8 @@ timeout kills the process group). Each rank also counts its forwards per model; 
 ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced`` patches ``sync.active`` to False,
 exactly the code before it) the run fails.
 
-This file is also the launched script (``python tests/test_multiprocess.py --dir DIR``).
+This file is also the launched script (``python tests/test_multiprocess.py --dir DIR``). The lockstep rule itself
+(``sync.lockstep`` / ``sync.forward``) is tested on 2 gloo processes without a model, and alone (a no-op).
 """
 
 from __future__ import annotations
@@ -121,6 +124,60 @@ def worker(d: Path, methods: list[str], unsynced: bool, watchdog_s: float) -> No
         trainer.train()
         failed = [float(t.failed) for t in trainer._last_trajs]
         (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
+
+
+# ---------------------------------------------------------------- the lockstep rule, without a model
+def _lockstep_rank(rank: int, port: int, out: str) -> None:
+    """Rank 0 runs 5 forwards in the first region and 1 in the second, rank 1 runs 2 and 4 (and a nested region);
+    every forward or dummy is an emulated sharded forward (an all-reduce of a marker, checked)."""
+    import torch
+    import torch.distributed as dist
+
+    from hindsearch.hindsight import sync
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    calls = {"real": 0, "dummy": 0, "bad": 0}
+
+    def sharded(kind: str) -> int:
+        calls[kind] += 1
+        t = torch.tensor([7.0])
+        dist.all_reduce(t)
+        calls["bad"] += int(float(t) != 14.0)
+        return calls[kind]
+
+    work = [(5, 1), (2, 4)][rank]
+    for region, n in enumerate(work):
+        with sync.lockstep(lambda: sharded("dummy")):
+            for i in range(n):
+                if region == 1 and i == 1:
+                    with sync.lockstep(lambda: sharded("dummy")):  # nested: joins the open region
+                        sync.forward(lambda: sharded("real"))
+                else:
+                    assert sync.forward(lambda: sharded("real")) == calls["real"]
+    calls["any"] = int(sync.any_rank(rank == 1))
+    Path(out, f"rank{rank}.json").write_text(json.dumps(calls))
+    dist.destroy_process_group()
+
+
+def test_lockstep_two_processes(tmp_path):
+    """Unequal work in two regions: both ranks run max(5, 2) + max(1, 4) = 9 forwards, real ones first."""
+    import torch.multiprocessing as mp
+
+    mp.start_processes(_lockstep_rank, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
+    assert r0 == {"real": 6, "dummy": 3, "bad": 0, "any": 1}, r0
+    assert r1 == {"real": 6, "dummy": 3, "bad": 0, "any": 1}, r1
+
+
+def test_lockstep_alone_is_a_no_op():
+    """One process: no collective, the dummy never runs, ``forward`` returns its function's value."""
+    from hindsearch.hindsight import sync
+
+    assert not sync.active() and sync.any_rank(False) is False and sync.any_rank(True) is True
+    ran: list[str] = []
+    with sync.lockstep(lambda: ran.append("dummy")):
+        assert sync.forward(lambda: ran.append("real") or 3) == 3
+    assert ran == ["real"] and sync.generate_kwargs() == {}
 
 
 # ---------------------------------------------------------------- the test (parent process)
