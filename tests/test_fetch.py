@@ -139,7 +139,8 @@ def _parquet(n: int) -> bytes:
 def _corpus_gz(n: int) -> bytes:
     import gzip
 
-    rows = "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\ntext {i}'}) + "\n" for i in range(n))
+    words = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel"]
+    rows = "".join(json.dumps({"id": str(i), "contents": f'"T{i}"\n{words[i]} passage'}) + "\n" for i in range(n))
     return gzip.compress(rows.encode())
 
 
@@ -154,19 +155,23 @@ def _flat_index(n: int, d: int) -> bytes:
 
 @pytest.fixture
 def small_hub(hub):
-    """The real ``REMOTES`` layout with small files; returns (hub, remotes with the small row counts, index bytes)."""
+    """The real ``REMOTES`` layout with small files; returns (hub, remotes with the small row counts, index bytes).
+
+    The joined e5 index is a real ``IndexFlatIP`` of 384-wide vectors (MiniLM's size), one per wiki-18 line.
+    """
     remotes: dict = {}
+    wiki_rows = 4
     for what, jobs in REMOTES.items():
         remotes[what] = []
         for job in jobs:
             if isinstance(job, Joined):
-                index = _flat_index(6, 8)
+                index = _flat_index(wiki_rows, 384)
                 half = len(index) // 2
                 for part, data in zip(job.parts, (index[:half], index[half:])):
                     hub.files[(part.repo, part.path)] = data
-                remotes[what].append(dataclasses.replace(job, rows=6, dim=8))
+                remotes[what].append(dataclasses.replace(job, rows=wiki_rows, dim=384))
                 continue
-            n = 3 + len(hub.files)
+            n = wiki_rows if job.path.endswith(".gz") else 5 + len(hub.files)
             data = (_parquet(n) if job.path.endswith(".parquet") else _corpus_gz(n) if job.path.endswith(".gz")
                     else _qa_jsonl(n))
             hub.files[(job.repo, job.path)] = data
@@ -196,8 +201,8 @@ def test_fetch_all_writes_the_readme_paths_and_a_rerun_is_served_from_cache(smal
     manifest = json.loads((out / "fetch.json").read_text())
     assert set(manifest) == README_PATHS
     assert manifest["nq/test.jsonl"] == {"repo": "RUC-NLPIR/FlashRAG_datasets", "path": "nq/test.jsonl",
-                                         "commit": COMMIT, "bytes": (out / "nq/test.jsonl").stat().st_size, "rows": 5}
-    assert (manifest["wiki18/e5_Flat.index"]["rows"], manifest["wiki18/e5_Flat.index"]["dim"]) == (6, 8)
+                                         "commit": COMMIT, "bytes": (out / "nq/test.jsonl").stat().st_size, "rows": 7}
+    assert (manifest["wiki18/e5_Flat.index"]["rows"], manifest["wiki18/e5_Flat.index"]["dim"]) == (4, 384)
     n_files = len(hub.files)
     assert len(hub.gets()) == n_files and all(r == "" for _, r in hub.gets())
     assert not list(out.rglob("*.incomplete")) and not list(out.rglob("*.joining"))
@@ -216,6 +221,25 @@ def test_fetch_all_writes_the_readme_paths_and_a_rerun_is_served_from_cache(smal
     hub.requests.clear()
     fetch("test", tmp_path / "pinned", remotes=pinned, log=lambda s: None)
     assert hub.requests == []  # a pinned commit already on disk costs no request at all
+
+
+def test_the_readme_commands_run_on_what_fetch_wrote(small_hub, tmp_path, capsys):
+    """fetch -> index the gzipped corpus -> search it; and search the joined e5 index with that corpus."""
+    from hindsearch.data.qa import load_qa
+
+    hub, remotes, _ = small_hub
+    out = tmp_path / "data"
+    for what in ("test", "wiki18", "e5index"):
+        fetch(what, out, remotes=remotes, log=lambda s: None)
+    assert len(load_qa(out / "2wikimultihopqa/dev.jsonl")) == remotes["test"][4].rows  # the eval --data paths load
+    wiki = str(out / "wiki18/wiki-18.jsonl.gz")
+    assert cli_main(["index", "--corpus", wiki, "--out", str(tmp_path / "bm25")]) == 0
+    assert cli_main(["search", "charlie", "--index", str(tmp_path / "bm25"), "-k", "1"]) == 0
+    assert "T2  (id 2)" in capsys.readouterr().out
+    assert cli_main(["search", "anything", "--faiss-index", str(out / "wiki18/e5_Flat.index"), "--corpus", wiki,
+                     "--encoder", "minilm", "-k", "2"]) == 0  # the real file is 768 wide: --encoder e5-base-v2
+    printed = capsys.readouterr().out
+    assert "(2 hits)" in printed and (out / "wiki18/e5_Flat.index.hindsearch/index.json").is_file()
 
 
 def test_missing_file_repo_and_token_errors_name_the_repo_and_file(hub, tmp_path, monkeypatch):
