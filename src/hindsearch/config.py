@@ -154,6 +154,9 @@ class WarmupConfig:
     """Scripted searcher: probability of searching the bridge entity on a two-hop question (else it guesses after one search)."""
     train_layers: int | None = None
     """Train only the top N decoder layers during warm-up (None = the whole model)."""
+    micro_batch_size: int | None = None
+    """Demonstrations per forward/backward during warm-up (gradient accumulation fills ``batch_size``; the same
+    gradient as one pass, with the activations of fewer rows alive). None = the whole batch at once."""
     p_feedback: float = 0.0
     """Fraction of demonstrations whose prompt carries a critique that the demonstration follows (teaches reading hindsight)."""
     feedback_kinds: list[str] = field(default_factory=lambda: ["critique"])
@@ -383,15 +386,15 @@ class Config:
         _positive("retrieval.topk", self.retrieval.topk)
         _positive("retrieval.retries", self.retrieval.retries, allow_zero=True)
         _choice("rollout.backend", self.rollout.backend, ("hf", "vllm"))
-        _positive("rollout.max_turns", self.rollout.max_turns, allow_zero=True)
-        _positive("rollout.max_new_tokens_per_turn", self.rollout.max_new_tokens_per_turn)
-        _positive("rollout.max_total_tokens", self.rollout.max_total_tokens)
         _choice("rollout.vllm_mode", self.rollout.vllm_mode, ("colocate", "server"))
         _positive("rollout.vllm_server_port", self.rollout.vllm_server_port)
         if not self.rollout.vllm_server_timeout > 0:
             raise ConfigError(f"rollout.vllm_server_timeout must be > 0, got {self.rollout.vllm_server_timeout}")
         if not self.rollout.vllm_is_cap >= 1:
             raise ConfigError(f"rollout.vllm_is_cap must be >= 1, got {self.rollout.vllm_is_cap}")
+        _positive("rollout.max_turns", self.rollout.max_turns, allow_zero=True)
+        _positive("rollout.max_new_tokens_per_turn", self.rollout.max_new_tokens_per_turn)
+        _positive("rollout.max_total_tokens", self.rollout.max_total_tokens)
         _positive("rollout.num_generations", self.rollout.num_generations)
         if self.rollout.temperature < 0:
             raise ConfigError(f"rollout.temperature must be >= 0, got {self.rollout.temperature}")
@@ -403,6 +406,8 @@ class Config:
             raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of critique, oracle_gold, oracle_nogold, "
                               f"answer_line; got {self.warmup.feedback_kinds}")
         _positive("warmup.epochs", self.warmup.epochs, allow_zero=True)
+        if self.warmup.micro_batch_size is not None:
+            _positive("warmup.micro_batch_size", self.warmup.micro_batch_size)
         _prob("warmup.p_bridge", self.warmup.p_bridge)
         _prob("warmup.p_feedback", self.warmup.p_feedback)
         _positive("train.steps", self.train.steps, allow_zero=True)

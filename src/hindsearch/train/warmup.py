@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import random
 import re
 import shutil
@@ -184,15 +183,17 @@ def collate(batch: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, att, lab
 
 
-def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    """Token-mean next-token cross-entropy over labelled positions (labels != -100).
+def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
+             num_items: int | torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token cross-entropy over labelled positions (labels != -100): the token mean, or with
+    ``num_items`` the token sum divided by ``num_items`` (a micro-batch's share of a larger batch's mean).
 
     Shapes: ``input_ids``, ``attention_mask``, ``labels`` [B, L]. The LM head is applied only at
     the positions that predict a labelled token (cheaper than full [B, L, V] logits).
     """
     tgt = labels[:, 1:]
     sel = tgt != -100
-    if not bool(sel.any()):
+    if num_items is None and not bool(sel.any()):
         raise ValueError("SFT batch has no gen_mask tokens to train on")
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings()
@@ -201,7 +202,34 @@ def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
         logits = head(hidden[:, :-1][sel])  # [N, V]
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][sel]
-    return torch.nn.functional.cross_entropy(logits.float(), tgt[sel])
+    if num_items is None:
+        return torch.nn.functional.cross_entropy(logits.float(), tgt[sel])
+    return torch.nn.functional.cross_entropy(logits.float(), tgt[sel], reduction="sum") / num_items
+
+
+def sft_step(model: Any, batch: dict[str, torch.Tensor], backward: Any, micro_batch_size: int | None) -> torch.Tensor:
+    """Forward and backward of one SFT batch in micro-batches of ``micro_batch_size`` rows (None: all at once).
+
+    Each micro-batch contributes its token sum divided by the whole batch's labelled-token count, so the
+    accumulated gradient is the gradient of the batch's token mean (``sft_loss``), with the activations of one
+    micro-batch alive at a time. Rows are right-padded: a micro-batch is cut to its own longest row. Returns the
+    batch's token-mean loss (detached).
+    """
+    ids, att, lab = batch["input_ids"], batch["attention_mask"], batch["labels"]
+    n = (lab[:, 1:] != -100).sum()
+    if int(n) == 0:
+        raise ValueError("SFT batch has no gen_mask tokens to train on")
+    step = micro_batch_size or ids.size(0)
+    total = torch.zeros((), device=ids.device)
+    for s in range(0, ids.size(0), step):
+        width = int(att[s : s + step].sum(1).max())
+        part_lab = lab[s : s + step, :width]
+        if not bool((part_lab[:, 1:] != -100).any()):
+            continue
+        part = sft_loss(model, ids[s : s + step, :width], att[s : s + step, :width], part_lab, num_items=n)
+        backward(part)
+        total += part.detach()
+    return total
 
 
 def _batches(n: int, batch_size: int, lengths: Sequence[int], rng: random.Random) -> list[list[int]]:
@@ -237,50 +265,45 @@ def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
 
 def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr: float, batch_size: int,
         seed: int = 0, warmup_frac: float = 0.1, max_grad_norm: float = 1.0, progress: bool = True,
-        train_layers: int | None = None) -> dict[str, Any]:
-    """Train ``model`` in place on tokenised demonstrations; AdamW, linear warm-up then cosine decay.
+        train_layers: int | None = None, micro_batch_size: int | None = None,
+        metrics_path: str | Path | None = None) -> dict[str, Any]:
+    """Train ``model`` in place on tokenised demonstrations with transformers' ``Trainer``
+    (``hindsearch.train.steps``): AdamW (no weight decay), linear warm-up over ``warmup_frac`` of the steps then
+    cosine decay, gradient norm clipped to ``max_grad_norm``, the loss of ``sft_loss`` over each planned batch.
 
-    ``train_layers``: train only the top N decoder layers (None = the whole model).
-    Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
+    ``train_layers``: train only the top N decoder layers (None = the whole model). ``micro_batch_size``: demos
+    per forward/backward (None = the whole batch; the gradient is the same). ``metrics_path``: one JSONL row
+    per step. Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
     """
-    from tqdm.auto import tqdm
+    from functools import partial
+
+    from hindsearch.train.steps import run_steps, warmup_cosine
 
     if not demos:
         raise ValueError("warm-up has no demonstrations to train on")
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    device = next(model.parameters()).device
     rng = random.Random(seed)
     lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in demos]
     plan = [b for _ in range(epochs) for b in _batches(len(demos), batch_size, lengths, rng)]
     total = len(plan)
     params = trainable_top_layers(model, train_layers)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    n_warm = max(1, int(warmup_frac * total))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, n_warm=max(1, int(warmup_frac * total)),
+                                                           total=total))
 
-    def lr_at(step: int) -> float:
-        if step < n_warm:
-            return (step + 1) / n_warm
-        return 0.5 * (1 + math.cos(math.pi * (step - n_warm) / max(1, total - n_warm)))
+    def make_batch(i: int) -> dict[str, torch.Tensor]:
+        ids, att, lab = collate([demos[j] for j in plan[i]], pad_id)
+        return {"input_ids": ids, "attention_mask": att, "labels": lab}
 
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lr_at)
-    model.train()
-    losses, tokens, t0 = [], 0, time.time()
-    bar = tqdm(plan, desc="warm-up SFT", disable=not progress)
-    for b in bar:
-        ids, att, lab = (x.to(device) for x in collate([demos[i] for i in b], pad_id))
-        loss = sft_loss(model, ids, att, lab)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, max_grad_norm)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        tokens += int((lab != -100).sum())
-        bar.set_postfix(loss=f"{losses[-1]:.3f}")
-    if train_layers is not None:
-        model.requires_grad_(True)
-    model.eval()
-    return {"loss": losses, "steps": total, "tokens_trained": tokens, "seconds": time.time() - t0}
+    try:
+        out = run_steps(model, total, make_batch, partial(sft_step, micro_batch_size=micro_batch_size), opt, sched,
+                        max_grad_norm=max_grad_norm, seed=seed, desc="warm-up SFT", progress=progress,
+                        metrics_path=metrics_path)
+    finally:
+        if train_layers is not None:
+            model.requires_grad_(True)
+    out["tokens_trained"] = sum(sum(demos[i].gen_mask) for b in plan for i in b)
+    return out
 
 
 # ---------------------------------------------------------------- the stage
@@ -333,7 +356,8 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
         for t in demos:
             f.write(json.dumps(t.to_dict()) + "\n")
     curve = sft(model, tokenizer, demos, epochs=w.epochs, lr=w.lr, batch_size=w.batch_size,
-                seed=cfg.train.seed, progress=progress, train_layers=w.train_layers)
+                seed=cfg.train.seed, progress=progress, train_layers=w.train_layers,
+                micro_batch_size=w.micro_batch_size, metrics_path=out / "metrics.jsonl")
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     info.update(model=cfg.model.name, warmup=asdict(w), sft=curve, seconds=time.time() - t0)

@@ -1,0 +1,118 @@
+"""Supervised training loops (warm-up SFT, micro pretraining) through transformers' ``Trainer``.
+
+Both loops train on batches that are planned up front (the warm-up's length-windowed shuffle, the
+micro model's seeded mix of text and copy rows), with our own loss (the warm-up projects only the
+labelled positions through the LM head; micro pretraining weights two forwards), AdamW and a LambdaLR
+schedule built by the caller. ``run_steps`` hands these to ``Trainer``: one dataset item is one
+optimizer step's batch (sequential sampler, batch size 1, the collator unwraps it), ``optimizers=``
+carries the caller's optimizer and schedule unchanged, and ``training_step`` calls the caller's
+``step_fn(model, batch, backward) -> loss`` so the caller can split a batch into micro-batches that
+each run forward and backward (the same gradient, a fraction of the activations). The Trainer brings
+gradient clipping, the progress bar, logging callbacks (``report_to``), device placement and
+accelerate; ``metrics.jsonl`` gets one row per step (loss, learning rate, gradient norm).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+StepFn = Callable[[Any, Any, Callable[[torch.Tensor], None]], torch.Tensor]
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Item ``i`` = the ``i``-th step's batch, built on access by ``make(i)``."""
+
+    def __init__(self, n: int, make: Callable[[int], Any]) -> None:
+        self.n, self.make = n, make
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __getitem__(self, i: int) -> Any:
+        return self.make(i)
+
+
+def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
+              optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int, desc: str,
+              progress: bool = True, metrics_path: str | Path | None = None,
+              callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+    """Train ``model`` in place for ``n_steps`` optimizer steps with transformers' ``Trainer``.
+
+    ``make_batch(i)``: step ``i``'s batch (any object; tensors in a dict are moved to the device).
+    ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per part;
+    returns the step's loss (detached). Returns ``{"loss": [per step], "steps", "seconds"}``.
+    """
+    from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
+
+    losses: list[float] = []
+
+    class StepTrainer(Trainer):
+        def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: D401 - Trainer hook
+            model.train()
+            inputs = self._prepare_inputs(inputs)
+            loss = step_fn(model, inputs, self.accelerator.backward).detach()
+            losses.append(float(loss))
+            return loss
+
+    class Bar(ProgressCallback):
+        """The Trainer's bar with our label, the step loss as postfix, and no log dict printed per step."""
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            super().on_train_begin(args, state, control, **kwargs)
+            if self.training_bar is not None:
+                self.training_bar.set_description(desc)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.training_bar is not None and logs and "loss" in logs:
+                self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}", refresh=False)
+
+    class Metrics(TrainerCallback):
+        def __init__(self) -> None:
+            self.t0 = time.time()
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if metrics_path is None or not logs or "loss" not in logs:
+                return
+            row = {"step": state.global_step, "loss": logs["loss"], "lr": logs.get("learning_rate"),
+                   "grad_norm": logs.get("grad_norm"), "time_s": round(time.time() - self.t0, 2)}
+            with Path(metrics_path).open("a") as f:
+                f.write(json.dumps(row) + "\n")
+
+    if metrics_path is not None:
+        Path(metrics_path).unlink(missing_ok=True)
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(prefix="hindsearch-steps-") as tmp:
+        args = TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=1, max_steps=n_steps, logging_steps=1, save_strategy="no",
+            report_to="none", seed=seed, data_seed=seed, max_grad_norm=max_grad_norm,
+            train_sampling_strategy="sequential", use_cpu=on_cpu, dataloader_pin_memory=False,
+            remove_unused_columns=False, disable_tqdm=True,
+        )
+        trainer = StepTrainer(model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
+                              data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
+                              callbacks=[Metrics(), *callbacks])
+        trainer.remove_callback(PrinterCallback)
+        trainer.remove_callback(ProgressCallback)
+        if progress:
+            trainer.add_callback(Bar())
+        trainer.train()
+        del trainer
+    model.eval()
+    return {"loss": losses, "steps": n_steps, "seconds": time.time() - t0}
+
+
+def warmup_cosine(step: int, n_warm: int, total: int) -> float:
+    """LR multiplier of step ``step`` (0-based): linear warm-up ``(step + 1) / n_warm`` over ``n_warm`` steps,
+    then cosine decay from 1 to 0 over the remaining ``total - n_warm`` steps (``torch.optim.lr_scheduler.LambdaLR``)."""
+    if step < n_warm:
+        return (step + 1) / n_warm
+    return 0.5 * (1 + math.cos(math.pi * (step - n_warm) / max(1, total - n_warm)))
