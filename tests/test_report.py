@@ -23,7 +23,7 @@ from hindsearch.config import Config
 from hindsearch.data.world import generate_world
 from hindsearch.micro import train_tokenizer
 from hindsearch.models import tiny_random_model
-from hindsearch.report import load_run, render, token_spans, turns_of, write_report
+from hindsearch.report import load_run, render, shade_css, token_spans, turns_of, write_report
 from hindsearch.retrieval.base import build_index, load_index
 from hindsearch.train.run import build_trainer, ensure_on_disk
 
@@ -94,7 +94,7 @@ class Collector(HTMLParser):
         a = dict(attrs)
         if tag == "img":
             self.imgs.append(a.get("src", ""))
-        if tag == "span" and a.get("class") == "tok":
+        if tag == "span" and "tok" in (a.get("class") or "").split():
             self.spans.append(a)
 
     def handle_data(self, data):
@@ -128,6 +128,8 @@ def test_report_of_real_two_step_run(run_dir, tmp_path):
     assert failed[0]["hind"]["critique"] in out.read_text().replace("&#x27;", "'").replace("&quot;", '"')
     assert len(page.spans) >= sum(len(s["hind"].get("distill_tokens", [])) for s in failed) > 0
     assert all(sp["title"].startswith(("+", "-")) for sp in page.spans)
+    style = re.search(r"<style>(.*?)</style>", out.read_text(), re.S).group(1)
+    assert all(f".{sp['class'].split()[1]}{{background:rgba(" in style for sp in page.spans)  # every shade is defined
     # the question of every sample and the queries it searched appear in the browser
     for s in samples:
         assert turns_of(s)[0]["action"] == "search" and turns_of(s)[0]["titles"], s["completion"]
@@ -136,7 +138,9 @@ def test_report_of_real_two_step_run(run_dir, tmp_path):
 
 def test_token_spans_colour_and_escape():
     h = token_spans(["<a>", " b"], [1.5, -0.2])
-    assert "&lt;a&gt;" in h and "rgba(0,160,60" in h and "rgba(210,40,40" in h and 'title="+1.500"' in h
+    assert h == '<span class="tok g7" title="+1.500">&lt;a&gt;</span><span class="tok r1" title="-0.200"> b</span>'
+    css = {c["name"]: c["rgba"] for c in shade_css()}
+    assert css["g7"] == "rgba(0,160,60,0.52)" and css["r1"] == "rgba(210,40,40,0.12)" and len(css) == 20
 
 
 def test_missing_parts_say_not_recorded(tmp_path):
@@ -230,6 +234,16 @@ def planted_scripts(dom: str) -> dict[str, object]:
     page = parse(dom)
     return {"title": re.search(r"<title>(.*?)</title>", dom, re.S).group(1), "scripts": page.tags.get("script", 0),
             "pwned": 'id="pwned"' in dom, "text": " ".join(page.text)}
+
+
+def test_missing_chromium_fails_under_ci_and_skips_elsewhere(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="CI must run the browser test"):
+        chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+        chromium()
 
 
 def test_chromium_checks_catch_a_running_script(tmp_path):

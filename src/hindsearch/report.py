@@ -47,6 +47,10 @@ ACTION_OR_INFO_RE = re.compile(r"<(search|answer)>(.*?)</\1>|<information>(.*?)(
 DOC_TITLE_RE = re.compile(r"Doc \d+\(Title: (.*?)\) ")
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
+MAX_SAMPLES_COMPARED = 40
+"""Rollouts shown per run of a comparison page (one section per (method, seed) run keeps the page a few MB)."""
+SHADES = 10
+"""Opacity steps of the per-token colours (CSS classes ``g0..g9`` and ``r0..r9``)."""
 TEMPLATES = Path(__file__).parent / "templates"
 """The jinja2 templates of the page (shipped as package data)."""
 
@@ -328,6 +332,12 @@ def probe_view(path: Path) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- trajectories
+def bare_title(title: str) -> str:
+    from hindsearch.records import bare_title as bare
+
+    return bare(title)
+
+
 def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     """The turns of a sample as ``{"action", "content", "titles"}``.
 
@@ -336,27 +346,34 @@ def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
     """
     if isinstance(sample.get("turns"), list) and sample["turns"]:
         return [{"action": str(t.get("action", "?")), "content": str(t.get("content", "")),
-                 "titles": [str(x) for x in t.get("doc_titles") or []]} for t in sample["turns"] if isinstance(t, dict)]
+                 "titles": [bare_title(str(x)) for x in t.get("doc_titles") or []]} for t in sample["turns"] if isinstance(t, dict)]
     text = str(pick(sample, "completion", "completion_text", default="") or "")
     turns: list[dict[str, Any]] = []
     for m in ACTION_OR_INFO_RE.finditer(text):
         if m.group(1):
             turns.append({"action": m.group(1), "content": m.group(2).strip(), "titles": []})
         elif turns and turns[-1]["action"] == "search":
-            turns[-1]["titles"] = DOC_TITLE_RE.findall(m.group(3))
+            turns[-1]["titles"] = [bare_title(t) for t in DOC_TITLE_RE.findall(m.group(3))]
     if not turns and isinstance(sample.get("queries"), list):
         turns = [{"action": "search", "content": str(q), "titles": []} for q in sample["queries"]]
     return turns
 
 
 def token_colours(tokens: Sequence[str], diffs: Sequence[float]) -> list[dict[str, str]]:
-    """``{"tok", "rgb", "alpha", "diff"}`` per token: green when the log-prob difference is > 0, red when
-    < 0, opacity growing with ``|diff|`` (saturating at 2 nats); ``diff`` is the signed value for the tooltip."""
+    """``{"tok", "shade", "diff"}`` per token: shade ``g<k>`` (green) when the log-prob difference is > 0,
+    ``r<k>`` (red) when not, ``k`` in ``0..SHADES-1`` growing with ``|diff|`` (saturating at 2 nats; the CSS
+    gives ``k`` the opacity ``0.05 + 0.6 k / (SHADES - 1)``, light enough to read the token); ``diff`` is the signed value for the tooltip."""
     out = []
     for tok, d in zip(tokens, diffs):
-        a = min(abs(d) / 2.0, 1.0) * 0.85 + 0.05
-        out.append({"tok": str(tok), "rgb": "0,160,60" if d > 0 else "210,40,40", "alpha": f"{a:.2f}", "diff": f"{d:+.3f}"})
+        k = round(min(abs(d) / 2.0, 1.0) * (SHADES - 1))
+        out.append({"tok": str(tok), "shade": f"{'g' if d > 0 else 'r'}{k}", "diff": f"{d:+.3f}"})
     return out
+
+
+def shade_css() -> list[dict[str, str]]:
+    """The shade classes of ``token_colours``: ``{"name", "rgba"}``."""
+    return [{"name": f"{c}{k}", "rgba": f"rgba({rgb},{0.05 + 0.6 * k / (SHADES - 1):.2f})"}
+            for c, rgb in (("g", "0,160,60"), ("r", "210,40,40")) for k in range(SHADES)]
 
 
 def token_spans(tokens: list[str], diffs: list[float]) -> str:
@@ -376,7 +393,7 @@ def hind_view(h: Any) -> dict[str, Any] | None:
         return None
     crit = pick(h, "critique", "critique_text", "text")
     extras = [[k, str(h[k])] for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation")
-              if k in h]
+              if h.get(k) not in (None, "", [], {})]
     toks = pick(h, "distill_tokens", "query_tokens", "tokens", "query_token_strs")
     label, diffs = "critique teacher − neutral-feedback teacher log-prob on distilled tokens", _floats(pick(h, "lT_minus_neutral"))
     if diffs is None:  # runs without the neutral control: the teacher's own log-probs (older runs: lT_minus_lS)
@@ -404,7 +421,7 @@ def cell(v: Any) -> str | None:
     if isinstance(v, float):
         return f"{v:+.3f}"
     if isinstance(v, list):
-        return "; ".join(str(x) for x in v)
+        return "; ".join(str(x) for x in v) or "(none)"
     return None if v is None else str(v)
 
 
@@ -445,8 +462,8 @@ def sample_view(s: dict[str, Any]) -> dict[str, Any]:
             "completion": None if comp is None else str(comp)}
 
 
-def trajectories_view(run: Run) -> dict[str, Any]:
-    samples = run.samples[-MAX_SAMPLES:]
+def trajectories_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
+    samples = run.samples[-max_samples:]
     return {"total": len(run.samples), "shown": len(samples),
             "failed": sum(1 for s in samples if sample_reward(s) <= 0),
             "critiques": sum(1 for s in samples if isinstance(pick(s, "hind", "hindsearch"), dict)),
@@ -454,11 +471,11 @@ def trajectories_view(run: Run) -> dict[str, Any]:
             "samples": [sample_view(s) for s in reversed(samples)]}
 
 
-def run_view(run: Run) -> dict[str, Any]:
-    """Everything the template shows of one run: metrics, evaluation, probes, trajectories, config."""
+def run_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
+    """Everything the template shows of one run: metrics, evaluation, probes, trajectories (the last ``max_samples``), config."""
     return {"name": run.path.name, "bad_lines": run.bad_lines[:10],
             "metrics": metrics_view(run) if run.metrics else None, "evaluation": evaluation_view(run),
-            "probe": probe_view(run.path), "trajectories": trajectories_view(run), "config_text": run.config_text}
+            "probe": probe_view(run.path), "trajectories": trajectories_view(run, max_samples), "config_text": run.config_text}
 
 
 # --------------------------------------------------------------------------- compare dirs
@@ -562,12 +579,13 @@ def render(path: str | Path) -> str:
         raise ValueError(f"{p} is not a run or comparison folder (no metrics.jsonl, summary.json or config.toml)")
     if compare:
         title = f"hindsearch comparison: {name}"
-        runs = [run_view(load_run(r)) for r in sub_runs(p)]
+        runs = [run_view(load_run(r), MAX_SAMPLES_COMPARED) for r in sub_runs(p)]
         cmp = compare_view(p)
     else:
         title = f"hindsearch run: {name}"
         runs, cmp = [run_view(load_run(p))], None
-    return environment().get_template("report.html.j2").render(title=title, compare=cmp, runs=runs)
+    return environment().get_template("report.html.j2").render(title=title, compare=cmp, runs=runs,
+                                                                shades=shade_css())
 
 
 def write_report(path: str | Path, out: str | Path | None = None) -> Path:
