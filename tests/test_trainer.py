@@ -222,7 +222,8 @@ def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
 import copy  # noqa: E402
 import math  # noqa: E402
 
-from test_vllm_backend import FakeClient, FakeLLM, VLLMEmulator, install_fake_vllm, spans  # noqa: E402
+from test_rollout import spans_of  # noqa: E402
+from test_vllm_backend import FakeClient, FakeLLM, VLLMEmulator, install_fake_vllm  # noqa: E402
 
 
 def trainer_script(tok_, records):
@@ -365,7 +366,7 @@ def test_trainer_vllm_rollouts_is_correction_and_metrics(kind, world, tok, tmp_p
             ids = torch.tensor([t.prompt_ids + t.completion_ids])
             lp = init(input_ids=ids).logits[0].float().log_softmax(-1)
             P = len(t.prompt_ids)
-            for s, e in spans(t.gen_mask, 1):
+            for s, e in spans_of(t.gen_mask, 1):
                 for k in range(s, e):
                     diffs.append(abs(float(lp[P + k - 1, t.completion_ids[k]]) - t.logprobs[k]))
                 assert t.logprobs[s:e] == [batch_logp(k) for k in range(e - s)]

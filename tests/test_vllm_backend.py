@@ -25,20 +25,12 @@ from hindsearch.agent.vllm_backend import (
     VLLMBackend, VLLMServerBackend, budget_groups, classify_finish, pick_sampled, sampling_kwargs, stop_token_ids,
 )
 from hindsearch.config import Config, RolloutConfig
-from hindsearch.models import load_tokenizer, tiny_random_model
-from hindsearch.records import Passage, QARecord, make_contents
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.records import QARecord
 from hindsearch.train import rollout_adapter as ra
+from test_rollout import Q1, Q2, ScriptHook, model, retriever, spans_of, tok  # noqa: F401 - fixtures (tests dir on sys.path)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-PASSAGES = [
-    Passage("d0", make_contents("Zorbin Quell", "Zorbin Quell was born in Maravel in 1821.")),
-    Passage("d1", make_contents("Maravel", "Maravel is a harbour town on the river Tesh.")),
-    Passage("d2", make_contents("Ilda Vorn", "Ilda Vorn wrote the novel Glass Orchard.")),
-]
-Q1 = QARecord("q1", "Where was Zorbin Quell born", ["Maravel"])
-Q2 = QARecord("q2", "Who wrote Glass Orchard", ["Ilda Vorn"])
 Q3 = QARecord("q3", "Where does the Tesh flow", ["Amber Sea"])
 
 
@@ -138,23 +130,6 @@ def install_fake_vllm(monkeypatch):
 @pytest.fixture
 def fake_vllm(monkeypatch):
     return install_fake_vllm(monkeypatch)
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok)
-
-
-@pytest.fixture(scope="module")
-def retriever(tmp_path_factory):
-    d = tmp_path_factory.mktemp("idx") / "bm25"
-    build_index(PASSAGES, d, kind="bm25", show_progress=False)
-    return load_index(d)
 
 
 # ------------------------------------------------------------------ request building
@@ -263,18 +238,11 @@ def scripts_for(tok):
     ]
 
 
-class IdHook:
-    """HF reference: force ``scripts[traj][turn]`` then EOS (raw ids, as the fake engines do)."""
-
-    def __init__(self, scripts, eos):
-        self.scripts, self.eos = scripts, eos
-
-    def __call__(self, rows, new_ids, logits):
-        out = torch.full_like(logits, float("-inf"))
-        for j, ((traj, turn, _), ids) in enumerate(zip(rows, new_ids)):
-            s = self.scripts[traj][turn] if turn < len(self.scripts[traj]) else []
-            out[j, s[len(ids)] if len(ids) < len(s) else self.eos] = 0.0
-        return out
+def id_hook(tok, scripts):
+    """HF reference: ``test_rollout.ScriptHook`` forcing raw ids ``scripts[traj][turn]`` then EOS."""
+    hook = ScriptHook(tok, [])
+    hook.ids = scripts
+    return hook
 
 
 class ContextScript:
@@ -295,7 +263,7 @@ def rollout_with(backend_kind, model, tok, retriever, records, scripts, **cfg):
     rc = RolloutConfig(**kw)
     if backend_kind == "hf":
         eng = RolloutEngine(model, tok, retriever, rc, topk=2, retries=0, backend=HFBackend(model, tok),
-                            logits_hook=IdHook(scripts, tok.eos_token_id))
+                            logits_hook=id_hook(tok, scripts))
         return eng.rollout(records, seed=0), None
     eng = RolloutEngine(model, tok, retriever, rc, topk=2, retries=0, backend=HFBackend(model, tok))
     em = VLLMEmulator(tok, ContextScript([eng.prompt_ids(r.question) for r in records], scripts))
@@ -304,17 +272,6 @@ def rollout_with(backend_kind, model, tok, retriever, records, scripts, **cfg):
     eng.backend = VLLMBackend(fake, eos) if backend_kind == "colocate" else VLLMServerBackend(
         fake, lambda ids: tok.decode(ids, skip_special_tokens=False), eos)
     return eng.rollout(records, seed=0), fake
-
-
-def spans(mask, value):
-    out, start = [], None
-    for i, m in enumerate(list(mask) + [1 - value]):
-        if m == value and start is None:
-            start = i
-        elif m != value and start is not None:
-            out.append((start, i))
-            start = None
-    return out
 
 
 def assert_same_bookkeeping(ref, got):
@@ -326,9 +283,9 @@ def assert_same_bookkeeping(ref, got):
         assert (b.stop_reason, b.answer, b.em) == (a.stop_reason, a.answer, a.em)
         # vLLM's sampling log-probs on generated tokens, 0.0 on injected ones
         assert len(b.logprobs) == len(b.completion_ids)
-        for s, e in spans(b.gen_mask, 1):
+        for s, e in spans_of(b.gen_mask, 1):
             assert b.logprobs[s:e] == pytest.approx([fixed_logp(k) for k in range(e - s)])
-        assert all(b.logprobs[i] == 0.0 for s, e in spans(b.gen_mask, 0) for i in range(s, e))
+        assert all(b.logprobs[i] == 0.0 for s, e in spans_of(b.gen_mask, 0) for i in range(s, e))
 
 
 @pytest.mark.parametrize("kind", ["colocate", "server"])

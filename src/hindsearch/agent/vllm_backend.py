@@ -132,18 +132,40 @@ def _check(ids: list[int], budget: int) -> None:
         raise RuntimeError(f"vLLM returned {len(ids)} tokens for a budget of {budget}")
 
 
-class _Stats:
+class _VLLMBase:
+    """The ``Backend.generate`` shared by both modes: checks, empty outputs, statistics; ``_rows`` fills ``outs``."""
+
     def __init__(self) -> None:
         self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
 
-    def _count(self, t0: float, requests: int, outs: Sequence[GenOutput]) -> None:
-        self.stats["calls"] += 1
-        self.stats["requests"] += requests
-        self.stats["generated_tokens"] += sum(len(o.ids) for o in outs)
-        self.stats["generate_s"] += time.perf_counter() - t0
+    def generate(
+        self,
+        contexts: list[list[int]],
+        max_new_tokens: list[int],
+        sampling: SamplingParams,
+        stop_strings: Sequence[str],
+        generator: torch.Generator | None = None,
+        logits_hook: LogitsHook | None = None,
+    ) -> list[GenOutput]:
+        if logits_hook is not None:
+            raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
+        t0 = time.perf_counter()
+        outs = [GenOutput([], [], "length") for _ in contexts]
+        if any(n > 0 for n in max_new_tokens):
+            requests = self._rows(contexts, max_new_tokens, sampling, stop_strings, generator, outs)
+            self.stats["calls"] += 1
+            self.stats["requests"] += requests
+            self.stats["generated_tokens"] += sum(len(o.ids) for o in outs)
+            self.stats["generate_s"] += time.perf_counter() - t0
+        return outs
+
+    def _rows(self, contexts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
+              stop_strings: Sequence[str], generator: torch.Generator | None, outs: list[GenOutput]) -> int:
+        """Generate the rows with a positive budget into ``outs``; returns the number of requests sent."""
+        raise NotImplementedError
 
 
-class VLLMBackend(_Stats):
+class VLLMBackend(_VLLMBase):
     """Colocate mode: turn generation through a ``vllm.LLM`` (TRL's, or one built by ``from_model``)."""
 
     def __init__(self, llm: Any, eos_ids: set[int] | None = None, vllm_module: Any = None) -> None:
@@ -168,22 +190,9 @@ class VLLMBackend(_Stats):
             llm = vllm.LLM(model=path, **kw)
         return cls(llm, stop_token_ids(tokenizer, model), vllm)
 
-    def generate(
-        self,
-        contexts: list[list[int]],
-        max_new_tokens: list[int],
-        sampling: SamplingParams,
-        stop_strings: Sequence[str],
-        generator: torch.Generator | None = None,
-        logits_hook: LogitsHook | None = None,
-    ) -> list[GenOutput]:
-        if logits_hook is not None:
-            raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
-        t0 = time.perf_counter()
-        outs = [GenOutput([], [], "length") for _ in contexts]
+    def _rows(self, contexts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
+              stop_strings: Sequence[str], generator: torch.Generator | None, outs: list[GenOutput]) -> int:
         rows = [i for i, n in enumerate(max_new_tokens) if n > 0]
-        if not rows:
-            return outs
         seeds = None if sampling.is_greedy else row_seeds(generator, len(rows))
         params = [self.vllm.SamplingParams(**sampling_kwargs(sampling, max_new_tokens[i], stop_strings,
                                                               seeds[j] if seeds else None))
@@ -201,11 +210,10 @@ class VLLMBackend(_Stats):
                                [list(d.keys()) for d in c.logprobs])
             outs[i] = GenOutput(ids, lps, classify_finish(ids, self.eos_ids, isinstance(c.stop_reason, str),
                                                           c.finish_reason))
-        self._count(t0, len(rows), outs)
-        return outs
+        return len(rows)
 
 
-class VLLMServerBackend(_Stats):
+class VLLMServerBackend(_VLLMBase):
     """Server mode: turn generation through TRL's ``VLLMClient`` (``client.generate`` on token-id prompts).
 
     ``decode(ids) -> str`` (the tokenizer's, special tokens kept) finds the stop string the client does not
@@ -225,22 +233,9 @@ class VLLMServerBackend(_Stats):
         return self.client.generate(prompts=prompts, n=1, temperature=kw["temperature"], top_p=kw["top_p"],
                                     max_tokens=kw["max_tokens"], logprobs=0, generation_kwargs=extra)
 
-    def generate(
-        self,
-        contexts: list[list[int]],
-        max_new_tokens: list[int],
-        sampling: SamplingParams,
-        stop_strings: Sequence[str],
-        generator: torch.Generator | None = None,
-        logits_hook: LogitsHook | None = None,
-    ) -> list[GenOutput]:
-        if logits_hook is not None:
-            raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
-        t0 = time.perf_counter()
-        outs = [GenOutput([], [], "length") for _ in contexts]
+    def _rows(self, contexts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
+              stop_strings: Sequence[str], generator: torch.Generator | None, outs: list[GenOutput]) -> int:
         groups = list(budget_groups(max_new_tokens).items())
-        if not groups:
-            return outs
 
         def send(group: tuple[int, list[int]]) -> dict[str, Any]:
             budget, rows = group
@@ -263,5 +258,4 @@ class VLLMServerBackend(_Stats):
                 hit = any(s in self.decode(ids) for s in stop_strings)
                 finish = classify_finish(ids, self.eos_ids, hit, "length" if len(ids) >= budget else "stop")
                 outs[i] = GenOutput(ids, pick_sampled(ids, lps[k], lp_ids[k]), finish)
-        self._count(t0, len(groups), outs)
-        return outs
+        return len(groups)
