@@ -253,6 +253,11 @@ def test_prebuilt_faiss_mismatches_name_the_file(bare_faiss, minilm, tmp_path, c
     with pytest.raises(ValueError, match=r"e5_Flat\.index: holds 3 vectors but index folder .*ok has 8 passages"):
         DenseRetriever(out, encoder=minilm)
 
+    build_index(passages(), tmp_path / "built", kind="bm25", show_progress=False)
+    with pytest.raises(ValueError, match=r"holds an index built by `hindsearch index`, not one made from a FAISS file"):
+        ensure_faiss_index(faiss_file, corpus, tmp_path / "built", encoder="minilm")
+    assert read_meta(tmp_path / "built")["kind"] == "bm25"  # left as it was
+
     assert cli_main(["serve", "--faiss-index", str(faiss_file)]) == 1
     assert "--faiss-index needs --corpus" in capsys.readouterr().err
     assert cli_main(["search", "q", "--index", str(out), "--corpus", str(corpus)]) == 1

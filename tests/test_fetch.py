@@ -227,7 +227,7 @@ def test_the_readme_commands_run_on_what_fetch_wrote(small_hub, tmp_path, capsys
     """fetch -> index the gzipped corpus -> search it; and search the joined e5 index with that corpus."""
     from hindsearch.data.qa import load_qa
 
-    hub, remotes, _ = small_hub
+    _, remotes, _ = small_hub
     out = tmp_path / "data"
     for what in ("test", "wiki18", "e5index"):
         fetch(what, out, remotes=remotes, log=lambda s: None)

@@ -258,6 +258,9 @@ def ensure_faiss_index(
                and meta.get("faiss_source") == str(faiss_file.resolve()) and meta.get("faiss_stamp") == _stamp(faiss_file)
                and meta.get("corpus_stamp") == _stamp(corpus) and meta.get("encoder") == encoder)
     if not current:
+        if meta and not meta.get("faiss_source"):  # built by `hindsearch index`: hours of encoding, never replaced here
+            raise ValueError(f"--index {out}: holds an index built by `hindsearch index`, not one made from a FAISS file; "
+                             "choose another folder for the passages of --faiss-index")
         log(f"indexing the passages of {corpus} for {faiss_file} into {out} (once; reused while both are unchanged)")
         import_faiss(faiss_file, corpus, out, encoder=encoder, query_prefix=query_prefix, device=device)
         return out
