@@ -221,6 +221,7 @@ def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
 # (test_vllm_backend), so TRL's weight sync, log-prob recomputation and importance sampling really run.
 import copy  # noqa: E402
 import math  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
 
 from test_rollout import spans_of  # noqa: E402
 from test_vllm_backend import FakeClient, FakeLLM, VLLMEmulator, install_fake_vllm  # noqa: E402
@@ -358,6 +359,7 @@ def test_trainer_vllm_rollouts_is_correction_and_metrics(kind, world, tok, tmp_p
         assert r["vllm/is_ratio_max"] == pytest.approx(2.0)  # -20 sampler log-probs: capped
         assert r["sampling/importance_sampling_ratio/max"] == pytest.approx(2.0)
         assert 0 < r["vllm/is_capped_frac"] < 1 and r["vllm/logp_nan_tokens"] == 0
+        assert r["vllm/generated_tokens"] == sum(sum(t.gen_mask) for t in steps[r["step"] - 1])
         assert math.isfinite(r["loss"]) and r["grad_norm"] > 0
     # independent check of step 1: the initial model's log-probs of the generated tokens vs the fixed ones
     diffs = []
@@ -387,3 +389,24 @@ def test_colocate_tensor_parallel_is_refused(world, tok, tmp_path, monkeypatch):
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
     with pytest.raises(ValueError, match="tensor parallel size 1"):
         build_trainer(cfg, model, tok, engine, retriever, records, tmp_path / "run")
+
+
+def test_server_mode_client_on_every_process(monkeypatch, tok):
+    """TRL builds its VLLMClient on the main process only; the other processes get their own for generation."""
+    import trl.generation.vllm_client as vc
+
+    from hindsearch.train.trainer import HindsearchGRPOTrainer
+
+    made = []
+    monkeypatch.setattr(vc, "VLLMClient", lambda **kw: made.append(kw) or SimpleNamespace(kw=kw))
+    args = SimpleNamespace(vllm_server_base_url=None, vllm_server_host="10.0.0.5", vllm_server_port=8001,
+                           vllm_group_port=51216, vllm_server_timeout=12.0)
+    me = SimpleNamespace(_vllm_attached=False, vllm_generation=SimpleNamespace(), processing_class=tok,
+                         accelerator=SimpleNamespace(unwrap_model=lambda m: m), model=None, vllm_mode="server",
+                         engine=SimpleNamespace(backend=None), args=args)
+    HindsearchGRPOTrainer._attach_vllm(me)
+    assert made == [dict(base_url="http://10.0.0.5:8001", group_port=51216, connection_timeout=12.0)]
+    assert type(me.engine.backend).__name__ == "VLLMServerBackend" and me.engine.backend.client.kw == made[0]
+    assert me.engine.backend.eos_ids == {tok.eos_token_id}
+    HindsearchGRPOTrainer._attach_vllm(me)  # once
+    assert len(made) == 1

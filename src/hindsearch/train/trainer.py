@@ -214,7 +214,11 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         if self.use_vllm:  # TRL has synced the weights into vLLM for this step (see the module doc)
             self._attach_vllm()
             self._vllm_wake()
+            st = self.engine.backend.stats
+            n0, s0 = st["generated_tokens"], st["generate_s"]
             trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
+            n, s = st["generated_tokens"] - n0, st["generate_s"] - s0
+            self._step_metrics.update({"vllm/generated_tokens": float(n), "vllm/tokens_per_s": n / s if s > 0 else 0.0})
         else:
             with unwrap_model_for_generation(
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
