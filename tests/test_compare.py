@@ -274,3 +274,14 @@ def test_compare_rejects_counts_below_one(flag, value, capsys):
         main(["compare", "--out", "o", flag, value])
     assert e.value.code == 2
     assert f"argument {flag}: '{value}' must be at least 1" in capsys.readouterr().err
+
+
+def test_load_results_names_an_unreadable_file(tmp_path):
+    from hindsearch.compare import load_results
+
+    (tmp_path / "grpo-s0").mkdir()
+    (tmp_path / "grpo-s0" / "results.json").write_text("[1]")
+    with pytest.raises(ValueError, match=r"grpo-s0/results.json: unreadable \(not a JSON object\)"):
+        load_results(tmp_path, ["grpo"], [0, 1])
+    bad: list[str] = []
+    assert load_results(tmp_path, ["grpo"], [0, 1], bad) == [] and "grpo-s0/results.json" in bad[0]

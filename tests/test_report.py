@@ -188,6 +188,10 @@ def test_compare_dir_report(run_dir, tmp_path):
     alts = re.findall(r'<img alt="([^"]*)"', text)
     assert "EM per method, mean ± std over seeds" in alts
     assert "each method minus GRPO, paired bootstrap 95% interval" in alts
+    # a damaged results.json is named on the page, the other runs still make the table
+    (cmp / "igsd-s1" / "results.json").write_text("{broken")
+    text = render(cmp)
+    assert "igsd-s1/results.json" in text and "<td>igsd</td><td>1</td><td>50.0</td>" in text
     # before any run finished: the page says so instead of an empty table
     for rd in cmp.glob("*-s*"):
         (rd / "results.json").unlink()

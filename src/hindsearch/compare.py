@@ -200,10 +200,25 @@ def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], tit
     return "\n".join(lines + ["", RESULTS_NOTE]) + "\n"
 
 
-def load_results(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> list[dict[str, Any]]:
-    """The ``results.json`` of every finished (method, seed) run of a comparison folder."""
-    paths = [out_dir / run_name(m, s) / "results.json" for m in methods for s in seeds]
-    return [json.loads(p.read_text()) for p in paths if p.exists()]
+def load_results(out_dir: Path, methods: Sequence[str], seeds: Sequence[int],
+                 bad: list[str] | None = None) -> list[dict[str, Any]]:
+    """The ``results.json`` of every finished (method, seed) run of a comparison folder. An unreadable one
+    raises ``ValueError`` naming it, or with ``bad`` given is skipped and reported there as ``file: reason``."""
+    out = []
+    for p in (out_dir / run_name(m, s) / "results.json" for m in methods for s in seeds):
+        if not p.exists():
+            continue
+        try:
+            res = json.loads(p.read_text())
+            if not isinstance(res, dict):
+                raise ValueError("not a JSON object")
+        except ValueError as e:
+            if bad is None:
+                raise ValueError(f"{p}: unreadable ({e}); delete it and its done.json to evaluate the run again") from e
+            bad.append(f"{p}: {e}")
+            continue
+        out.append(res)
+    return out
 
 
 def bench_names(results: Sequence[dict[str, Any]]) -> list[str]:

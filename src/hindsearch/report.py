@@ -530,9 +530,10 @@ def compare_view(path: Path) -> dict[str, Any]:
     from hindsearch.paired import bootstrap_rows
 
     methods, seeds = compare_plan(path)
-    results = load_results(path, methods, seeds)
+    bad: list[str] = []
+    results = load_results(path, methods, seeds, bad)
     view: dict[str, Any] = {"methods": methods, "seeds": seeds, "results": None, "bars": None, "boot": None,
-                            "boot_bars": None, "note": RESULTS_NOTE, "probe": probe_view(path), "curves": None}
+                            "boot_bars": None, "note": RESULTS_NOTE, "probe": probe_view(path), "curves": None, "bad": bad}
     if results:
         agg, benches = aggregate(results, methods), bench_names(results)
         head, rows = results_rows(agg, benches)
@@ -544,7 +545,11 @@ def compare_view(path: Path) -> dict[str, Any]:
 
         view["bars"] = bar_plot(cols, {m: [bar(agg[m].get(c)) for c in cols] for m in methods},
                                 "EM per method (mean ± std over seeds)", "EM %")
-    boot = bootstrap_rows(lambda m, s: path / run_name(m, s), methods, seeds)
+    try:
+        boot = bootstrap_rows(lambda m, s: path / run_name(m, s), methods, seeds)
+    except (ValueError, KeyError, TypeError) as e:  # a damaged test trajectories file: say so, show the rest
+        bad.append(f"paired bootstrap: unreadable test trajectories ({type(e).__name__}: {e})")
+        boot = []
     if boot:
         keys = (("EM", "em"), ("EM 2-hop", "em_2hop"), ("evidence recall", "recall"))
         view["boot"] = {"head": ["method", "seeds", "questions"] + [k[0] for k in keys],
