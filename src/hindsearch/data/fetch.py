@@ -176,6 +176,7 @@ def hub_download(rem: Remote, out: Path, endpoint: str, etag_timeout: float = 10
     kw: dict[str, Any] = {"repo_id": rem.repo, "filename": rem.path, "repo_type": "dataset", "revision": rem.revision,
                           "local_dir": local_dir, "endpoint": endpoint, "etag_timeout": etag_timeout,
                           "local_files_only": offline}
+    new = next((d for d in (out, local_dir, local_dir / ".cache") if not d.exists()), None)  # outermost folder made here
     try:
         plan = hf_hub_download(**kw, dry_run=True)  # one HEAD: commit, size, whether the local copy is current
         will_download = getattr(plan, "will_download", False)  # offline with a bare local file: a path, no plan
@@ -186,9 +187,12 @@ def hub_download(rem: Remote, out: Path, endpoint: str, etag_timeout: float = 10
                 raise FetchError(f"cannot fetch {rem.path} of dataset repo {rem.repo}: it needs {size:,} bytes and "
                                  f"{_existing(local_dir)} has {free:,} free; free space or choose another --out")
         path = Path(hf_hub_download(**kw))
-    except FetchError:
-        raise
     except Exception as e:  # translated into one line naming the repo and file (or re-raised as is)
+        if new is not None and new.is_dir() and not any(
+                ".cache" not in p.relative_to(local_dir).parts for p in new.rglob("*") if p.is_file()):
+            shutil.rmtree(new, ignore_errors=True)  # a failed first download leaves no folder (only lock files were in it)
+        if isinstance(e, FetchError):
+            raise
         raise _explain(e, rem, endpoint, dest, offline) from e
     return path, {"commit": getattr(plan, "commit_hash", None), "bytes": path.stat().st_size, "downloaded": will_download}
 
@@ -259,7 +263,6 @@ def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool 
         raise ValueError(f"--what must be one of {', '.join([*remotes, 'all'])}, got {what!r}")
     endpoint = (endpoint or default_endpoint()).rstrip("/")
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     manifest_path = out / "fetch.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     for job in [j for k in (remotes if what == "all" else [what]) for j in remotes[k]]:
@@ -275,6 +278,7 @@ def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool 
                 _check_rows(path, job.rows, rows, f"{job.repo}/{job.path}")
             entry = {"repo": job.repo, "path": job.path, "commit": info["commit"], "bytes": info["bytes"], "rows": rows}
         manifest[job.dest] = entry
+        out.mkdir(parents=True, exist_ok=True)
         tmp = manifest_path.with_name("fetch.json.tmp")
         tmp.write_text(json.dumps(manifest, indent=1) + "\n")
         tmp.replace(manifest_path)
