@@ -353,3 +353,21 @@ def test_unreachable_hub_gives_one_clear_line_after_the_retries(hub, tmp_path, m
                                          r".*the hub cannot be reached .*HF_ENDPOINT"):
         fetch("test", tmp_path / "o", endpoint=endpoint, log=lambda s: None)
     assert time.perf_counter() - t0 < 10 and no_sleep.calls == [1, 2, 4, 8, 8]  # 23 s of backoff in real use
+
+
+def test_joining_the_index_parts_checks_the_space_it_needs(small_hub, tmp_path, monkeypatch):
+    import shutil
+
+    hub, remotes, index = small_hub
+    parts = [hub.files[(p.repo, p.path)] for p in remotes["e5index"][0].parts]
+    assert max(map(len, parts)) < 5000 < len(index)  # each part fits, the joined file does not
+    real = shutil.disk_usage
+    monkeypatch.setattr(fetch_mod.shutil, "disk_usage", lambda p: real(p)._replace(free=5000))
+    with pytest.raises(FetchError, match=rf"cannot join part_aa \+ part_ab of dataset repo PeterJinGo/wiki-18-e5-index "
+                                         rf"into .*e5_Flat\.index: it needs {len(index):,} bytes and .* has 5,000 free"):
+        fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None)
+    assert sorted(p.name for p in (tmp_path / "o/wiki18").iterdir()) == [".cache", "part_aa", "part_ab"]
+    monkeypatch.setattr(fetch_mod.shutil, "disk_usage", real)
+    hub.requests.clear()
+    fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None)  # the kept parts are not downloaded again
+    assert hub.gets() == [] and (tmp_path / "o/wiki18/e5_Flat.index").read_bytes() == index

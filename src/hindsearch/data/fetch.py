@@ -229,6 +229,11 @@ def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, e
     for rem in job.parts:
         log(f"{rem.name}: {rem.repo}/{rem.path} -> {out / rem.dest}")
         parts.append(hub_download(rem, out, endpoint, etag_timeout))
+    need, free = sum(info["bytes"] for _, info in parts), shutil.disk_usage(dest.parent).free
+    if free < need:
+        raise FetchError(f"cannot join {' + '.join(r.path for r in job.parts)} of dataset repo {job.parts[0].repo} into "
+                         f"{dest}: it needs {need:,} bytes and {dest.parent} has {free:,} free (the parts are kept; free "
+                         "space and rerun)")
     tmp = dest.with_name(dest.name + ".joining")
     try:
         with tmp.open("wb") as f:
