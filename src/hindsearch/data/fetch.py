@@ -72,8 +72,11 @@ class Joined:
     """A file made by concatenating downloaded parts (Search-R1 splits its 65 GB index in two)."""
 
     name: str
+    """Label shown in the log."""
     dest: str
+    """Path of the joined file under ``--out``."""
     parts: tuple[Remote, ...]
+    """The parts, in the order they are concatenated (each deleted once the join succeeded)."""
     rows: int | None = None
     """Vectors the FAISS index must hold (``ntotal``)."""
     dim: int | None = None
