@@ -410,3 +410,62 @@ def test_server_mode_client_on_every_process(monkeypatch, tok):
     assert me.engine.backend.eos_ids == {tok.eos_token_id}
     HindsearchGRPOTrainer._attach_vllm(me)  # once
     assert len(made) == 1
+
+
+class HFSamplerLLM:
+    """A 'vLLM' that samples with the training model itself (the HF backend), so its log-probs are the trainer's."""
+
+    def __init__(self, model, tok):
+        self.hf, self.tok, self.calls = HFBackend(model, tok), tok, 0
+
+    def generate(self, prompts, params, use_tqdm=True):
+        from hindsearch.agent.rollout import SamplingParams
+
+        self.calls += 1
+        outs = []
+        for p, sp in zip(prompts, params):
+            kw = sp.kw
+            g = torch.Generator().manual_seed(kw["seed"])
+            (o,) = self.hf.generate([p["prompt_token_ids"]], [kw["max_tokens"]],
+                                    SamplingParams(kw["temperature"], kw["top_p"]), kw["stop"], g)
+            text = self.tok.decode(o.ids)
+            stop = next((s for s in kw["stop"] if s in text), None)
+            finish, reason = {"stop": ("stop", stop), "eos": ("stop", None), "length": ("length", None)}[o.finish]
+            lp = [{t: SimpleNamespace(logprob=v, rank=1)} for t, v in zip(o.ids, o.logprobs)]
+            c = SimpleNamespace(token_ids=o.ids, logprobs=lp, finish_reason=finish, stop_reason=reason, text=text)
+            outs.append(SimpleNamespace(prompt_token_ids=p["prompt_token_ids"], outputs=[c]))
+        return outs
+
+
+def test_trainer_vllm_sampler_with_the_trainers_distribution_gives_unit_ratios(world, tok, tmp_path, monkeypatch):
+    """When the sampler's distribution is the trainer's, the logged mismatch is ~0 and every IS ratio ~1."""
+    install_fake_vllm(monkeypatch)
+    import trl.trainer.grpo_trainer as gt
+
+    w, retriever = world
+    records = w.splits["train"][:4]
+    cfg = Config.load(None, OVERRIDES + ['rollout.backend="vllm"', "rollout.temperature=0.7"])
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    run = tmp_path / "run"
+    ensure_on_disk(model, tok, run / "init")
+    model.train()
+    sampler = HFSamplerLLM(model, tok)
+
+    class Gen:
+        def __init__(self, **kw):
+            self.mode, self.enable_sleep_mode, self.llm = kw["mode"], False, sampler
+
+        def sync_weights(self):
+            pass
+
+    monkeypatch.setattr(gt, "VLLMGeneration", Gen)
+    engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
+    trainer = build_trainer(cfg, model, tok, engine, retriever, records, run)
+    trainer.train()
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert sampler.calls >= 2 and [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["vllm/generated_tokens"] > 0
+        assert r["vllm/logp_diff_max"] < 1e-4, r["vllm/logp_diff_max"]
+        assert abs(r["vllm/is_ratio_min"] - 1) < 1e-4 and abs(r["vllm/is_ratio_max"] - 1) < 1e-4
+        assert r["vllm/is_capped_frac"] == 0
