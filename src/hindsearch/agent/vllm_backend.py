@@ -175,7 +175,7 @@ class VLLMBackend(_VLLMBase):
         self.eos_ids = set(eos_ids or ())
 
     @classmethod
-    def from_model(cls, model: Any, tokenizer: Any, **llm_kwargs: Any) -> "VLLMBackend":
+    def from_model(cls, model: Any, tokenizer: Any, **llm_kwargs: Any) -> VLLMBackend:
         """Build an ``LLM`` over the same checkpoint as an HF model (its ``name_or_path``), outside training."""
         vllm = _import_vllm()
         path = getattr(model, "name_or_path", None)
