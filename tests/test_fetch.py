@@ -106,7 +106,7 @@ def hub(tmp_path, monkeypatch):
 
     fake = FakeHub()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(fake))
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     fake.url = f"http://127.0.0.1:{server.server_address[1]}"
     home = tmp_path / "hf-home"
     monkeypatch.setenv("HF_ENDPOINT", fake.url)
