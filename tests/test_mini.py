@@ -1,21 +1,17 @@
-"""``data mini`` (mini-wiki + filtered benchmarks) and ``data fetch`` (resumable download, fail fast)."""
+"""``data mini`` (mini-wiki + filtered benchmarks); ``data fetch`` is tested in ``test_fetch.py``."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import random
-import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from hindsearch.data import cli as data_cli
 from hindsearch.data.corpus import read_corpus
-from hindsearch.data.fetch import Remote, download, fetch
 from hindsearch.data.mini import BENCHMARKS, build_mini, fast_normalize, passage_key
 from hindsearch.data.qa import load_qa
 from hindsearch.rewards import answer_in_text, normalize_answer
@@ -127,101 +123,3 @@ def test_mini_tiny_folder_ids_stable_and_cli(tmp_path, capsys):
     assert "mini-wiki: 4 passages" in table and "nq              1      2" in table
     with pytest.raises(FileNotFoundError, match="nowhere"):
         build_mini(tmp_path / "nowhere", tmp_path / "o4")
-
-
-class _RangeHandler(BaseHTTPRequestHandler):
-    """Serves files under ``root`` at ``/datasets/<repo>/resolve/main/<path>``, honouring ``Range``."""
-
-    root: Path
-    seen_ranges: list[str]
-    cut_after: int | None = None  # close the connection after this many body bytes (simulated drop)
-
-    def do_GET(self):  # noqa: N802
-        rel = self.path.split("/resolve/main/", 1)[-1]
-        f = self.root / rel
-        if not f.is_file():
-            self.send_error(404)
-            return
-        data = f.read_bytes()
-        rng = self.headers.get("Range")
-        self.seen_ranges.append(rng or "")
-        start = int(rng.split("=")[1].rstrip("-")) if rng else 0
-        if start >= len(data):
-            self.send_response(416)
-            self.end_headers()
-            return
-        body = data[start:]
-        self.send_response(206 if rng else 200)
-        if rng:  # RFC 9110: a 206 names the range it carries
-            self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body if self.cut_after is None else body[: self.cut_after])
-
-    def log_message(self, *args):
-        pass
-
-
-@pytest.fixture
-def hub(tmp_path):
-    root = tmp_path / "hub"
-    handler = type("H", (_RangeHandler,), {"root": root, "seen_ranges": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield root, handler, f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def test_download_resumes_with_range(hub, tmp_path):
-    root, handler, url = hub
-    payload = bytes(range(256)) * 4000
-    (root / "x").mkdir(parents=True)
-    (root / "x/big.bin").write_bytes(payload)
-    dest = tmp_path / "dl/big.bin"
-    handler.cut_after = 300_000  # the first attempt drops mid-file
-    with pytest.raises(ConnectionError, match="big.bin"):
-        download(f"{url}/datasets/r/resolve/main/x/big.bin", dest, read_timeout=5)
-    part = dest.with_name("big.bin.part")
-    assert part.stat().st_size == 300_000 and not dest.exists()
-    handler.cut_after = None
-    download(f"{url}/datasets/r/resolve/main/x/big.bin", dest)
-    assert dest.read_bytes() == payload and not part.exists()
-    assert handler.seen_ranges == ["", "bytes=300000-"]
-
-
-def test_fetch_verifies_rows_and_skips_done(hub, tmp_path):
-    root, handler, url = hub
-    (root / "nq").mkdir(parents=True)
-    src = "\n".join(json.dumps({"id": str(i), "question": f"q{i}", "golden_answers": ["a"]}) for i in range(7)) + "\n"
-    (root / "nq/test.jsonl").write_text(src)
-    remotes = {"test": [Remote("nq", "RUC-NLPIR/FlashRAG_datasets", "nq/test.jsonl", "nq/test.jsonl", 7)]}
-    manifest = fetch("test", tmp_path / "out", endpoint=url, remotes=remotes, log=lambda s: None)
-    assert manifest["nq/test.jsonl"]["rows"] == 7 and len(load_qa(tmp_path / "out/nq/test.jsonl")) == 7
-    assert manifest["nq/test.jsonl"]["url"] == f"{url}/datasets/RUC-NLPIR/FlashRAG_datasets/resolve/main/nq/test.jsonl"
-    n = len(handler.seen_ranges)
-    fetch("test", tmp_path / "out", endpoint=url, remotes=remotes, log=lambda s: None)
-    assert len(handler.seen_ranges) == n  # already fetched: no request
-    bad = {"test": [Remote("nq", "r", "nq/test.jsonl", "nq2/test.jsonl", 3610)]}
-    with pytest.raises(ValueError, match="expected 3610 rows, found 7"):
-        fetch("test", tmp_path / "out", endpoint=url, remotes=bad, log=lambda s: None)
-    with pytest.raises(ConnectionError, match="HTTP 404"):
-        fetch("test", tmp_path / "out", endpoint=url,
-              remotes={"test": [Remote("nq", "r", "missing.jsonl", "m/t.jsonl")]}, log=lambda s: None)
-    with pytest.raises(ValueError, match="--what"):
-        fetch("everything", tmp_path / "out")
-
-
-def test_fetch_fails_fast_naming_the_url(tmp_path):
-    endpoint = f"http://127.0.0.1:{_free_port()}"
-    t0 = time.perf_counter()
-    with pytest.raises(ConnectionError) as e:
-        run_cli(["data", "fetch", "--what", "test", "--out", str(tmp_path), "--endpoint", endpoint,
-                 "--connect-timeout", "2"])
-    assert time.perf_counter() - t0 < 10
-    assert f"{endpoint}/datasets/RUC-NLPIR/FlashRAG_datasets/resolve/main/nq/test.jsonl" in str(e.value)
