@@ -227,59 +227,72 @@ def copy_accuracy(model: Any, pool: "torch.Tensor", seq_len: int = 64, n: int = 
 
 def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0,
              progress: bool = True) -> dict[str, Any]:
-    """Pretrain ``model`` in place: AdamW, linear warm-up then cosine, ``spec.pretrain_steps`` steps.
+    """Pretrain ``model`` in place with transformers' ``Trainer`` (``hindsearch.train.steps``): AdamW
+    (weight decay 0.01 on every parameter), linear warm-up over 10% of the steps then cosine,
+    gradient norm clipped to 1, ``spec.pretrain_steps`` steps.
 
     Each batch holds ``round(pretrain_copy_frac * batch)`` synthetic copy rows (``copy_rows`` over
-    the tokens that occur in ``texts``) and packed rows of ``texts`` (causal LM, all tokens).
-    Returns ``{"loss": [per step], "copy_acc_before", "copy_acc_after", "copy_acc_curve": [[step, acc], ...]}``.
+    the tokens that occur in ``texts``) and packed rows of ``texts`` (causal LM, all tokens); the loss is
+    the two forwards' means weighted by their share of the batch. The batches are drawn up front from one
+    seeded generator. Returns ``{"loss": [per step], "copy_acc_before", "copy_acc_after",
+    "copy_acc_curve": [[step, acc], ...]}``.
     """
-    import math
+    from functools import partial
 
     import torch
-    from tqdm.auto import tqdm
+    from transformers import TrainerCallback
+
+    from hindsearch.train.steps import run_steps, warmup_cosine
 
     if not 0.0 <= spec.pretrain_copy_frac <= 1.0:
         raise ValueError(f"MicroSpec.pretrain_copy_frac must be in [0, 1], got {spec.pretrain_copy_frac}")
     data = pack([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], spec.pretrain_seq_len,
                 tokenizer.eos_token_id)  # [N, S]
     pool = torch.unique(data)  # [P] token ids of the world's text
-    n_copy = round(spec.pretrain_copy_frac * spec.pretrain_batch_size)
-    n_text = spec.pretrain_batch_size - n_copy
+    B = spec.pretrain_batch_size
+    n_copy = round(spec.pretrain_copy_frac * B)
+    n_text = B - n_copy
     g = torch.Generator().manual_seed(seed)
+    batches: list[dict[str, torch.Tensor]] = []
+    for _ in range(spec.pretrain_steps):  # the draws in the order the hand-written loop made them
+        batch = {}
+        if n_text:
+            batch["text"] = data[torch.randint(0, len(data), (n_text,), generator=g)]  # [B_text, S]
+        if n_copy:
+            batch["copy_ids"], batch["copy_labels"] = copy_rows(pool, n_copy, spec.pretrain_seq_len, g)  # [B_copy, S']
+        batches.append(batch)
     opt = torch.optim.AdamW(model.parameters(), lr=spec.pretrain_lr, weight_decay=0.01)
-    n_warm = max(1, spec.pretrain_steps // 10)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: (s + 1) / n_warm if s < n_warm else
-                                              0.5 * (1 + math.cos(math.pi * (s - n_warm) / max(1, spec.pretrain_steps - n_warm))))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, n_warm=max(1, spec.pretrain_steps // 10),
+                                                           total=spec.pretrain_steps))
     acc_before = copy_accuracy(model, pool, spec.pretrain_seq_len)
-    model.train()
-    losses: list[float] = []
+    steps_done = [0]
+
+    def step(model: Any, batch: dict[str, torch.Tensor], backward: Any) -> torch.Tensor:
+        loss = torch.zeros((), device=next(model.parameters()).device)
+        if n_text:
+            loss = loss + model(input_ids=batch["text"], labels=batch["text"]).loss * (n_text / B)
+        if n_copy:
+            loss = loss + model(input_ids=batch["copy_ids"], labels=batch["copy_labels"]).loss * (n_copy / B)
+        steps_done[0] += 1
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"micro pretraining loss is {float(loss)} at step {steps_done[0]}; "
+                                     f"lower MicroSpec.pretrain_lr ({spec.pretrain_lr})")
+        backward(loss)
+        return loss.detach()
+
     curve: list[list[float]] = []  # [step, copy accuracy]: every `every` steps and the last
     every = max(1, spec.pretrain_steps // 8)
-    bar = tqdm(range(spec.pretrain_steps), desc="micro pretrain", disable=not progress)
-    for _ in bar:
-        loss = torch.zeros(())
-        if n_text:
-            batch = data[torch.randint(0, len(data), (n_text,), generator=g)]  # [B_text, S]
-            loss = loss + model(input_ids=batch, labels=batch).loss * (n_text / spec.pretrain_batch_size)
-        if n_copy:
-            ids, labels = copy_rows(pool, n_copy, spec.pretrain_seq_len, g)  # [B_copy, S']
-            loss = loss + model(input_ids=ids, labels=labels).loss * (n_copy / spec.pretrain_batch_size)
-        if not torch.isfinite(loss):
-            raise FloatingPointError(f"micro pretraining loss is {float(loss)} at step {len(losses) + 1}; "
-                                     f"lower MicroSpec.pretrain_lr ({spec.pretrain_lr})")
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
-        sched.step()
-        losses.append(float(loss.detach()))
-        bar.set_postfix(loss=f"{losses[-1]:.3f}", refresh=False)
-        if len(losses) % every == 0 or len(losses) == spec.pretrain_steps:
-            model.eval()
-            curve.append([len(losses), copy_accuracy(model, pool, spec.pretrain_seq_len)])
-            model.train()
-    model.eval()
-    return {"loss": losses, "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
+
+    class CopyCurve(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step % every == 0 or state.global_step == spec.pretrain_steps:
+                model.eval()
+                curve.append([state.global_step, copy_accuracy(model, pool, spec.pretrain_seq_len)])
+                model.train()
+
+    out = run_steps(model, spec.pretrain_steps, batches.__getitem__, step, opt, sched, max_grad_norm=1.0, seed=seed,
+                    desc="micro pretrain", progress=progress, callbacks=[CopyCurve()])
+    return {"loss": out["loss"], "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
 
 def _cache_key(world_dir: Path, spec: MicroSpec, seed: int) -> str:
