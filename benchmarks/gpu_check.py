@@ -195,8 +195,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vllm-cuda-graphs", action="store_true",
                     help="let vLLM capture CUDA graphs (default: enforce_eager, which starts ~1 min faster)")
     ap.add_argument("--vllm-timeout", type=positive_int, default=300, help="seconds for one vLLM cell")
-    ap.add_argument("--max-minutes", type=positive_float, default=8.0,
-                    help="cells not started by then are recorded as failed (a started cell runs to its end)")
+    ap.add_argument("--max-minutes", type=positive_float, default=7.0,
+                    help="cells not started by then are recorded as failed (a started cell runs to its end, so "
+                         "the whole check stays within about a minute more)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="models, runs and logs go here (default: a temporary folder, removed at the end)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -682,33 +683,37 @@ class Check:
         return res
 
     def rollout_vllm(self, name: str) -> dict[str, Any]:
+        """The engine with ``VLLMBackend`` in a child process (``--vllm-child``): its result line, or its error."""
         if importlib.util.find_spec("vllm") is None:
             raise RuntimeError("vllm is not installed (pip install 'hindsearch[vllm]'); the HF row still ran")
-        import torch
-
         cfg = step_config(self.a, "grpo", name, self.workdir / "throughput", self.world_dir)
         cfg_path = self.workdir / "vllm-cell.toml"
         cfg.save(cfg_path)
         spec = {"config": str(cfg_path), "model_dir": name, "questions": self.a.questions,
                 "throughput_turns": self.a.throughput_turns, "gpu_memory": self.a.vllm_gpu_memory,
                 "eager": not self.a.vllm_cuda_graphs}
-        free0 = torch.cuda.mem_get_info()[0]
+        free0 = None
+        if self.mem.cuda:
+            import torch
+
+            free0 = torch.cuda.mem_get_info()[0]
         budget = 60 * self.a.max_minutes - (time.monotonic() - self.t0)
         timeout = max(30.0, min(float(self.a.vllm_timeout), budget))
         log = self.workdir / f"vllm-{Path(name).name}.log"
         with log.open("w") as f:
             try:
-                proc = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], stdout=subprocess.PIPE,
-                                      stderr=f, text=True, timeout=timeout, cwd=os.getcwd())
+                proc = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], stdout=f,
+                                      stderr=subprocess.STDOUT, timeout=timeout, cwd=os.getcwd())
             except subprocess.TimeoutExpired as e:
                 raise RuntimeError(f"vLLM cell timed out after {timeout:.0f} s (log: {log})") from e
-        found = [ln for ln in proc.stdout.splitlines() if ln.startswith(RESULT_MARK)]
+        found = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
         if proc.returncode != 0 or not found:
             raise RuntimeError(f"vLLM child exited {proc.returncode}: {last_error_line(log)} (log: {log})")
         res = json.loads(found[-1][len(RESULT_MARK):])
-        res["peak_gib"] = (free0 - res.pop("free_after")) / 2**30  # device memory its processes held
+        free1 = res.pop("free_after", None)
+        res["peak_gib"] = (free0 - free1) / 2**30 if free0 is not None and free1 is not None else None
         res["detail"] = rollout_detail(res, throughput_config(cfg, self.a)) + \
-            f"; device memory held, KV pool gpu_memory_utilization={self.a.vllm_gpu_memory}" + \
+            f"; device memory its processes held (KV pool: gpu_memory_utilization {self.a.vllm_gpu_memory})" + \
             ("; enforce_eager" if spec["eager"] else "; CUDA graphs")
         return res
 
@@ -858,7 +863,7 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
                          topk=cfg.retrieval.topk, backend=backend)
     res = measure_rollout(warm_engine=warm, engine=engine, records=records[: spec["questions"]],
                           num_generations=cfg.rollout.num_generations)
-    res["free_after"] = torch.cuda.mem_get_info()[0]
+    res["free_after"] = torch.cuda.mem_get_info()[0] if torch.cuda.is_available() else None
     return res
 
 

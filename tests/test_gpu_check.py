@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -47,7 +48,7 @@ def test_defaults_and_tiny_defaults(tmp_path):
     a = gc.parse_args([])
     assert a.device == "cuda" and not a.tiny
     assert a.models == ["qwen2.5-3b-random", "smollm2-135m"] and a.methods == ["grpo", "hindsearch", "igsd"]
-    assert (a.questions, a.think_tokens, a.steps, a.max_minutes) == (8, 200, 1, 8.0)
+    assert (a.questions, a.think_tokens, a.steps, a.max_minutes) == (8, 200, 1, 7.0)
     t = gc.parse_args(["--device", "cpu", "--tiny", "--models", "smollm2-135m,smollm2-135m", "--methods", "igsd,grpo",
                        "--out", str(tmp_path / "x.json")])
     assert (t.questions, t.think_tokens) == (1, 6)
@@ -266,7 +267,77 @@ def test_over_budget_cells_are_not_started(tmp_path, monkeypatch):
     assert gc.main(["--device", "cpu", "--tiny", "--models", "smollm2-135m", "--methods", "grpo",
                     "--out", str(out), "--workdir", str(tmp_path / "wd")]) == 1
     rows = json.loads(out.read_text())["rows"]
-    assert "not started: the --max-minutes 8 budget was spent" in rows[0]["error"]
+    assert "not started: the --max-minutes 7 budget was spent" in rows[0]["error"]
+
+
+# ---------------------------------------------------------------- the vLLM cell against a fake vllm package
+FAKE_VLLM = """
+import os
+from types import SimpleNamespace
+
+
+class SamplingParams:
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+class LLM:
+    def __init__(self, model, **kw):
+        if os.environ.get("FAKE_VLLM_FAIL"):
+            raise RuntimeError("fake engine failed to start")
+        from transformers import AutoTokenizer
+
+        self.kw = kw
+        self.ids = AutoTokenizer.from_pretrained(model)(" <search> fake query </search>", add_special_tokens=False)["input_ids"]
+
+    def generate(self, prompts, params, use_tqdm=False):
+        outs = []
+        for p, sp in zip(prompts, params):
+            assert self.kw["enforce_eager"] and self.kw["max_model_len"] == 320 and self.kw["dtype"] == "bfloat16"
+            got = self.ids[: sp.max_tokens]
+            done = len(got) == len(self.ids)
+            c = SimpleNamespace(token_ids=got, logprobs=[{t: SimpleNamespace(logprob=-1.0)} for t in got],
+                                finish_reason="stop" if done else "length", stop_reason="</search>" if done else None)
+            outs.append(SimpleNamespace(outputs=[c]))
+        return outs
+"""
+
+
+@pytest.fixture(scope="module")
+def vllm_workdir(tmp_path_factory):
+    """A fake ``vllm`` package, and a work folder holding the tiny Qwen model (built once for these tests)."""
+    root = tmp_path_factory.mktemp("vllm_cell")
+    (root / "fake" / "vllm").mkdir(parents=True)
+    (root / "fake" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
+    gc.save_random_qwen(root / "wd" / "qwen2.5-tiny-random", tiny=True, dtype=torch.float32, device="cpu")
+    return root
+
+
+@pytest.fixture
+def fake_vllm_check(vllm_workdir, monkeypatch):
+    """A ``Check`` (cpu, tiny) and its model folder, with the fake ``vllm`` importable here and in the child."""
+    fake = str(vllm_workdir / "fake")
+    monkeypatch.syspath_prepend(fake)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [fake, os.environ.get("PYTHONPATH")])))
+    wd = vllm_workdir / "wd"
+    a = gc.parse_args(["--device", "cpu", "--tiny", "--out", str(vllm_workdir / "c.json"), "--workdir", str(wd)])
+    return gc.Check(a, wd), str(wd / "qwen2.5-tiny-random")
+
+
+def test_vllm_cell_runs_the_engine_in_a_child(fake_vllm_check, qtok):
+    check, name = fake_vllm_check
+    res = check.rollout_vllm(name)
+    n = len(qtok(" <search> fake query </search>", add_special_tokens=False)["input_ids"])
+    assert res["rollouts"] == 2 and res["stop_reasons"] == {"max_turns": 2}  # search, then the final turn's search
+    assert res["gen_tokens"] == 2 * 2 * n and res["tok_s"] > 0 and res["peak_gib"] is None
+    assert "enforce_eager" in res["detail"] and "max_turns 1" in res["detail"]
+
+
+def test_vllm_cell_failure_names_the_childs_error(fake_vllm_check, monkeypatch):
+    check, name = fake_vllm_check
+    monkeypatch.setenv("FAKE_VLLM_FAIL", "1")
+    with pytest.raises(RuntimeError, match=r"vLLM child exited 1: RuntimeError: fake engine failed to start \(log: "):
+        check.rollout_vllm(name)
 
 
 # ---------------------------------------------------------------- end to end
