@@ -5,10 +5,11 @@ has failed rollouts and rank 1 has none, two steps each of ``hindsearch`` (LM ju
 the neutral control) and ``igsd``.
 
 On CPU accelerate runs DDP, whose forwards issue no collective. To make the test see what ZeRO-3 / FSDP do, the
-launched script gives the policy and the reference model an **emulated sharded forward**: a forward pre-hook that
-all-reduces a marker (as ZeRO-3 all-gathers weights on every forward) and checks the sum; a forward on one rank
-that meets another collective, or a forward of the other model, on the other rank raises (or hangs, and the hard
-timeout kills the process group). Each rank also counts its forwards per model; the test asserts that both ranks
+launched script shards TRL's reference model (the LM judge, the frozen teacher, IGSD's proposer) with real FSDP2
+(``fully_shard`` on CPU, gloo: every forward all-gathers its weights), and gives the DDP-wrapped policy an
+**emulated sharded forward**: a forward pre-hook that all-reduces a marker (as ZeRO-3 all-gathers weights on every
+forward) and checks the sum; a forward on one rank that meets another collective on the other rank raises or
+hangs (a watchdog prints the stacks and exits; the hard timeout kills the process group). Each rank also counts its forwards per model; the test asserts that both ranks
 ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced`` patches ``sync.active`` to False,
 exactly the code before it) the run fails.
 
@@ -27,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 TIMEOUT_S = 240
 METHODS = ("hindsearch", "igsd")
@@ -59,13 +62,26 @@ def _engine_class():
     return RankEngine
 
 
-def emulate_sharding(model, name: str, counts: dict[str, int]) -> None:
-    """Every forward of ``model`` joins a collective first (like ZeRO-3's weight all-gather) and counts itself."""
+def shard(model) -> None:
+    """Real FSDP2 sharding of a Llama on CPU (gloo): each decoder layer and the root are ``fully_shard``-ed, so
+    every forward all-gathers the weights layer by layer, as on GPUs."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+
+
+def emulate_sharding(model, name: str, counts: dict[str, int], collective: bool = True) -> None:
+    """Every forward of ``model`` counts itself and (``collective``) joins a collective first, like ZeRO-3's
+    weight all-gather (for the policy, which DDP wraps on CPU and FSDP2 cannot shard under it)."""
     import torch
     import torch.distributed as dist
 
     def hook(_mod, _args):
         counts[name] += 1
+        if not collective:
+            return
         t = torch.tensor([MARK[name]], dtype=torch.float64)
         dist.all_reduce(t)
         if float(t) != MARK[name] * dist.get_world_size():
@@ -120,7 +136,9 @@ def worker(d: Path, methods: list[str], unsynced: bool, watchdog_s: float) -> No
         counts = {"policy": 0, "ref": 0}
         emulate_sharding(trainer.accelerator.unwrap_model(trainer.model), "policy", counts)
         assert trainer.aux_ctx.frozen is trainer.ref_model  # beta > 0: the judge and teacher are TRL's reference
-        emulate_sharding(trainer.accelerator.unwrap_model(trainer.ref_model), "ref", counts)
+        ref = trainer.accelerator.unwrap_model(trainer.ref_model)
+        shard(ref)  # the reference model (judge, teacher, IGSD proposals) is really sharded
+        emulate_sharding(ref, "ref", counts, collective=False)
         trainer.train()
         failed = [float(t.failed) for t in trainer._last_trajs]
         (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
@@ -161,12 +179,80 @@ def _lockstep_rank(rank: int, port: int, out: str) -> None:
 
 def test_lockstep_two_processes(tmp_path):
     """Unequal work in two regions: both ranks run max(5, 2) + max(1, 4) = 9 forwards, real ones first."""
-    import torch.multiprocessing as mp
-
-    mp.start_processes(_lockstep_rank, args=(_free_port(), str(tmp_path)), nprocs=2, start_method="spawn", join=True)
+    rc, out = _spawn_with_timeout(_lockstep_rank, (_free_port(), str(tmp_path)), 120)
+    assert rc == 0, f"exit {rc} (None: timeout, a hang)\n{out[-3000:]}"
     r0, r1 = (json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1))
     assert r0 == {"real": 6, "dummy": 3, "bad": 0, "any": 1}, r0
     assert r1 == {"real": 6, "dummy": 3, "bad": 0, "any": 1}, r1
+
+
+def _fsdp_rank(rank: int, port: int, d: str) -> None:
+    """Every sharded-forward function of the hindsight path and the rollout backend, with unequal work per rank,
+    through a real FSDP2-sharded model; results must equal the unsharded model's."""
+    import torch
+    import torch.distributed as dist
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hindsearch.agent.rollout import HFBackend, SamplingParams
+    from hindsearch.hindsight.igsd import cached_greedy_complete, cached_utilities
+    from hindsearch.hindsight.teacher import continuation_logprobs
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    tok = AutoTokenizer.from_pretrained(Path(d, "init"))
+    full = AutoModelForCausalLM.from_pretrained(Path(d, "init")).eval()
+    sharded = AutoModelForCausalLM.from_pretrained(Path(d, "init")).eval()
+    shard(sharded)
+    ids = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    a, b, c = ids("who founded the city"), ids("<search> the river"), ids("the answer is")
+    n = [3, 0][rank]  # rank 1 has nothing to score, decode or complete in some calls, less in the others
+    checks: dict[str, bool] = {}
+    with torch.no_grad():
+        for name, fn in {
+            "teacher": lambda m: continuation_logprobs(m, [a, b, c][:n], [c, a, b][:n], topk=2, batch_size=1),
+            "complete": lambda m: cached_greedy_complete(m, tok, [a, a + b, c][: n or 1], [6, 2][rank],
+                                                         [0, 0, 1][: n or 1], batch_size=1),
+            "utilities": lambda m: cached_utilities(m, [a, a + b][:n], [c, c][:n], [b, a][:n], [0, 0][:n], 1),
+            "rollout_turn": lambda m: [(o.ids, o.finish) for o in HFBackend(m, tok).generate(
+                [a, b][: 2 - rank], [5, 3][: 2 - rank], SamplingParams(greedy=True), ("</search>",))],
+        }.items():
+            want, got = fn(full), fn(sharded)
+            if isinstance(want, tuple):
+                checks[name] = all(torch.allclose(x.float(), y.float(), atol=1e-5) for x, y in zip(want, got))
+            elif isinstance(want, torch.Tensor):
+                checks[name] = torch.allclose(want, got, atol=1e-5)
+            else:
+                checks[name] = want == got
+    Path(d, f"fsdp-rank{rank}.json").write_text(json.dumps(checks))
+    dist.destroy_process_group()
+
+
+def test_sharded_forwards_fsdp2_two_processes(prepared):
+    """Real FSDP2 sharding on 2 gloo processes, rank 0 with work and rank 1 with less or none in each call:
+    every call returns (a hang is killed by the timeout) and matches the unsharded model on both ranks."""
+    rc, out = _spawn_with_timeout(_fsdp_rank, (_free_port(), str(prepared)), 150)
+    if rc is None:
+        pytest.fail(f"FSDP2 ranks did not finish in 150 s (hang: ranks ran different forwards?)\n{out[-3000:]}")
+    assert rc == 0, out[-3000:]
+    for r in (0, 1):
+        checks = json.loads((prepared / f"fsdp-rank{r}.json").read_text())
+        assert checks == dict.fromkeys(("teacher", "complete", "utilities", "rollout_turn"), True), (r, checks)
+
+
+def _spawn_with_timeout(fn, args: tuple, timeout_s: float) -> tuple[int | None, str]:
+    """``fn(rank, *args)`` on 2 spawned processes in a child process group; ``(exit code or None on timeout, output)``."""
+    code = ("import sys, torch.multiprocessing as mp; sys.path.insert(0, %r); import test_multiprocess as t; "
+            "mp.start_processes(t.%s, args=%r, nprocs=2, start_method='spawn', join=True)"
+            % (str(Path(__file__).resolve().parent), fn.__name__, args))
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    try:
+        out, _ = p.communicate(timeout=timeout_s)
+        return p.returncode, out.decode(errors="replace")
+    except subprocess.TimeoutExpired:
+        _kill(p.pid, killpg=True)  # spawned ranks share the child's process group
+        out, _ = p.communicate()
+        return None, out.decode(errors="replace")
 
 
 def test_lockstep_alone_is_a_no_op():
@@ -238,10 +324,15 @@ def prepare(d: Path) -> None:
     tok.save_pretrained(d / "init")
 
 
-def test_two_ranks_with_unequal_failed_rollouts(tmp_path):
-    import pytest
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    d = tmp_path_factory.mktemp("mp")
+    prepare(d)
+    return d
 
-    prepare(tmp_path)
+
+def test_two_ranks_with_unequal_failed_rollouts(prepared):
+    tmp_path = prepared
     t0 = time.time()
     rc, out = launch(tmp_path, list(METHODS))
     tail = "\n".join(out.splitlines()[-60:])
