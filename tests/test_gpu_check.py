@@ -56,13 +56,13 @@ def test_defaults_and_tiny_defaults(tmp_path):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--steps", "0"], "expected a whole number > 0, got 0"),
-    (["--questions", "two"], "expected a whole number > 0, got 'two'"),
-    (["--think-tokens", "-1"], "expected a whole number >= 0, got -1"),
+    (["--steps", "0"], "argument --steps: '0' must be at least 1"),
+    (["--questions", "two"], "argument --questions: 'two' is not an integer"),
+    (["--think-tokens", "-1"], "argument --think-tokens: '-1' must be 0 or more"),
     (["--models", "llama"], "choose a comma list of smollm2-135m, qwen2.5-3b-random"),
     (["--methods", ","], "choose a comma list of grpo, hindsearch, igsd"),
     (["--vllm-gpu-memory", "1.5"], "expected a number in (0, 1), got 1.5"),
-    (["--max-minutes", "nan"], "expected a finite number > 0"),
+    (["--max-minutes", "nan"], "argument --max-minutes: 'nan' must be a finite number > 0"),
     (["--device", "tpu"], "invalid choice: 'tpu'"),
     (["--device", "cpu"], "--device cpu needs --tiny"),
     (["--tiny", "--device", "cpu", "--train-backend", "vllm"], "--train-backend vllm needs --device cuda"),
