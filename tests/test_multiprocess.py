@@ -169,9 +169,9 @@ def _lockstep_rank(rank: int, port: int, out: str) -> None:
             for i in range(n):
                 if region == 1 and i == 1:
                     with sync.lockstep(lambda: sharded("dummy")):  # nested: joins the open region
-                        sync.forward(lambda: sharded("real"))
+                        sync.forward(sharded, "real")
                 else:
-                    assert sync.forward(lambda: sharded("real")) == calls["real"]
+                    assert sync.forward(sharded, "real") == calls["real"]
     calls["any"] = int(sync.any_rank(rank == 1))
     Path(out, f"rank{rank}.json").write_text(json.dumps(calls))
     dist.destroy_process_group()
@@ -241,9 +241,9 @@ def test_sharded_forwards_fsdp2_two_processes(prepared):
 
 def _spawn_with_timeout(fn, args: tuple, timeout_s: float) -> tuple[int | None, str]:
     """``fn(rank, *args)`` on 2 spawned processes in a child process group; ``(exit code or None on timeout, output)``."""
-    code = ("import sys, torch.multiprocessing as mp; sys.path.insert(0, %r); import test_multiprocess as t; "
-            "mp.start_processes(t.%s, args=%r, nprocs=2, start_method='spawn', join=True)"
-            % (str(Path(__file__).resolve().parent), fn.__name__, args))
+    here = str(Path(__file__).resolve().parent)
+    code = (f"import sys, torch.multiprocessing as mp; sys.path.insert(0, {here!r}); import test_multiprocess as t; "
+            f"mp.start_processes(t.{fn.__name__}, args={args!r}, nprocs=2, start_method='spawn', join=True)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                          start_new_session=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
     try:
@@ -262,7 +262,7 @@ def test_lockstep_alone_is_a_no_op():
     assert not sync.active() and sync.any_rank(False) is False and sync.any_rank(True) is True
     ran: list[str] = []
     with sync.lockstep(lambda: ran.append("dummy")):
-        assert sync.forward(lambda: ran.append("real") or 3) == 3
+        assert sync.forward(lambda x: ran.append("real") or x, 3) == 3
     assert ran == ["real"] and sync.generate_kwargs() == {}
 
 

@@ -299,8 +299,8 @@ class HFBackend:
         ids, mask, pos, cache = resume_inputs([contexts[i] for i in rows], cached, self.pad_id, device)
         del cached
         # logits_to_keep=1: only the last position's logits are needed (saves a [B, L, V] tensor)
-        out = sync.forward(lambda: self.model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                                              logits_to_keep=1, **({self._cache_kw: cache} if cache is not None else {})))
+        out = sync.forward(self.model, input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
+                           logits_to_keep=1, **({self._cache_kw: cache} if cache is not None else {}))
         self.stats["prefill_tokens"] += int(mask[:, -ids.shape[1] :].sum())
         self.stats["prefill_s"] += time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -342,10 +342,10 @@ class HFBackend:
                 rows = [rows[j] for j in keep]
             mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
             last_pos = last_pos + 1
-            out = sync.forward(lambda: self.model(
-                input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
+            out = sync.forward(
+                self.model, input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
                 use_cache=True, **{self._cache_kw: cache},
-            ))
+            )
             cache, logits = self._cache_of(out), out.logits[:, -1, :].float()
         self.stats["kv_save_s"] += save_s
         self.stats["decode_s"] += time.perf_counter() - t0 - save_s

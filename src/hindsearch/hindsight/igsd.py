@@ -174,7 +174,7 @@ def _greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_
         att[i, L - len(p) :] = 1
     ids, att = ids.to(dev), att.to(dev)
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out = sync.forward(lambda: model(input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1))
+    out = sync.forward(model, input_ids=ids, attention_mask=att, position_ids=pos, use_cache=True, logits_to_keep=1)
     kw = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"  # renamed in transformers 5.2x
     new: list[list[int]] = [[] for _ in prefixes]
     done = [False] * len(prefixes)
@@ -193,8 +193,8 @@ def _greedy_complete(model: Any, tokenizer: Any, prefixes: list[list[int]], max_
             break
         att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
         pos = pos[:, -1:] + 1
-        out = sync.forward(lambda: model(input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True,
-                                         logits_to_keep=1, **{kw: out.past_key_values}))
+        out = sync.forward(model, input_ids=nxt[:, None], attention_mask=att, position_ids=pos, use_cache=True,
+                           logits_to_keep=1, **{kw: out.past_key_values})
     res = []
     for i, g in enumerate(new):
         kept, closed = cut_completion(tokenizer, g, lead[i])
@@ -238,8 +238,8 @@ def base_cache(model: Any, bases: Sequence[Sequence[int]], pad: int) -> tuple[An
         ids[i, P - len(b) :] = torch.tensor(list(b), dtype=torch.long)
         att[i, P - len(b) :] = 1
     pos = (att.cumsum(-1) - 1).clamp(min=0)
-    out = sync.forward(lambda: model(input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos.to(dev),
-                                     use_cache=True, logits_to_keep=1))
+    out = sync.forward(model, input_ids=ids.to(dev), attention_mask=att.to(dev), position_ids=pos.to(dev),
+                       use_cache=True, logits_to_keep=1)
     return _cache_of(out), att.to(dev)
 
 
@@ -274,8 +274,8 @@ def suffix_forward(
     pos = (batt.sum(-1, keepdim=True) + satt.cumsum(-1) - 1).clamp(min=0)
     att = torch.cat([batt, satt], dim=1)
     kv = expand_cache(model, cache, idx)
-    out = sync.forward(lambda: model(input_ids=ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True,
-                                     logits_to_keep=keep, **{_cache_kw(model): kv}))
+    out = sync.forward(model, input_ids=ids.to(dev), attention_mask=att, position_ids=pos, use_cache=True,
+                       logits_to_keep=keep, **{_cache_kw(model): kv})
     return out, _cache_of(out), att, pos
 
 
@@ -343,8 +343,8 @@ def _cached_greedy_complete(
                     live = [live[j] for j in keep]
                 att = torch.cat([att, torch.ones_like(att[:, :1])], dim=1)
                 last = last + 1
-                out = sync.forward(lambda: model(input_ids=nxt[:, None], attention_mask=att, position_ids=last[:, None],
-                                                 use_cache=True, logits_to_keep=1, **{_cache_kw(model): kv}))
+                out = sync.forward(model, input_ids=nxt[:, None], attention_mask=att, position_ids=last[:, None],
+                                   use_cache=True, logits_to_keep=1, **{_cache_kw(model): kv})
     res = []
     for i, p in enumerate(prefixes):
         g = new[uniq[(groups[i], tuple(p))]]

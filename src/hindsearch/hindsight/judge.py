@@ -235,14 +235,15 @@ class LMJudge:
             ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
             att[i, L - len(p) :] = 1
         dev = next(model.parameters()).device
-        gen = sync.forward(lambda: model.generate(
+        gen = sync.forward(
+            model.generate,
             input_ids=ids.to(dev),
             attention_mask=att.to(dev),
             max_new_tokens=self.cfg.critique_max_tokens,
             do_sample=False,
             pad_token_id=pad,
             **sync.generate_kwargs(),
-        ))
+        )
         return [tok.decode(g[L:], skip_special_tokens=True) for g in gen.cpu()]
 
 

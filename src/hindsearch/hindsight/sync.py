@@ -12,7 +12,7 @@ The rule (the ``synced_gpus`` idea of ``transformers.generate``, applied to whol
 
 - a **region** (``lockstep(dummy)``) is a stretch of code that every rank enters at the same point
   (the code reaching it must not depend on the rank's data) and whose forwards all go through ONE model;
-- inside it, every forward is announced with ``forward(fn)``: one all-reduce (max) of a flag saying
+- inside it, every forward is announced with ``forward(model, **inputs)``: one all-reduce (max) of a flag saying
   "I run a forward now", then the forward;
 - a rank leaving the region keeps answering that all-reduce with "no" and, whenever another rank
   said "yes", runs ``dummy()`` (one forward of one pad token through the same model; its result is
@@ -121,12 +121,12 @@ def lockstep(dummy: Callable[[], Any]) -> Iterator[None]:
             dummy()
 
 
-def forward(fn: Callable[[], T]) -> T:
-    """Run ``fn()`` (one forward, or one ``generate`` with ``synced_gpus``), announced to the other ranks
-    when a region is open; exactly ``fn()`` otherwise."""
+def forward(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run ``fn(*args, **kwargs)`` (one forward, or one ``generate`` with ``synced_gpus``), announced to the
+    other ranks when a region is open; exactly ``fn(*args, **kwargs)`` otherwise."""
     if _region is not None:
         any_rank(True)
-    return fn()
+    return fn(*args, **kwargs)
 
 
 def generate_kwargs() -> dict[str, Any]:
@@ -141,7 +141,7 @@ def pad_forward(model: Any, pad_id: int) -> Callable[[], None]:
     def run() -> None:
         dev = next(model.parameters()).device
         ids = torch.full((1, 1), int(pad_id), dtype=torch.long, device=dev)
-        kw = dict(input_ids=ids, attention_mask=torch.ones_like(ids))
+        kw = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         with torch.no_grad():
             try:
                 model(**kw, logits_to_keep=1)

@@ -177,7 +177,7 @@ def continuation_logprobs(
                 att[j, P - len(p) : P + len(c)] = 1
             pos = (att.cumsum(-1) - 1).clamp(min=0)
             kw = dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device))
-            out = sync.forward(lambda: _logits_forward(model, kw, Tb + 1))
+            out = sync.forward(_logits_forward, model, kw, Tb + 1)
             logits = out.logits[:, -(Tb + 1) : -1].float()  # [b, Tb, V]: column P-1+t predicts cont[t]
             lse = torch.logsumexp(logits, dim=-1)  # [b, Tb]; no full log-softmax copy of [b, Tb, V]
             tgt = ids[:, P:].to(device)
