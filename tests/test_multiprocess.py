@@ -10,8 +10,8 @@ launched script shards TRL's reference model (the LM judge, the frozen teacher, 
 **emulated sharded forward**: a forward pre-hook that all-reduces a marker (as ZeRO-3 all-gathers weights on every
 forward) and checks the sum; a forward on one rank that meets another collective on the other rank raises or
 hangs (a watchdog prints the stacks and exits; the hard timeout kills the process group). Each rank also counts its forwards per model; the test asserts that both ranks
-ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced`` patches ``sync.active`` to False,
-exactly the code before it) the run fails.
+ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced all`` patches ``sync.active`` to False,
+exactly the code before it; ``--unsynced terms`` only in the hindsight terms) the run fails.
 
 This file is also the launched script (``python tests/test_multiprocess.py --dir DIR``). The lockstep rule itself
 (``sync.lockstep`` / ``sync.forward``) is tested on 2 gloo processes without a model, and alone (a no-op).
@@ -20,6 +20,7 @@ This file is also the launched script (``python tests/test_multiprocess.py --dir
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -91,7 +92,7 @@ def emulate_sharding(model, name: str, counts: dict[str, int], collective: bool 
     model.register_forward_pre_hook(hook)
 
 
-def worker(d: Path, methods: list[str], unsynced: bool, watchdog_s: float) -> None:
+def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> None:
     import faulthandler
 
     import torch
@@ -108,8 +109,17 @@ def worker(d: Path, methods: list[str], unsynced: bool, watchdog_s: float) -> No
     from hindsearch.train.run import build_trainer
 
     torch.set_num_threads(1)
-    if unsynced:  # the code before hindsearch.hindsight.sync: every rank does only its own work
+    if unsynced == "all":  # the code before hindsearch.hindsight.sync: every rank does only its own work
         sync.active = lambda: False
+    elif unsynced == "terms":  # rollouts in lockstep, the hindsight terms' forwards not
+        import types
+
+        from hindsearch.hindsight import igsd, judge, teacher, terms
+
+        off = types.SimpleNamespace(active=lambda: False, lockstep=lambda dummy: contextlib.nullcontext(),
+                                    forward=lambda fn, *a, **k: fn(*a, **k), generate_kwargs=dict)
+        for mod in (igsd, judge, teacher, terms):
+            mod.sync = off
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_trainer import OVERRIDES
 
@@ -273,12 +283,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(d: Path, methods: list[str], unsynced: bool = False, timeout_s: float = TIMEOUT_S) -> tuple[int | None, str]:
+def launch(d: Path, methods: list[str], unsynced: str = "", timeout_s: float = TIMEOUT_S) -> tuple[int | None, str]:
     """Run the script on 2 CPU processes in its own process group; ``(returncode or None on timeout, output)``."""
     cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines", "1",
            "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(_free_port()),
            str(Path(__file__).resolve()), "--dir", str(d), "--watchdog", str(max(timeout_s - 30, 10)), "--methods",
-           *methods] + (["--unsynced"] if unsynced else [])
+           *methods] + (["--unsynced", unsynced] if unsynced else [])
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
            "TRL_EXPERIMENTAL_SILENCE": "1", "TOKENIZERS_PARALLELISM": "false", "ACCELERATE_DISABLE_RICH": "1",
            "CUDA_VISIBLE_DEVICES": "", "ACCELERATE_USE_CPU": "true"}
@@ -358,7 +368,8 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
-    ap.add_argument("--unsynced", action="store_true", help="disable hindsearch.hindsight.sync (shows the hang)")
+    ap.add_argument("--unsynced", choices=("all", "terms"), default="",
+                    help="disable hindsearch.hindsight.sync everywhere, or only in the hindsight terms (shows the hang)")
     ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
     a = ap.parse_args()
     worker(a.dir, a.methods, a.unsynced, a.watchdog)

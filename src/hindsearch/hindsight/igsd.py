@@ -31,6 +31,10 @@ one rollout share ``prompt + completion[:q_start]``; that prefix is run once per
 into a KV cache and only the suffixes are run against row copies of it (``cached_greedy_complete``,
 ``cached_utilities``; identical prefixes / sequences once; only answer-position logits kept). Same
 numbers as the plain full-sequence path (``prefix_cache=False``) up to float noise (tested).
+
+Several processes (``hindsearch.hindsight.sync``): the proposal (teacher), the matched completion and the
+scoring (policy) are lockstep regions that every rank enters, even with no failed rollout or no pair, so
+ranks run the same number of forwards through sharded weights; a single process runs exactly as before.
 """
 
 from __future__ import annotations
