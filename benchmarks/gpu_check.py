@@ -407,7 +407,7 @@ def write_report(path: Path, meta: dict[str, Any], rows: Sequence[dict[str, Any]
     tmp.replace(path)
 
 
-def ratio_rows(model: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+def ratio_rows(model: str, rows: Sequence[dict[str, Any]], tiny: bool = False) -> list[dict[str, Any]]:
     """``<method>/grpo`` step-time ratios of one model's step cells against ``TARGETS``."""
     steps = {r["part"].removeprefix("step "): r for r in rows if r["model"] == model and r["part"].startswith("step ")}
     out = []
@@ -422,7 +422,7 @@ def ratio_rows(model: str, rows: Sequence[dict[str, Any]]) -> list[dict[str, Any
         else:
             r["ratio"] = m["step_s"] / base["step_s"]
             r["verdict"] = "PASS" if r["ratio"] <= target else "FAIL"
-            r["detail"] = f"{m['step_s']:.1f} s / {base['step_s']:.1f} s"
+            r["detail"] = f"{m['step_s']:.1f} s / {base['step_s']:.1f} s" + (" (tiny: toy timings)" if tiny else "")
         out.append(r)
     return out
 
@@ -614,12 +614,17 @@ class Check:
             holder["name"] = self.model_name(model)
             cfg = step_config(a, "grpo", holder["name"], self.workdir / "setup", self.world_dir)
             load_data(cfg)  # world + index now, not inside the first timed cell
-            return {"detail": f"model {Path(holder['name']).name}" + (" (tiny)" if a.tiny else "")}
+            r, t = cfg.rollout, cfg.train
+            shapes = {"rollouts_per_step": t.questions_per_step * r.num_generations, "max_total_tokens": r.max_total_tokens,
+                      "max_new_tokens_per_turn": r.max_new_tokens_per_turn, "max_turns": r.max_turns,
+                      "gradient_checkpointing": t.gradient_checkpointing, "dtype": cfg.model.dtype}
+            return {"shapes": shapes, "detail": f"model {Path(holder['name']).name}" + (" (tiny)" if a.tiny else "") +
+                    "; " + ", ".join(f"{k} {v}" for k, v in shapes.items())}
 
         if self.run(model, "setup", setup)["status"] != "ok":
             for part in ["rollout vllm", "rollout hf"] + [f"step {m}" for m in a.methods]:
                 self.add(cell(model, part, status="error", error="setup failed (see the setup row)"))
-            for r in ratio_rows(model, self.rows):
+            for r in ratio_rows(model, self.rows, a.tiny):
                 self.add(r)
             return
         name = holder["name"]
@@ -634,7 +639,7 @@ class Check:
             vl["detail"] = f"{vl.get('detail', '')}; {vl['tok_s'] / hf['tok_s']:.1f}x the HF engine".lstrip("; ")
         for method in a.methods:
             self.run(model, f"step {method}", lambda m=method: self.step(name, m))
-        for r in ratio_rows(model, self.rows):
+        for r in ratio_rows(model, self.rows, a.tiny):
             self.add(r)
 
     def rollout_hf(self, name: str) -> dict[str, Any]:
