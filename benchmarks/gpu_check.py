@@ -434,7 +434,11 @@ def short_error(e: BaseException) -> str:
 
 # ---------------------------------------------------------------- memory
 class Memory:
-    """Peak memory of a cell: CUDA allocator peak (reset per cell) or, on CPU, the process's max RSS so far."""
+    """Peak memory of a cell: CUDA allocator peak (reset per cell) or, on CPU, the process's max RSS so far.
+
+    A CUDA error that broke the context (a device-side assert) makes every later call raise: these methods
+    then return None instead, so the failure stays in its cell and the table is still written.
+    """
 
     def __init__(self, device: str) -> None:
         self.cuda = device == "cuda"
@@ -444,23 +448,30 @@ class Memory:
         if self.cuda:
             import torch
 
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+                torch.cuda.reset_peak_memory_stats()
+            except Exception:  # noqa: BLE001 - see the class docstring
+                traceback.print_exc()
+
+    def _query(self, fn: Callable[[], float]) -> float | None:
+        if not self.cuda:
+            return None
+        try:
+            return fn() / 2**30
+        except Exception:  # noqa: BLE001 - see the class docstring
+            return None
 
     def peak_gib(self) -> float | None:
-        if not self.cuda:
-            return None
         import torch
 
-        return torch.cuda.max_memory_allocated() / 2**30
+        return self._query(torch.cuda.max_memory_allocated)
 
     def allocated_gib(self) -> float | None:
-        if not self.cuda:
-            return None
         import torch
 
-        return torch.cuda.memory_allocated() / 2**30
+        return self._query(torch.cuda.memory_allocated)
 
     @staticmethod
     def rss_gib() -> float:
@@ -728,7 +739,7 @@ class Check:
             out = generate(inputs)
             if self.mem.cuda:
                 phase["rollout_aux_gib"] = max(phase.get("rollout_aux_gib", 0.0), self.mem.peak_gib() or 0.0)
-                torch.cuda.reset_peak_memory_stats()
+                torch.cuda.reset_peak_memory_stats()  # the update's peak is measured from here
             return out
 
         trainer._generate_and_score_completions = generate_and_mark

@@ -270,6 +270,19 @@ def test_over_budget_cells_are_not_started(tmp_path, monkeypatch):
     assert "not started: the --max-minutes 7 budget was spent" in rows[0]["error"]
 
 
+def test_a_broken_cuda_context_does_not_escape_the_memory_probe(monkeypatch):
+    """After a device-side assert every CUDA call raises: the probe returns None and the table still gets written."""
+    def broken(*_a, **_k):
+        raise RuntimeError("CUDA error: device-side assert triggered")
+
+    for name in ("synchronize", "empty_cache", "reset_peak_memory_stats", "max_memory_allocated", "memory_allocated"):
+        monkeypatch.setattr(torch.cuda, name, broken)
+    m = gc.Memory("cuda")
+    m.reset()
+    assert m.peak_gib() is None and m.allocated_gib() is None
+    assert gc.Memory("cpu").peak_gib() is None and gc.Memory("cpu").rss_gib() > 0
+
+
 # ---------------------------------------------------------------- the vLLM cell against a fake vllm package
 FAKE_VLLM = """
 import os
