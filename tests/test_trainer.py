@@ -469,3 +469,28 @@ def test_trainer_vllm_sampler_with_the_trainers_distribution_gives_unit_ratios(w
         assert r["vllm/logp_diff_max"] < 1e-4, r["vllm/logp_diff_max"]
         assert abs(r["vllm/is_ratio_min"] - 1) < 1e-4 and abs(r["vllm/is_ratio_max"] - 1) < 1e-4
         assert r["vllm/is_capped_frac"] == 0
+
+
+def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
+    """Ranks must run the same backwards (sharded LM head): the term norms are taken before the zero check."""
+    import types
+
+    from hindsearch.train.trainer import sharded_training, update_shares
+
+    h = torch.randn(2, 3, 4, requires_grad=True)
+    calls = []
+    h.register_hook(lambda g: calls.append(1))
+    grpo = (h * 0.0).sum()  # requires grad, zero gradient: every group had equal rewards
+    term = (h ** 2).sum()
+    assert update_shares(grpo, [("hind", term)], [h]) == {}
+    assert len(calls) == 2  # the GRPO backward and the term's: not skipped on this rank
+    shares = update_shares(h.sum(), [("hind", 2 * h.sum())], [h])
+    assert shares == {"hind": pytest.approx(2.0)}
+
+    plugin = types.SimpleNamespace(zero_stage=3)
+    fake = types.SimpleNamespace(is_fsdp_enabled=False, is_deepspeed_enabled=True,
+                                 accelerator=types.SimpleNamespace(state=types.SimpleNamespace(deepspeed_plugin=plugin)))
+    assert sharded_training(fake)
+    plugin.zero_stage = 2
+    assert not sharded_training(fake)
+    assert sharded_training(types.SimpleNamespace(is_fsdp_enabled=True, accelerator=None))

@@ -139,10 +139,19 @@ def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.T
         gs = torch.autograd.grad(x, hs, retain_graph=True, allow_unused=True)
         return float(torch.sqrt(sum((g.float().pow(2).sum() for g in gs if g is not None), torch.tensor(0.0))))
 
+    # Every norm first, then the division: an early return on one rank's zero GRPO gradient would make
+    # ranks run different numbers of backwards through a sharded LM head (ZeRO-3 / FSDP) and hang.
     base = gnorm(grpo_loss)
-    if base <= 0.0:
-        return {}
-    return {name: gnorm(x) / base for name, x in weighted}
+    norms = {name: gnorm(x) for name, x in weighted}
+    return {name: v / base for name, v in norms.items()} if base > 0.0 else {}
+
+
+def sharded_training(trainer: Any) -> bool:
+    """True when the policy's parameters are sharded across processes (DeepSpeed ZeRO-3 or FSDP)."""
+    if getattr(trainer, "is_fsdp_enabled", False):
+        return True
+    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
+    return bool(getattr(trainer, "is_deepspeed_enabled", False) and plugin is not None and plugin.zero_stage == 3)
 
 
 class HindsearchGRPOTrainer(GRPOTrainer):
@@ -203,6 +212,10 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             **kwargs,
         )
         self.add_callback(_AfterStep(self))
+        if getattr(aux_ctx, "ema", None) is not None and sharded_training(self):
+            raise ValueError("hindsearch.teacher / igsd.teacher = 'ema' is not supported under ZeRO-3 or FSDP (the "
+                             "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
+                             "or 'live'")
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
