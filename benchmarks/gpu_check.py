@@ -55,6 +55,7 @@ import importlib.util
 import json
 import os
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -686,16 +687,15 @@ class Check:
             free0 = torch.cuda.mem_get_info()[0]
         budget = 60 * self.a.max_minutes - (time.monotonic() - self.t0)
         timeout = max(30.0, min(float(self.a.vllm_timeout), budget))
-        log = self.workdir / f"vllm-{Path(name).name}.log"
+        log = self.a.out.parent / f"{self.a.out.stem}-vllm-{Path(name).name}.log"  # kept beside --out
+        log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("w") as f:
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--vllm-child", json.dumps(spec)], stdout=f,
-                                      stderr=subprocess.STDOUT, timeout=timeout, cwd=os.getcwd())
-            except subprocess.TimeoutExpired as e:
-                raise RuntimeError(f"vLLM cell timed out after {timeout:.0f} s (log: {log})") from e
+            rc = run_child([sys.executable, __file__, "--vllm-child", json.dumps(spec)], f, timeout)
+        if rc is None:
+            raise RuntimeError(f"vLLM cell timed out after {timeout:.0f} s (log: {log})")
         found = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
-        if proc.returncode != 0 or not found:
-            raise RuntimeError(f"vLLM child exited {proc.returncode}: {last_error_line(log)} (log: {log})")
+        if rc != 0 or not found:
+            raise RuntimeError(f"vLLM child exited {rc}: {last_error_line(log)} (log: {log})")
         res = json.loads(found[-1][len(RESULT_MARK):])
         free1 = res.pop("free_after", None)
         res["peak_gib"] = (free0 - free1) / 2**30 if free0 is not None and free1 is not None else None
@@ -814,6 +814,25 @@ def step_fields(rows: Sequence[dict[str, Any]], method: str, cfg: Any, rollout_a
         parts.append(f"{label} {'-' if v is None else format(v, '.1f' if label.endswith(' s') else '.0f')}")
     out["detail"] = "; ".join(parts)
     return out
+
+
+def run_child(cmd: list[str], log: Any, timeout: float) -> int | None:
+    """Run ``cmd`` in its own process group with output to ``log``; its exit code, or None on timeout.
+
+    Afterwards whatever the group left running (vLLM's engine-core processes) is killed, so its GPU
+    memory is free before the next cell.
+    """
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=os.getcwd(), start_new_session=True)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        proc.wait()
 
 
 def last_error_line(log: Path) -> str:

@@ -353,6 +353,34 @@ def test_vllm_cell_failure_names_the_childs_error(fake_vllm_check, monkeypatch):
         check.rollout_vllm(name)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except FileNotFoundError:
+        return False
+    return "\nState:\tZ" not in state  # a zombie is dead, only not yet reaped
+
+
+def test_run_child_kills_what_the_child_left_running(tmp_path):
+    """vLLM's engine core outlives a killed child unless the whole process group goes: it must not keep the GPU."""
+    pidfile = tmp_path / "grandchild.pid"
+    code = ("import subprocess, sys, time; p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid)); print('started', flush=True); time.sleep(120)")
+    with (tmp_path / "log").open("w") as log:
+        assert gc.run_child([sys.executable, "-c", code], log, timeout=5) is None  # timed out
+    pid = int(pidfile.read_text())
+    import time
+
+    for _ in range(50):
+        if not _alive(pid):
+            break
+        time.sleep(0.1)
+    assert not _alive(pid)
+    assert "started" in (tmp_path / "log").read_text()
+    with (tmp_path / "log2").open("w") as log:
+        assert gc.run_child([sys.executable, "-c", "import sys; print('x'); sys.exit(3)"], log, timeout=30) == 3
+
+
 # ---------------------------------------------------------------- end to end
 def _run(args, tmp_path):
     out = tmp_path / "check.json"
