@@ -2,9 +2,9 @@
 
 Builds (cached) the fictional world and its BM25 index, evaluates the policy greedily on a small
 dev subset (half one-hop, half two-hop), runs the warm-up (scripted demonstrations over the
-train split -> SFT with the loss on gen_mask tokens), evaluates again and prints a table:
-EM (overall / by hop count), validity rate (a well-formed search or answer), searches per
-question, answered rate, and the time of each stage. Also prints the scripted searcher's own
+train split -> SFT with the loss on gen_mask tokens, through transformers' Trainer), evaluates again
+and prints a table: EM (overall / by hop count), validity rate (a well-formed search or answer),
+searches per question, answered rate, and the time and peak resident memory of each stage. Also prints the scripted searcher's own
 EM per hop (the ceiling the demonstrations teach) and the SFT loss curve.
 
     python benchmarks/bench_warmup.py --config configs/tiny-cpu.toml --dev 16 \
@@ -46,8 +46,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip-base", action="store_true", help="do not evaluate the base model")
     ap.add_argument("--work", default=".hindsearch/bench_warmup", help="world/index cache and outputs")
+    ap.add_argument("--no-malloc-tune", action="store_true", help="leave glibc's allocator at its defaults")
     args = ap.parse_args()
+    from hindsearch.memory import StageMemory, tune_malloc
+
+    if not args.no_malloc_tune:
+        tune_malloc()
     torch.set_num_threads(args.threads)
+    mem = StageMemory()
 
     from hindsearch.agent.rollout import RolloutEngine
     from hindsearch.config import Config
@@ -67,7 +73,8 @@ def main() -> None:
     train, dev = read_split(world / "train.jsonl"), pick_dev(read_split(world / "dev.jsonl"), args.dev)
     times["world+index"] = time.time() - t
     t = time.time()
-    model, tok = load_policy(cfg.model)
+    with mem.stage("load model"):
+        model, tok = load_policy(cfg.model)
     times["load model"] = time.time() - t
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
     rows = []
@@ -75,7 +82,8 @@ def main() -> None:
     def run_eval(name: str) -> None:
         t0 = time.time()
         out = work / "eval" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
-        res = evaluate(engine, {"dev": dev}, out_dir=out, batch_size=min(16, len(dev)), progress=False)["overall"]
+        with mem.stage(f"eval {name}"):
+            res = evaluate(engine, {"dev": dev}, out_dir=out, batch_size=min(16, len(dev)), progress=False)["overall"]
         for line in (out / "trajectories.jsonl").read_text().splitlines()[:3]:
             d = json.loads(line)
             print(f"  [{name}] gold {d['golden_answers']} answer {d['answer']!r} queries {d['queries']}", flush=True)
@@ -89,8 +97,9 @@ def main() -> None:
     t = time.time()
     demos, info = build_demos(cfg, tok, retriever, train)
     times["demos"] = time.time() - t
-    curve = sft(model, tok, demos, cfg.warmup.epochs, cfg.warmup.lr, cfg.warmup.batch_size,
-                train_layers=args.train_layers, progress=False)
+    with mem.stage("sft"):
+        curve = sft(model, tok, demos, cfg.warmup.epochs, cfg.warmup.lr, cfg.warmup.batch_size,
+                    train_layers=args.train_layers, progress=False, micro_batch_size=cfg.warmup.micro_batch_size)
     times["sft"] = curve["seconds"]
     print(f"[sft] {curve['steps']} steps in {curve['seconds']:.0f}s, loss {curve['loss'][0]:.3f} -> {curve['loss'][-1]:.3f}",
           flush=True)
@@ -102,7 +111,7 @@ def main() -> None:
           f"max_new_tokens_per_turn {ro.max_new_tokens_per_turn}, max_total_tokens {ro.max_total_tokens}")
     print(f"warm-up: {info['num_demos']} demos (p_bridge {w.p_bridge}, p_feedback {w.p_feedback}, truncated "
           f"{info['truncated']}, mean {info['mean_tokens']:.0f} tokens, {info['mean_gen_tokens']:.0f} generated), "
-          f"epochs {w.epochs}, lr {w.lr}, batch {w.batch_size}, train_layers {args.train_layers or 'all'}, "
+          f"epochs {w.epochs}, lr {w.lr}, batch {w.batch_size} (micro {w.micro_batch_size or w.batch_size}), train_layers {args.train_layers or 'all'}, "
           f"{curve['steps']} steps")
     c = info["scripted_ceiling"]
     print(f"scripted ceiling on its demos: EM {c['em']:.3f} by hops {json.dumps({k: round(v, 3) for k, v in c['em_by_hops'].items()})}, "
@@ -115,9 +124,11 @@ def main() -> None:
         bh = r.get("em_by_hops", {})
         print(f"| {name:8} | {r['em']:5.3f} | {bh.get('1', 0):8.3f} | {bh.get('2', 0):8.3f} | {r['validity_rate']:5.2f} | "
               f"{r['answered_rate']:8.2f} | {r['searches_per_question']:8.2f} | {r['stop_reasons']}")
-    print("\n| stage | seconds |\n|---|---|")
+    print("\n| stage | seconds | peak RSS MiB |\n|---|---|---|")
     for k, v in times.items():
-        print(f"| {k} | {v:.1f} |")
+        peak = mem.stages.get(k, {}).get("peak_rss_mb")
+        print(f"| {k} | {v:.1f} | {'-' if peak is None else f'{peak:.0f}'} |")
+    print(f"process peak RSS (VmHWM): {mem.summary()['peak_rss_mb']:.0f} MiB")
 
 
 if __name__ == "__main__":

@@ -59,3 +59,39 @@ def test_large_freed_tensors_return_to_the_kernel_with_tuning():
     tuned = float(subprocess.run([sys.executable, "-c", code, "1"], capture_output=True, text=True, check=True,
                                  env={**env, "HINDSEARCH_MALLOC_TUNE": "1"}).stdout)
     assert tuned < 32
+
+
+def test_main_job_reports_peak_rss_per_stage(tmp_path, monkeypatch):
+    """run_train on a tiny world with a warm-up (micro-batched through the Trainer) and one GRPO step in micro-batches:
+    summary.json and the printed summary carry every stage's peak RSS and time; the warm-up folder has a metrics row
+    per SFT step."""
+    import json
+    from pathlib import Path
+
+    from hindsearch.config import Config
+    from hindsearch.train.run import run_train
+
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path / "cache"))
+    cfg = Config.load(None, [
+        'model.name="tiny-random"', 'model.device="cpu"', f'data.world_dir="{tmp_path / "world"}"',
+        "data.world_entities=60", "rollout.num_generations=2", "rollout.max_turns=1",
+        "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=1024", "train.steps=1", "train.save_steps=1",
+        "train.questions_per_step=2", "train.micro_batch_size=1", "train.beta=0.0", "train.eval_limit=2",
+        "warmup.num_demos=4", "warmup.batch_size=2", "warmup.micro_batch_size=1", "warmup.epochs=1",
+        "train.samples_per_step=1", f'out="{tmp_path / "run"}"'])
+    lines: list[str] = []
+    summary = run_train(cfg, log=lines.append)
+    stages = summary["memory"]["stages"]
+    assert list(stages) == ["data", "load", "eval_base", "warmup", "eval_warmup", "rl", "eval_rl"]
+    for name, r in stages.items():
+        assert r["peak_rss_mb"] >= max(r["start_rss_mb"], r["end_rss_mb"]) > 100, name
+        assert r["seconds"] >= 0, name
+    assert summary["memory"]["peak_rss_mb"] >= max(r["peak_rss_mb"] for r in stages.values())
+    on_disk = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
+    assert on_disk["memory"]["stages"] == stages
+    assert any("peak RSS MiB" in x and "process peak" in x for x in lines)
+    wdir = next((tmp_path / "cache" / "warmup").glob("warmup-*"))
+    rows = [json.loads(x) for x in (wdir / "metrics.jsonl").read_text().splitlines()]
+    info = json.loads((wdir / "warmup.json").read_text())
+    assert [r["step"] for r in rows] == list(range(1, info["sft"]["steps"] + 1)) == [1, 2]
+    assert [r["loss"] for r in rows] == info["sft"]["loss"]

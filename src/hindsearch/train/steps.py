@@ -66,9 +66,11 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
         """The Trainer's bar with our label, the step loss as postfix, and no log dict printed per step."""
 
         def on_train_begin(self, args, state, control, **kwargs):
-            super().on_train_begin(args, state, control, **kwargs)
-            if self.training_bar is not None:
-                self.training_bar.set_description(desc)
+            from tqdm.auto import tqdm
+
+            if state.is_world_process_zero:
+                self.training_bar = tqdm(total=state.max_steps, desc=desc, dynamic_ncols=True)
+            self.current_step = 0
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.training_bar is not None and logs and "loss" in logs:
