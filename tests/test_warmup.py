@@ -247,6 +247,31 @@ def test_few_sft_steps_lower_the_loss(world, tok):
     assert not model.training
 
 
+def test_micro_batches_give_the_same_training_and_trainer_metrics(world, tok, tmp_path):
+    """warmup.micro_batch_size splits each batch into forward/backward passes whose gradients add up to the
+    batch's token mean: the weights after training match one pass per batch (float summation order only), and
+    the Trainer writes one metrics row per step with the step's loss."""
+    import copy
+
+    from hindsearch.models import tiny_random_model
+
+    _, recs, retriever = world
+    demos = [tokenize_demo(tok, t) for t in ScriptedSearcher(retriever, p_bridge=1.0).demos(recs[:6])]
+    whole, split = tiny_random_model(tok, seed=0), tiny_random_model(tok, seed=0)
+    untouched = copy.deepcopy(whole)
+    a = sft(whole, tok, demos, epochs=2, lr=3e-3, batch_size=3, progress=False)
+    b = sft(split, tok, demos, epochs=2, lr=3e-3, batch_size=3, progress=False, micro_batch_size=1,
+            metrics_path=tmp_path / "metrics.jsonl")
+    assert a["steps"] == b["steps"] == 4 and a["tokens_trained"] == b["tokens_trained"]
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+    moved = max(float((p - q).abs().max()) for p, q in zip(whole.parameters(), untouched.parameters()))
+    diff = max(float((p - q).abs().max()) for p, q in zip(whole.parameters(), split.parameters()))
+    assert moved > 1e-3 and diff < 1e-3 * moved, (moved, diff)  # Adam rescales tiny gradient differences
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and [r["loss"] for r in rows] == b["loss"]
+    assert all(r["lr"] > 0 and r["grad_norm"] > 0 for r in rows)
+
+
 def test_load_demos_roundtrip_and_errors(world, tok, tmp_path):
     _, recs, retriever = world
     texts = ScriptedSearcher(retriever, p_bridge=1.0).demos(recs[:4])

@@ -409,6 +409,7 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
             wdir = ensure_warmup(cfg, model, tok, retriever, train_records, cache_dir() / "warmup")
             timings["warmup"] = time.time() - t0
             del model  # the SFT'd copy in memory: the policy is reloaded from the saved folder
+            gc.collect()
             model, tok = load_policy(replace(cfg.model, name=str(wdir), gguf_file=None))
         log(f"      warmed-up checkpoint: {wdir}")
         dev_eval("warmup", model)

@@ -14,6 +14,7 @@ accelerate; ``metrics.jsonl`` gets one row per step (loss, learning rate, gradie
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import tempfile
@@ -108,6 +109,7 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
             trainer.add_callback(Bar())
         trainer.train()
         del trainer
+        gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the trainable weights) until collected
     model.eval()
     return {"loss": losses, "steps": n_steps, "seconds": time.time() - t0}
 
