@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 
 from hindsearch import cli
 from hindsearch.config import Config, ConfigError
@@ -39,7 +40,7 @@ def test_presets_exist_and_load():
         assert cfg.rollout.num_generations >= 2
     assert Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml").hindsearch.judge_sees_gold is False
     paper = Config.load(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")
-    assert (paper.rollout.num_generations, paper.train.lr, paper.train.beta, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
+    assert (paper.rollout.num_generations, paper.train.lr, paper.train.kl_coef, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
     assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
     assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
 
@@ -63,6 +64,13 @@ def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
         ("train.lr=-1", "train.lr must be > 0"),
         ("train.stepz=3", "unknown key train.stepz"),
         ("rollout.max_turns=\"four\"", "rollout.max_turns must be int"),
+        ("data.max_train_questions=\"abc\"", "data.max_train_questions must be int"),
+        ("data.max_train_questions=0", "data.max_train_questions must be > 0"),
+        ("eval.limit=1.5", "eval.limit must be int"),
+        ("model.lora.dropout=1.0", "model.lora.dropout must be >= 0.0 and < 1.0, got 1.0"),
+        ("warmup.feedback_kinds=[\"critique\", \"gold\"]", "choose each from critique, oracle_gold"),
+        ("train.kl_coef=-0.1", "train.kl_coef must be >= 0"),
+        ("igsd.gate_sharpness=0", "igsd.gate_sharpness must be > 0"),
     ],
 )
 def test_bad_values_fail_before_any_model_loads(override, needle, no_models, capsys):
@@ -89,7 +97,7 @@ def test_resume_rejects_overrides_and_non_run_dirs(tmp_path, no_models, capsys):
 
 
 def test_grpo_args_mapping():
-    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ["train.steps=7", "train.beta=0.01", 'train.loss_type="dapo"'])
+    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ["train.steps=7", "train.kl_coef=0.01", 'train.loss_type="dapo"'])
     a = grpo_args(cfg, "/tmp/x")
     g = cfg.rollout.num_generations
     assert a.per_device_train_batch_size * a.gradient_accumulation_steps == cfg.train.questions_per_step * g
@@ -110,3 +118,30 @@ def test_summary_table_and_truncate(tmp_path):
     p.write_text("".join(f'{{"step": {i}}}\n' for i in range(1, 6)))
     assert truncate_jsonl(p, 3) == 2
     assert [line for line in p.read_text().splitlines()] == ['{"step": 1}', '{"step": 2}', '{"step": 3}']
+
+
+def test_choices_are_declared_once_and_read_by_code():
+    """Validation and the code that dispatches on a name read the same tuple (field metadata)."""
+    from hindsearch.config import HindSearchConfig, IGSDConfig, choices_of
+    from hindsearch.hindsight import losses
+
+    assert losses.AGG_MODES == choices_of(HindSearchConfig, "aggregation")
+    assert losses.GATES == choices_of(IGSDConfig, "gate")
+    for mode in losses.AGG_MODES:  # every declared value is one the code accepts
+        losses.agg(torch.ones(2, 3), torch.ones(2, 3), mode)
+    for kind in losses.GATES:
+        losses.gate(torch.tensor([0.5]), kind)
+    with pytest.raises(KeyError):
+        choices_of(IGSDConfig, "lam")
+
+
+def test_renamed_keys_are_read_with_a_deprecation_message(tmp_path, capsys):
+    """``train.beta`` (KL) and ``igsd.beta`` (gate sharpness) shared a name: both still load, under the new keys."""
+    toml = tmp_path / "old.toml"
+    toml.write_text("[train]\nbeta = 0.02\n[igsd]\nbeta = 3.0\n")
+    cfg = Config.load(toml, ["train.beta=0.03"])
+    err = capsys.readouterr().err
+    assert (cfg.train.kl_coef, cfg.igsd.gate_sharpness) == (0.03, 3.0)
+    assert "train.beta is deprecated, read as train.kl_coef" in err and "igsd.beta is deprecated, read as igsd.gate_sharpness" in err
+    saved = cfg.to_toml()
+    assert "kl_coef = 0.03" in saved and "gate_sharpness = 3.0" in saved and "beta =" not in saved

@@ -43,7 +43,7 @@ def generation_inputs(trainer, records, g=2):
 
 def test_grpo_loss_ignores_injected_positions(world, tok, tmp_path):  # noqa: F811
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ["train.beta=0.04"])
+    cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.04"])
     records = w.splits["train"][:4]
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
     inputs = generation_inputs(trainer, records[:2])
@@ -116,7 +116,7 @@ class ProbeTerm:
 
 def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):  # noqa: F811
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ["train.beta=0.0"])
+    cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.0"])
     records = w.splits["train"][:4]
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
     probe = ProbeTerm(tok.pad_token_id)
@@ -161,7 +161,7 @@ def test_non_finite_loss_stops_before_backward(world, tok, tmp_path):  # noqa: F
     from hindsearch.train.trainer import NonFiniteLoss
 
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ["train.beta=0.0"])
+    cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.0"])
     records = w.splits["train"][:2]
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
     trainer.terms = [NaNTerm(tok.pad_token_id)]

@@ -259,7 +259,7 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
     from test_trainer import OVERRIDES, make_trainer
 
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="oracle"',
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
                                          f'hindsearch.divergence="{divergence}"', f'hindsearch.distill_on="{distill_on}"',
                                          "hindsearch.neutral_control=true", "hindsearch.topk=8", "hindsearch.lam=0.5",
                                          "train.grad_share_steps=1"])

@@ -31,7 +31,7 @@ OVERRIDES = [
     'method="hindsearch+igsd"', 'model.name="tiny-random"', 'model.device="cpu"', "train.steps=2",
     "train.questions_per_step=2", "rollout.num_generations=2", "rollout.max_turns=1",
     "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=512", "train.lr=0.01", "train.save_steps=2",
-    "train.beta=0.04", "warmup.enabled=false", "train.samples_per_step=4", 'hindsearch.judge_kind="oracle"',
+    "train.kl_coef=0.04", "warmup.enabled=false", "train.samples_per_step=4", 'hindsearch.judge_kind="oracle"',
     "igsd.max_positions_per_rollout=2", "igsd.max_query_tokens=6", "retrieval.topk=2",
 ]
 

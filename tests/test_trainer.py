@@ -26,7 +26,7 @@ from hindsearch.train.run import build_trainer, ensure_on_disk, last_checkpoint,
 OVERRIDES = [
     'model.name="tiny-random"', 'model.device="cpu"', "train.steps=2", "train.questions_per_step=2",
     "rollout.num_generations=2", "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=24",
-    "rollout.max_total_tokens=1024", "train.lr=0.01", "train.save_steps=1", "train.beta=0.04",
+    "rollout.max_total_tokens=1024", "train.lr=0.01", "train.save_steps=1", "train.kl_coef=0.04",
     "warmup.enabled=false", "train.samples_per_step=2",
 ]
 
@@ -150,7 +150,7 @@ def test_two_steps_with_hindsight_terms(method, world, tok, tmp_path):
     """Two steps with the real HindSearch (oracle judge) / IGSD terms through the trainer: their metrics are
     logged every step, the loss is finite."""
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + [f'method="{method}"', "train.steps=2", "train.beta=0.0",
+    cfg = Config.load(None, OVERRIDES + [f'method="{method}"', "train.steps=2", "train.kl_coef=0.0",
                                          'hindsearch.judge_kind="oracle"', "igsd.max_positions_per_rollout=2",
                                          "igsd.max_query_tokens=4", "igsd.n_controls=1"])
     run = tmp_path / "run"
@@ -196,7 +196,7 @@ def test_two_hindsearch_steps_with_the_lm_judge(world, tok, tmp_path):
     critiques by greedy generation; every failed rollout with a search is judged, and each critique is
     either used for distillation or counted as a fallback."""
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.beta=0.0", 'hindsearch.judge_kind="lm"',
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="lm"',
                                          "hindsearch.critique_max_tokens=12"])
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)

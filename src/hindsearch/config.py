@@ -6,18 +6,51 @@ A preset is a TOML file whose tables are the concerns (``[model]``, ``[data]``,
 a single field (values parsed as TOML, falling back to a plain string).
 
 Every value is validated by ``Config.validate`` *before* any model is loaded; an error
-names the key and the allowed values.
+names the key and the allowed values. Allowed values and numeric bounds are declared once, in
+the field's metadata (``choice(...)``, ``bounded(...)``): ``validate`` walks every field and
+checks them, and code that dispatches on a name reads the same tuple with ``choices_of``.
+Cross-field rules (a remote retriever needs a URL, ...) are the only hand-written checks.
+
+Renamed keys stay readable with a deprecation message (``RENAMED``): ``train.beta`` is now
+``train.kl_coef`` and ``igsd.beta`` is ``igsd.gate_sharpness`` (the two shared one name).
 """
 
 from __future__ import annotations
 
 import math
+import sys
 import tomllib
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 METHODS = ("grpo", "hindsearch", "igsd", "hindsearch+igsd")
+TEACHERS = ("frozen", "live", "ema")
+FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
+
+RENAMED: dict[tuple[str, str], str] = {("train", "beta"): "kl_coef", ("igsd", "beta"): "gate_sharpness"}
+"""Old ``(section, key)`` -> new key: read with a deprecation message, written under the new name."""
+
+
+def choice(default: Any, choices: tuple[str, ...]) -> Any:
+    """A field whose value (or, for a list, every element) must be one of ``choices``."""
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata={"choices": choices})
+    return field(default=default, metadata={"choices": choices})
+
+
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
+            lt: float | None = None) -> Any:
+    """A numeric field with bounds (None values are not checked: they mean "unset")."""
+    return field(default=default, metadata={"bounds": {"ge": ge, "gt": gt, "le": le, "lt": lt}})
+
+
+def choices_of(cls: type, name: str) -> tuple[str, ...]:
+    """The allowed values declared on ``cls.name`` (what validation checks and code dispatches on)."""
+    for f in fields(cls):
+        if f.name == name:
+            return tuple(f.metadata["choices"])
+    raise KeyError(f"{cls.__name__} has no field {name!r}")
 
 
 class ConfigError(ValueError):
@@ -36,11 +69,11 @@ class LoRAConfig:
     Needs ``pip install peft`` (extra ``lora``).
     """
 
-    r: int = 0
+    r: int = bounded(0, ge=0)
     """LoRA rank; 0 = no LoRA (the whole policy is trained)."""
-    alpha: int = 16
+    alpha: int = bounded(16, gt=0)
     """LoRA scaling numerator (``lora_alpha``); the update is scaled by ``alpha / r``."""
-    dropout: float = 0.0
+    dropout: float = bounded(0.0, ge=0.0, lt=1.0)
     """Dropout on the adapter's input (``lora_dropout``), in [0, 1)."""
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     """Module names to adapt (e.g. ``["q_proj", "v_proj"]``); ``["all-linear"]`` = every linear layer
@@ -53,9 +86,9 @@ class ModelConfig:
     """Policy model: a short alias (``smollm2-135m``, ``tiny-random``, ``micro``), an HF hub id or a local path."""
     gguf_file: str | None = None
     """GGUF file name inside ``name`` (for GGUF checkpoints); set automatically for the ``smollm2-135m`` alias."""
-    dtype: str = "float32"
+    dtype: str = choice("float32", ("float32", "bfloat16", "float16"))
     """Weights dtype: ``float32``, ``bfloat16`` or ``float16`` (CPU wants float32)."""
-    device: str = "auto"
+    device: str = choice("auto", ("auto", "cpu", "cuda"))
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
     attn_implementation: str | None = None
     """Passed to ``from_pretrained`` (e.g. ``flash_attention_2`` on GPU); None = library default."""
@@ -71,7 +104,7 @@ class DataConfig:
     """Seed of the fictional-world generator."""
     world_entities: int | None = None
     """Number of entities of the generated world (None = generator default, ~2,000 passages)."""
-    world_test_questions: int | None = None
+    world_test_questions: int | None = bounded(None, gt=0)
     """Size of the world's test split (None = the generator default, 200). A larger test split is a
     different world (its train split differs too); the mechanism preset uses 600 for tighter intervals."""
     train: str | None = None
@@ -80,59 +113,60 @@ class DataConfig:
     """Dev questions for in-training evaluation; None = the world's dev split."""
     test: str | None = None
     """Test questions; None = the world's test split."""
-    max_train_questions: int | None = None
+    max_train_questions: int | None = bounded(None, gt=0)
     """Use only the first N training questions (None = all)."""
 
 
 @dataclass
 class RetrievalConfig:
-    kind: str = "bm25"
+    kind: str = choice("bm25", ("bm25", "dense", "remote"))
     """``bm25`` (in-process bm25s), ``dense`` (encoder + FAISS) or ``remote`` (HTTP ``/retrieve`` server)."""
     index_dir: str | None = None
     """Index folder (``hindsearch index``); None = the world's index, built on first use."""
     url: str | None = None
     """Base URL of a Search-R1-compatible retrieval server when ``kind = remote``."""
-    topk: int = 3
+    topk: int = bounded(3, gt=0)
     """Passages per search (Search-R1: 3)."""
     encoder: str = "minilm"
     """Dense encoder: ``minilm`` (offline all-MiniLM-L6-v2), ``e5-base-v2`` or any HF encoder path/id."""
-    timeout_s: float = 30.0
+    timeout_s: float = bounded(30.0, gt=0)
     """Remote retriever: per-request timeout."""
-    retries: int = 3
-    """Remote retriever: retries with exponential backoff before a failure is recorded."""
+    retries: int = bounded(3, ge=0)
+    """Retries of a failed retrieval, with exponential backoff, before the failure is recorded in the
+    trajectory. The one retry setting: the remote client retries, the rollout engine does not add its own."""
 
 
 @dataclass
 class RolloutConfig:
-    backend: str = "hf"
+    backend: str = choice("hf", ("hf", "vllm"))
     """Generation backend: ``hf`` (transformers generate, CPU/GPU) or ``vllm`` (GPU)."""
-    vllm_mode: str = "colocate"
+    vllm_mode: str = choice("colocate", ("colocate", "server"))
     """With ``backend = vllm`` in training: ``colocate`` (a vLLM engine inside each training process, on its
     GPU) or ``server`` (a separate ``trl vllm-serve`` process on its own GPUs; see the README)."""
     vllm_server_host: str = "127.0.0.1"
     """``vllm_mode = server``: host of the ``trl vllm-serve`` server."""
-    vllm_server_port: int = 8001
+    vllm_server_port: int = bounded(8001, gt=0)
     """``vllm_mode = server``: port of the ``trl vllm-serve`` server (8001: the paper presets' retrieval
     server already listens on 8000)."""
-    vllm_server_timeout: float = 240.0
+    vllm_server_timeout: float = bounded(240.0, gt=0.0)
     """``vllm_mode = server``: seconds to wait for the server to come up before training fails."""
-    vllm_is_cap: float = 2.0
+    vllm_is_cap: float = bounded(2.0, ge=1.0)
     """Truncated importance sampling for vLLM rollouts: each generated token's loss is weighted by
     ``min(pi_train / pi_vllm, cap)`` (TRL's ``token_truncate`` mode, ``vllm_importance_sampling_clip_max``);
     must be >= 1. The log-prob mismatch and the ratio statistics are logged as ``vllm/*`` in metrics.jsonl."""
-    max_turns: int = 4
+    max_turns: int = bounded(4, ge=0)
     """Maximum number of searches; after that one last turn must answer."""
-    max_new_tokens_per_turn: int = 128
+    max_new_tokens_per_turn: int = bounded(128, gt=0)
     """Token budget of one model turn."""
-    max_total_tokens: int = 1024
+    max_total_tokens: int = bounded(1024, gt=0)
     """Context budget: prompt + completion (generated and injected). A turn's budget is cut so the
     total never exceeds it; an information block that does not fit is truncated to the room left
     and the trajectory ends with stop_reason ``length``."""
-    temperature: float = 1.0
+    temperature: float = bounded(1.0, ge=0.0)
     """Sampling temperature for training rollouts (0 = greedy)."""
-    top_p: float = 1.0
+    top_p: float = bounded(1.0, gt=0.0, le=1.0)
     """Nucleus sampling for training rollouts."""
-    num_generations: int = 4
+    num_generations: int = bounded(4, gt=0)
     """Rollouts per question (GRPO group size G; paper: 5)."""
 
 
@@ -142,24 +176,24 @@ class WarmupConfig:
     """Run the protocol warm-up (SFT on demonstration rollouts) before RL; cached by config hash."""
     demos: str | None = None
     """Demonstration trajectories (JSONL in our rollout format); None = scripted searcher over the train split."""
-    num_demos: int = 400
+    num_demos: int = bounded(400, ge=0)
     """Scripted demonstrations to build."""
-    epochs: int = 2
+    epochs: int = bounded(2, ge=0)
     """SFT epochs over the demonstrations."""
-    lr: float = 5e-5
+    lr: float = bounded(5e-5, gt=0.0)
     """SFT learning rate."""
-    batch_size: int = 8
+    batch_size: int = bounded(8, gt=0)
     """SFT batch size."""
-    p_bridge: float = 0.5
+    p_bridge: float = bounded(0.5, ge=0.0, le=1.0)
     """Scripted searcher: probability of searching the bridge entity on a two-hop question (else it guesses after one search)."""
-    train_layers: int | None = None
+    train_layers: int | None = bounded(None, gt=0)
     """Train only the top N decoder layers during warm-up (None = the whole model)."""
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = bounded(None, gt=0)
     """Demonstrations per forward/backward during warm-up (gradient accumulation fills ``batch_size``; the same
     gradient as one pass, with the activations of fewer rows alive). None = the whole batch at once."""
-    p_feedback: float = 0.0
+    p_feedback: float = bounded(0.0, ge=0.0, le=1.0)
     """Fraction of demonstrations whose prompt carries a critique that the demonstration follows (teaches reading hindsight)."""
-    feedback_kinds: list[str] = field(default_factory=lambda: ["critique"])
+    feedback_kinds: list[str] = choice(["critique"], FEEDBACK_KINDS)
     """Kinds of hindsight line a feedback demo carries, drawn uniformly (``hindsearch.train.scripted``):
     ``critique`` (a generic line), ``oracle_gold`` / ``oracle_nogold`` (exactly the oracle judge's text about
     the scripted searcher's own failed attempt, followed: it changes the first and the bridge query) and
@@ -168,35 +202,36 @@ class WarmupConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = 8
+    steps: int = bounded(8, ge=0)
     """Optimizer steps of RL."""
-    questions_per_step: int = 4
+    questions_per_step: int = bounded(4, gt=0)
     """Distinct questions per step (each gets ``rollout.num_generations`` rollouts)."""
-    lr: float = 1e-6
+    lr: float = bounded(1e-6, gt=0.0)
     """Learning rate (paper: 1e-6)."""
-    beta: float = 0.001
-    """KL coefficient to the reference policy (paper: 0.001; 0 disables the reference model)."""
-    epsilon: float = 0.2
+    kl_coef: float = bounded(0.001, ge=0.0)
+    """KL coefficient to the reference policy (TRL's ``beta``; paper: 0.001; 0 disables the reference
+    model). Was ``train.beta``, still read with a deprecation message."""
+    epsilon: float = bounded(0.2, gt=0.0)
     """PPO clipping range."""
-    loss_type: str = "grpo"
+    loss_type: str = choice("grpo", ("grpo", "dr_grpo", "dapo", "bnpo"))
     """TRL loss aggregation: ``grpo``, ``dr_grpo``, ``dapo``, ``bnpo``."""
-    format_reward: float = 0.0
+    format_reward: float = bounded(0.0, ge=0.0)
     """Weight of a small format term (well-formed final answer); 0 = reward is EM only."""
     seed: int = 0
     """Random seed (data order, sampling)."""
-    save_steps: int = 4
+    save_steps: int = bounded(4, gt=0)
     """Checkpoint every N steps (and at the end)."""
     gradient_checkpointing: bool = False
     """Trade compute for memory in the policy forward."""
-    samples_per_step: int = 4
+    samples_per_step: int = bounded(4, ge=0)
     """Rollouts written to samples.jsonl per step."""
-    eval_limit: int = 50
+    eval_limit: int = bounded(50, ge=0)
     """Dev questions evaluated before and after RL."""
-    eval_steps: int = 0
+    eval_steps: int = bounded(0, ge=0)
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
-    micro_batch_size: int | None = None
+    micro_batch_size: int | None = bounded(None, gt=0)
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
-    grad_share_steps: int = 10
+    grad_share_steps: int = bounded(10, ge=0)
     """Every N optimizer steps (from the first), log each hindsight term's share of the update
     (``<term>/grad_share``: the norm of ``d(lambda L_term)/dh`` against ``d L_GRPO/dh`` at the last hidden state
     ``h``); 1 = every step, 0 = never. Each measurement costs two extra backward passes through the LM head
@@ -213,37 +248,38 @@ class TrainConfig:
 
 @dataclass
 class HindSearchConfig:
-    lam: float = 0.01
+    lam: float = bounded(0.01, ge=0.0)
     """Weight lambda of L_hind in L = L_GRPO + lambda * L_hind."""
-    judge_kind: str = "lm"
+    judge_kind: str = choice("lm", ("lm", "oracle"))
     """``lm`` (frozen LM judge, the paper's setting) or ``oracle`` (fictional world only: critique from recorded evidence)."""
     judge_model: str | None = None
     """Judge weights: None = the initial policy checkpoint; else an HF id or path."""
     judge_sees_gold: bool = True
     """The judge prompt contains the gold answers (False = the paper's no-gold ablation)."""
-    critique_max_tokens: int = 64
+    critique_max_tokens: int = bounded(64, gt=0)
     """Greedy critique length cap."""
-    judge_max_prompt_tokens: int = 768
+    judge_max_prompt_tokens: int = bounded(768, gt=0)
     """Judge prompt budget; longer prompts drop retrieved snippets first, then the oldest turns."""
     redact_gold_in_critique: bool = True
     """Replace gold-answer strings in critiques with a placeholder."""
-    teacher: str = "frozen"
+    teacher: str = choice("frozen", TEACHERS)
     """Teacher weights: ``frozen`` (initial policy), ``live`` (current policy, no grad) or ``ema``."""
-    ema_decay: float = 0.99
+    ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
     """EMA decay when ``teacher = ema``."""
-    divergence: str = "clamped_sampled"
+    divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "reverse_kl", "jsd"))
     """``clamped_sampled`` (DESIGN's reading of the paper), ``signed`` (unclamped ``lT - lS`` as a per-token
     advantage), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
-    topk: int = 50
+    topk: int = bounded(50, gt=0)
     """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
-    signed_clip: float = 1.0
+    signed_clip: float = bounded(1.0, gt=0.0)
     """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``."""
-    distill_on: str = "query"
+    distill_on: str = choice("query", ("query", "action"))
     """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``) or ``action``
     (the query tokens plus, in every turn after an information block, the turn's first token and the
     tokens of its ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made)."""
-    aggregation: str = "token-mean"
-    """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES``)."""
+    aggregation: str = choice("token-mean", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum"))
+    """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
+    this tuple)."""
     neutral_control: bool = False
     """Also score the student's tokens under a neutral-feedback teacher ("Feedback on a previous attempt:
     none.") and log ``critique_minus_neutral``: what the critique itself changes, net of the prompt shift.
@@ -262,37 +298,39 @@ class HindSearchConfig:
 
 @dataclass
 class IGSDConfig:
-    lam: float = 0.1
+    lam: float = bounded(0.1, ge=0.0)
     """Weight lambda of L_igsd in L = L_GRPO + lambda * L_igsd."""
-    max_positions_per_rollout: int = 8
+    max_positions_per_rollout: int = bounded(8, gt=0)
     """Query-token positions verified per failed rollout."""
-    positions: str = "disagree"
+    positions: str = choice("disagree", ("disagree", "all", "random"))
     """``disagree`` (teacher top token != student token), ``all`` or ``random``."""
-    max_query_tokens: int = 24
+    max_query_tokens: int = bounded(24, gt=0)
     """Cap of a matched query completion (cut and still executed when ``</search>`` never comes)."""
-    n_controls: int = 2
+    n_controls: int = bounded(2, ge=0)
     """Shared counterfactual control sets per pair."""
-    control: str = "random"
+    control: str = choice("random", ("random", "empty"))
     """``random`` corpus passages or ``empty`` information block."""
-    gate: str = "positive_sigmoid"
-    """``positive_sigmoid`` (paper), ``sigmoid``, ``hard`` or ``none`` (ungated pair distillation)."""
-    beta: float = 5.0
-    """Gate sharpness."""
+    gate: str = choice("positive_sigmoid", ("positive_sigmoid", "sigmoid", "hard", "none"))
+    """``positive_sigmoid`` (paper), ``sigmoid``, ``hard`` or ``none`` (ungated pair distillation);
+    ``hindsearch.hindsight.losses.GATES`` reads this tuple."""
+    gate_sharpness: float = bounded(5.0, gt=0.0)
+    """Gate sharpness (the paper's beta in sigmoid(beta * (delta - margin))). Was ``igsd.beta``, still read
+    with a deprecation message."""
     margin: float = 0.0
     """Gate margin on the paired gain delta."""
-    max_answer_tokens: int = 16
+    max_answer_tokens: int = bounded(16, gt=0)
     """Answer tokens scored by the utility u(D); longer answers are cut (and counted)."""
-    teacher: str = "frozen"
+    teacher: str = choice("frozen", TEACHERS)
     """Teacher weights for proposals and the pair distribution: ``frozen``, ``live`` or ``ema``."""
 
 
 @dataclass
 class EvalConfig:
-    limit: int | None = None
+    limit: int | None = bounded(None, gt=0)
     """Questions per benchmark (None = all)."""
     greedy: bool = True
     """Greedy decoding (the papers' evaluation); False samples with the rollout temperature."""
-    batch_size: int = 16
+    batch_size: int = bounded(16, gt=0)
     """Trajectories generated together."""
     seed: int = 0
     """Seed for sampling when not greedy."""
@@ -300,7 +338,7 @@ class EvalConfig:
 
 @dataclass
 class Config:
-    method: str = "grpo"
+    method: str = choice("grpo", METHODS)
     """``grpo``, ``hindsearch``, ``igsd`` or ``hindsearch+igsd``."""
     out: str = "runs/default"
     """Run folder: config.toml, metrics.jsonl, samples.jsonl, checkpoints/."""
@@ -375,91 +413,23 @@ class Config:
 
     # ------------------------------------------------------------ validate
     def validate(self) -> "Config":
-        _choice("method", self.method, METHODS)
-        _choice("model.dtype", self.model.dtype, ("float32", "bfloat16", "float16"))
-        _choice("model.device", self.model.device, ("auto", "cpu", "cuda"))
-        _choice("retrieval.kind", self.retrieval.kind, ("bm25", "dense", "remote"))
+        """Check every declared choice and bound (field metadata), then the cross-field rules."""
+        _check_declared(self, "")
         if self.retrieval.kind == "remote" and not self.retrieval.url:
             raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
-        if self.data.world_test_questions is not None:
-            _positive("data.world_test_questions", self.data.world_test_questions)
-        _positive("retrieval.topk", self.retrieval.topk)
-        _positive("retrieval.retries", self.retrieval.retries, allow_zero=True)
-        _choice("rollout.backend", self.rollout.backend, ("hf", "vllm"))
-        _choice("rollout.vllm_mode", self.rollout.vllm_mode, ("colocate", "server"))
-        _positive("rollout.vllm_server_port", self.rollout.vllm_server_port)
-        if not self.rollout.vllm_server_timeout > 0:
-            raise ConfigError(f"rollout.vllm_server_timeout must be > 0, got {self.rollout.vllm_server_timeout}")
-        if not self.rollout.vllm_is_cap >= 1:
-            raise ConfigError(f"rollout.vllm_is_cap must be >= 1, got {self.rollout.vllm_is_cap}")
-        _positive("rollout.max_turns", self.rollout.max_turns, allow_zero=True)
-        _positive("rollout.max_new_tokens_per_turn", self.rollout.max_new_tokens_per_turn)
-        _positive("rollout.max_total_tokens", self.rollout.max_total_tokens)
-        _positive("rollout.num_generations", self.rollout.num_generations)
-        if self.rollout.temperature < 0:
-            raise ConfigError(f"rollout.temperature must be >= 0, got {self.rollout.temperature}")
-        if not 0 < self.rollout.top_p <= 1:
-            raise ConfigError(f"rollout.top_p must be in (0, 1], got {self.rollout.top_p}")
-        _positive("warmup.num_demos", self.warmup.num_demos, allow_zero=True)
-        bad = [k for k in self.warmup.feedback_kinds if k not in ("critique", "oracle_gold", "oracle_nogold", "answer_line")]
-        if bad or not self.warmup.feedback_kinds:
-            raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of critique, oracle_gold, oracle_nogold, "
-                              f"answer_line; got {self.warmup.feedback_kinds}")
-        _positive("warmup.epochs", self.warmup.epochs, allow_zero=True)
-        if self.warmup.micro_batch_size is not None:
-            _positive("warmup.micro_batch_size", self.warmup.micro_batch_size)
-        _prob("warmup.p_bridge", self.warmup.p_bridge)
-        _prob("warmup.p_feedback", self.warmup.p_feedback)
-        _positive("train.steps", self.train.steps, allow_zero=True)
-        _positive("train.questions_per_step", self.train.questions_per_step)
-        _positive("train.save_steps", self.train.save_steps)
-        _positive("train.grad_share_steps", self.train.grad_share_steps, allow_zero=True)
-        if self.train.micro_batch_size is not None:
-            _positive("train.micro_batch_size", self.train.micro_batch_size)
-        if self.train.lr <= 0:
-            raise ConfigError(f"train.lr must be > 0, got {self.train.lr}")
-        if self.train.beta < 0:
-            raise ConfigError(f"train.beta must be >= 0, got {self.train.beta}")
-        _choice("train.loss_type", self.train.loss_type, ("grpo", "dr_grpo", "dapo", "bnpo"))
+        if not self.warmup.feedback_kinds:
+            raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of {', '.join(FEEDBACK_KINDS)}")
         if self.rollout.num_generations < 2 and self.train.steps > 0:
             raise ConfigError("rollout.num_generations must be >= 2 for GRPO (group-relative advantages)")
-        h = self.hindsearch
-        _choice("hindsearch.judge_kind", h.judge_kind, ("lm", "oracle"))
-        _choice("hindsearch.teacher", h.teacher, ("frozen", "live", "ema"))
-        _choice("hindsearch.divergence", h.divergence, ("clamped_sampled", "signed", "reverse_kl", "jsd"))
-        _choice("hindsearch.distill_on", h.distill_on, ("query", "action"))
-        _choice("hindsearch.aggregation", h.aggregation, ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum"))
-        if not (h.signed_clip > 0):
-            raise ConfigError(f"hindsearch.signed_clip must be > 0, got {h.signed_clip}")
-        _positive("hindsearch.critique_max_tokens", h.critique_max_tokens)
-        _positive("hindsearch.topk", h.topk)
-        if h.lam < 0:
-            raise ConfigError(f"hindsearch.lam must be >= 0, got {h.lam}")
         for fld in ("question", "searches", "prediction"):
-            if "{" + fld + "}" not in h.judge_template:
+            if "{" + fld + "}" not in self.hindsearch.judge_template:
                 raise ConfigError(f"hindsearch.judge_template must contain {{{fld}}}")
-        g = self.igsd
-        _choice("igsd.positions", g.positions, ("disagree", "all", "random"))
-        _choice("igsd.control", g.control, ("random", "empty"))
-        _choice("igsd.gate", g.gate, ("positive_sigmoid", "sigmoid", "hard", "none"))
-        _choice("igsd.teacher", g.teacher, ("frozen", "live", "ema"))
-        _positive("igsd.max_positions_per_rollout", g.max_positions_per_rollout)
-        _positive("igsd.max_query_tokens", g.max_query_tokens)
-        _positive("igsd.n_controls", g.n_controls, allow_zero=True)
-        _positive("igsd.max_answer_tokens", g.max_answer_tokens)
-        if g.lam < 0:
-            raise ConfigError(f"igsd.lam must be >= 0, got {g.lam}")
-        _positive("eval.batch_size", self.eval.batch_size)
         self._validate_lora()
         self._validate_trl()
         return self
 
     def _validate_lora(self) -> None:
         lo = self.model.lora
-        _positive("model.lora.r", lo.r, allow_zero=True)
-        _positive("model.lora.alpha", lo.alpha)
-        if not 0.0 <= lo.dropout < 1.0:
-            raise ConfigError(f"model.lora.dropout must be in [0, 1), got {lo.dropout}")
         if not lo.target_modules or not all(isinstance(m, str) and m for m in lo.target_modules):
             raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, "
                               f"got {lo.target_modules!r}")
@@ -510,6 +480,11 @@ def _drop_none(d: Any) -> Any:
 
 def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> None:
     names = {f.name: f for f in fields(obj)}
+    new = RENAMED.get((prefix.rstrip("."), key))
+    if new is not None:
+        print(f"{source}: {prefix}{key} is deprecated, read as {prefix}{new} (rename it; the old key will be "
+              f"removed)", file=sys.stderr)
+        key = new
     if key not in names:
         if not prefix:
             raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: {sorted(names)}")
@@ -561,16 +536,24 @@ def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
     return value
 
 
-def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
-    if value not in allowed:
-        raise ConfigError(f"{key} = {value!r} is not allowed; choose one of {', '.join(allowed)}")
+_BOUND_TEXT = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
+_BOUND_OK = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b, "lt": lambda v, b: v < b}
 
 
-def _positive(key: str, value: int, allow_zero: bool = False) -> None:
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ConfigError(f"{key} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
-
-
-def _prob(key: str, value: float) -> None:
-    if not 0.0 <= value <= 1.0:
-        raise ConfigError(f"{key} must be in [0, 1], got {value}")
+def _check_declared(obj: Any, prefix: str) -> None:
+    """Walk ``obj``'s fields (recursing into sub-configs) and check each declared choice and bound."""
+    for f in fields(obj):
+        value, key = getattr(obj, f.name), prefix + f.name
+        if hasattr(value, "__dataclass_fields__"):
+            _check_declared(value, key + ".")
+        elif "choices" in f.metadata:
+            allowed = f.metadata["choices"]
+            bad = [v for v in (value if isinstance(value, list) else [value]) if v not in allowed]
+            if bad:
+                raise ConfigError(f"{key} = {value!r} is not allowed; choose {'each from' if isinstance(value, list) else 'one of'} "
+                                  f"{', '.join(allowed)}")
+        elif "bounds" in f.metadata and value is not None:
+            for op, bound in f.metadata["bounds"].items():
+                if bound is not None and not _BOUND_OK[op](value, bound):
+                    rule = " and ".join(f"{_BOUND_TEXT[o]} {b}" for o, b in f.metadata["bounds"].items() if b is not None)
+                    raise ConfigError(f"{key} must be {rule}, got {value}")

@@ -391,7 +391,9 @@ class RolloutEngine:
     """Batched multi-turn Search-R1 rollouts (see the module docstring for the exact rules).
 
     ``retriever`` implements ``retrieve(queries: list[str], k: int) -> list[list[Passage]]``.
-    ``retries``: extra attempts for a failing ``retrieve`` call before the failure is recorded.
+    ``retries``: extra attempts of the engine's own for a failing ``retrieve`` call before the failure is
+    recorded; 0 by default, so ``retrieval.retries`` (the remote client's retries with backoff) is the one
+    retry setting of a run: the engine's retries nested around the client's cost up to 3 x 4 POSTs per batch.
     ``logits_hook``: optional ``hook(rows, new_ids, logits)`` applied before sampling, where
     ``rows`` are ``(trajectory index, turn index, question id)`` (HF backend only; tests use it to script output).
     """
@@ -404,7 +406,7 @@ class RolloutEngine:
         cfg: Any,
         topk: int = 3,
         backend: Backend | None = None,
-        retries: int = 2,
+        retries: int = 0,
         retry_wait_s: float = 0.2,
         logits_hook: Callable[[list[tuple[int, int, str]], list[list[int]], torch.Tensor], torch.Tensor] | None = None,
     ) -> None:

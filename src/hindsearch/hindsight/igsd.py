@@ -582,7 +582,7 @@ def verify_pairs(
             p.ig[s] = u[own] - (sum(u[c] for c in ctl) / len(ctl) if ctl else 0.0)
             p.docs[s] = got[(k, s)]
         p.delta = p.ig["T"] - p.ig["S"]
-        p.gate = float(losses.gate(torch.tensor([p.delta]), cfg.gate, cfg.beta, cfg.margin)[0])
+        p.gate = float(losses.gate(torch.tensor([p.delta]), cfg.gate, cfg.gate_sharpness, cfg.margin)[0])
         p.verified = True
     m["time_scoring"] += time.perf_counter() - t0
     return all_controls

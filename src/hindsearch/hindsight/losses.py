@@ -39,8 +39,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
-GATES = ("positive_sigmoid", "sigmoid", "hard", "none")
+from hindsearch.config import HindSearchConfig, IGSDConfig, choices_of
+
+AGG_MODES = choices_of(HindSearchConfig, "aggregation")
+"""Reductions of a per-token loss (declared once, on the config field)."""
+GATES = choices_of(IGSDConfig, "gate")
+"""IGSD gates (declared once, on the config field)."""
 
 
 def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:

@@ -116,7 +116,7 @@ OWNED_GRPO_FIELDS = {
     "gradient_accumulation_steps": "train.micro_batch_size", "steps_per_generation": "train.micro_batch_size",
     "num_generations": "rollout.num_generations", "max_completion_length": "rollout.max_total_tokens",
     "temperature": "rollout.temperature", "top_p": "rollout.top_p", "learning_rate": "train.lr",
-    "beta": "train.beta", "epsilon": "train.epsilon", "loss_type": "train.loss_type", "max_steps": "train.steps",
+    "beta": "train.kl_coef", "epsilon": "train.epsilon", "loss_type": "train.loss_type", "max_steps": "train.steps",
     "save_steps": "train.save_steps", "seed": "train.seed", "use_cpu": "model.device", "bf16": "model.dtype",
     "fp16": "model.dtype", "gradient_checkpointing": "train.gradient_checkpointing", "use_vllm": "rollout.backend",
 }
@@ -159,7 +159,7 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
         temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
         top_p=cfg.rollout.top_p,
         learning_rate=cfg.train.lr,
-        beta=cfg.train.beta,
+        beta=cfg.train.kl_coef,
         epsilon=cfg.train.epsilon,
         loss_type=cfg.train.loss_type,
         max_steps=cfg.train.steps,
@@ -204,7 +204,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
         base = getattr(model.config, "_name_or_path", "") or ""
         model.name_or_path = str(Path(base).resolve()) if base and Path(base).is_dir() else base
     # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
-    frozen = copy.deepcopy(model).eval() if terms and (cfg.train.beta == 0 or peft_config is not None) else None
+    frozen = copy.deepcopy(model).eval() if terms and (cfg.train.kl_coef == 0 or peft_config is not None) else None
     ema = copy.deepcopy(model).eval() if any(getattr(t, "needs_ema", False) for t in terms) else None
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever, rollout_engine=engine,
                      config=cfg, device=next(model.parameters()).device, ema=ema) if terms else None
