@@ -57,7 +57,7 @@ def main() -> None:
     from rank_bm25 import BM25Okapi
 
     from hindsearch.data.corpus import read_corpus
-    from hindsearch.retrieval.base import build_index, load_index
+    from hindsearch.retrieval.factory import build_index, load_index
     from hindsearch.retrieval.bm25 import tokenize
 
     questions = [json.loads(line)["question"] for line in open(args.questions, encoding="utf-8") if line.strip()][: args.n_questions]

@@ -76,7 +76,7 @@ def main() -> None:
     from hindsearch.hindsight.igsd import run_igsd
     from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
     from hindsearch.records import QARecord
-    from hindsearch.retrieval.base import ensure_index, load_index
+    from hindsearch.retrieval.factory import ensure_index, load_index
 
     world = Path(ensure_world(args.world, seed=0))
     retriever = load_index(ensure_index(world / "corpus.jsonl", world / "index-bm25", kind="bm25", show_progress=False))

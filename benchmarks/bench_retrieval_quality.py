@@ -66,7 +66,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from hindsearch.data.corpus import read_corpus, write_corpus
-    from hindsearch.retrieval.base import ensure_index, load_index
+    from hindsearch.retrieval.factory import ensure_index, load_index
     from hindsearch.rewards import answer_in_text, normalize_answer
 
     corpus, benches = benchmarks(args)

@@ -52,7 +52,7 @@ def main() -> None:
     from hindsearch.data.world import ensure_world
     from hindsearch.models import load_policy
     from hindsearch.records import QARecord
-    from hindsearch.retrieval.base import ensure_index, load_index
+    from hindsearch.retrieval.factory import ensure_index, load_index
 
     t0 = time.perf_counter()
     world = Path(ensure_world(args.world, seed=0))
@@ -168,7 +168,7 @@ def evaluation(args, model, tok, retriever, splits) -> None:
     from hindsearch.agent.rollout import RolloutEngine
     from hindsearch.config import RolloutConfig
     from hindsearch.eval import evaluate
-    from hindsearch.retrieval.base import ensure_index, load_index
+    from hindsearch.retrieval.factory import ensure_index, load_index
 
     ecfg = RolloutConfig(max_turns=args.max_turns, max_new_tokens_per_turn=args.max_new, max_total_tokens=2048)
     if args.eval_per_split > 0 and not args.skip_world_eval:

@@ -69,7 +69,7 @@ def main() -> None:
     ap.add_argument("--index", default=None, help="existing index folder (default: build one in a temp folder)")
     args = ap.parse_args()
 
-    from hindsearch.retrieval.base import build_index, load_index
+    from hindsearch.retrieval.factory import build_index, load_index
     from hindsearch.retrieval.client import RemoteRetriever
 
     qs = [json.loads(line)["question"] for line in open(args.questions, encoding="utf-8") if line.strip()]

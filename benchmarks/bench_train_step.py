@@ -50,7 +50,7 @@ def main() -> None:
     from hindsearch.agent.rollout import HFBackend, RolloutEngine
     from hindsearch.config import Config
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
     from hindsearch.train.cli import find_config
     from hindsearch.train.run import build_trainer, ensure_on_disk, load_records, preflight, resolve_data
 

@@ -60,7 +60,7 @@ def main() -> None:
     from hindsearch.data.world import ensure_world
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
-    from hindsearch.retrieval.base import ensure_index, load_retriever
+    from hindsearch.retrieval.factory import ensure_index, load_retriever
     from hindsearch.train.warmup import build_demos, sft
 
     work = Path(args.work)

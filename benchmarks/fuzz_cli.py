@@ -30,7 +30,7 @@ from pathlib import Path
 
 def build_sandbox(root: Path) -> None:
     from hindsearch.data.world import generate_world, write_world
-    from hindsearch.retrieval.base import build_index
+    from hindsearch.retrieval.factory import build_index
 
     world = generate_world(seed=0, n_entities=40)
     write_world(world, root / "world")

@@ -223,7 +223,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from hindsearch.data.world import generate_world, write_world
-    from hindsearch.retrieval.base import build_index
+    from hindsearch.retrieval.factory import build_index
 
     tmp = Path(tempfile.mkdtemp(prefix="fuzz-server-"))
     world = write_world(generate_world(seed=0), tmp / "world")

@@ -10,7 +10,8 @@ from hindsearch.cli import main
 from hindsearch.config import RetrievalConfig
 from hindsearch.data.corpus import CorpusError, write_corpus
 from hindsearch.records import Passage, make_contents
-from hindsearch.retrieval.base import PassageStore, build_index, ensure_index, load_index, load_retriever, read_meta
+from hindsearch.retrieval.base import PassageStore, read_meta
+from hindsearch.retrieval.factory import build_index, ensure_index, load_index, load_retriever
 from hindsearch.retrieval.bm25 import BM25Retriever
 
 from shared_data import shared  # noqa: E402 - tests dir on sys.path

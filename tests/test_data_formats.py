@@ -72,7 +72,7 @@ def test_real_hotpotqa_train_corpus_loads_and_serves_its_questions(tmp_path):
     evidence = [t for q in questions for t in q.evidence]
     assert len(evidence) == 200 and all(t in titles for t in evidence)
     # and it indexes and retrieves as a corpus
-    from hindsearch.retrieval.base import build_index, load_index
+    from hindsearch.retrieval.factory import build_index, load_index
 
     build_index(corpus, tmp_path / "idx", kind="bm25", show_progress=False)
     hit = load_index(tmp_path / "idx").retrieve(["collectible dice game Chaos Progenitus"], k=1)[0][0]

@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from hindsearch.records import Passage, make_contents
-from hindsearch.retrieval.base import build_index, load_index, read_meta
+from hindsearch.retrieval.base import read_meta
 from hindsearch.retrieval.dense import (DenseRetriever, Encoder, default_prefixes, ensure_faiss_index, import_faiss,
                                         minilm_path)
+from hindsearch.retrieval.factory import build_index, load_index
 
 pytest.importorskip("faiss")
 

@@ -12,7 +12,7 @@ from hindsearch.config import RolloutConfig
 from hindsearch.data.world import generate_world
 from hindsearch.eval import canonical, column_order, evaluate, read_done
 from hindsearch.models import load_tokenizer, tiny_random_model
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever
 from hindsearch.retrieval.server import BackgroundServer, create_app
 

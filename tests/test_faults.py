@@ -28,7 +28,7 @@ import pytest
 from hindsearch.cli import main
 from hindsearch.fsutil import (COMPLETE_NAME, LOCK_NAME, STAGING_NAME, FolderLock, FolderLocked, UnsafeOutput,
                                atomic_checkpoints)
-from hindsearch.retrieval.base import build_index
+from hindsearch.retrieval.factory import build_index
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -141,7 +141,7 @@ def test_server_death_during_eval_then_rerun_redoes_only_errored_rows(tmp_path, 
     from hindsearch.data.world import generate_world
     from hindsearch.eval import evaluate
     from hindsearch.models import load_tokenizer, tiny_random_model
-    from hindsearch.retrieval.base import load_index
+    from hindsearch.retrieval.factory import load_index
     from hindsearch.retrieval.client import RemoteRetriever
     from hindsearch.retrieval.server import BackgroundServer, create_app
 
@@ -438,7 +438,7 @@ def test_debug_shows_the_traceback(tmp_path):
 # ---------------------------------------------------------------- server: bad bodies, slow clients
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
-    from hindsearch.retrieval.base import load_index
+    from hindsearch.retrieval.factory import load_index
     from hindsearch.retrieval.limits import ServerLimits
     from hindsearch.retrieval.server import BackgroundServer, create_app
 

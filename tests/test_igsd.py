@@ -17,7 +17,7 @@ from hindsearch.hindsight.teacher import continuation_logprobs, encode_prompt, i
 from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train.aux import AuxContext
 
 FACTS = [

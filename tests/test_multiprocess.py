@@ -105,7 +105,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
     from hindsearch.config import Config
     from hindsearch.data.world import generate_world
     from hindsearch.hindsight import sync
-    from hindsearch.retrieval.base import load_index
+    from hindsearch.retrieval.factory import load_index
     from hindsearch.train.run import build_trainer
 
     torch.set_num_threads(1)
@@ -323,7 +323,7 @@ def prepare(d: Path) -> None:
     from hindsearch.data.world import generate_world
     from hindsearch.micro import train_tokenizer
     from hindsearch.models import tiny_random_model
-    from hindsearch.retrieval.base import build_index
+    from hindsearch.retrieval.factory import build_index
 
     w = generate_world(seed=0, n_entities=60)
     build_index(w.passages, d / "bm25", kind="bm25", show_progress=False)

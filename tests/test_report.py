@@ -24,7 +24,7 @@ from hindsearch.data.world import generate_world
 from hindsearch.micro import train_tokenizer
 from hindsearch.models import tiny_random_model
 from hindsearch.report import load_run, render, shade_css, token_spans, turns_of, write_report
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train.run import build_trainer, ensure_on_disk
 
 OVERRIDES = [

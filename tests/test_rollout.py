@@ -11,7 +11,7 @@ from hindsearch.config import RolloutConfig
 from hindsearch.config import ModelConfig
 from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, QARecord, make_contents
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 
 PASSAGES = [
     Passage("d0", make_contents("Zorbin Quell", "Zorbin Quell was born in Maravel in 1821.")),

@@ -9,7 +9,7 @@ import pytest
 
 from hindsearch.data.corpus import write_corpus
 from hindsearch.records import Passage, make_contents
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever, RetrieverUnavailable
 from hindsearch.retrieval.server import BackgroundServer, ServerLimits, create_app
 
@@ -178,7 +178,7 @@ def test_fast_path_is_byte_identical(retriever):
 def test_cli_search_and_config_over_http(server, capsys):
     from hindsearch.cli import main
     from hindsearch.config import RetrievalConfig
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
 
     assert main(["search", "--url", server.url, "honey festival", "-k", "1"]) == 0
     assert "Fenwick" in capsys.readouterr().out

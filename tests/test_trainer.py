@@ -19,7 +19,7 @@ from hindsearch.config import Config
 from hindsearch.data.world import generate_world
 from hindsearch.micro import train_tokenizer
 from hindsearch.models import tiny_random_model
-from hindsearch.retrieval.base import build_index, load_index
+from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train import rollout_adapter as ra
 from hindsearch.train.run import build_trainer, ensure_on_disk, last_checkpoint, truncate_jsonl
 

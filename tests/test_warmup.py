@@ -46,7 +46,7 @@ def small_world(seed: int = 0) -> tuple[list[Passage], list[QARecord]]:
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
-    from hindsearch.retrieval.base import build_index, load_index
+    from hindsearch.retrieval.factory import build_index, load_index
 
     passages, recs = small_world()
     d = tmp_path_factory.mktemp("idx") / "bm25"
@@ -87,7 +87,7 @@ def test_demos_well_formed_and_blocks_are_real_retrieval(world):
 @pytest.fixture(scope="module")
 def gen_world(tmp_path_factory):
     from hindsearch.data.world import generate_world
-    from hindsearch.retrieval.base import build_index, load_index
+    from hindsearch.retrieval.factory import build_index, load_index
 
     w = generate_world(0, n_entities=300)
     d = tmp_path_factory.mktemp("gw") / "bm25"

@@ -335,7 +335,7 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
         if Path(path, "config.json").exists():
             return path
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
     from hindsearch.train.run import load_records, resolve_data
     from hindsearch.train.warmup import ensure_warmup
 
@@ -359,7 +359,7 @@ def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: in
     test_path = Path(cfg.data.test) if cfg.data.test else Path(paths["world"]) / "test.jsonl"
     sets = [(WORLD, load_qa(test_path)[:test_limit] if test_limit else load_qa(test_path), paths["index_dir"])]
     if mini:
-        from hindsearch.retrieval.base import ensure_index
+        from hindsearch.retrieval.factory import ensure_index
 
         md = Path(mini)
         if not (md / "corpus.jsonl").exists():
@@ -381,7 +381,7 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
     from hindsearch.agent.rollout import HFBackend, RolloutEngine
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
 
     model, tok = load_policy(replace(cfg.model, name=str(run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}

@@ -84,7 +84,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
-    from hindsearch.retrieval.base import load_index, load_retriever
+    from hindsearch.retrieval.factory import load_index, load_retriever
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -116,7 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         retriever = load_retriever(cfg.retrieval)
     else:
         from hindsearch.data.world import ensure_world_for
-        from hindsearch.retrieval.base import ensure_index
+        from hindsearch.retrieval.factory import ensure_index
 
         world = Path(ensure_world_for(cfg.data))
         retriever = load_retriever(cfg.retrieval, ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}",

@@ -41,7 +41,7 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
     from hindsearch.micro import resolve_alias
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
     from hindsearch.train.run import load_records, resolve_data
     from hindsearch.train.warmup import ensure_warmup, select_records
 

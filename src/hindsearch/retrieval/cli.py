@@ -25,7 +25,7 @@ def cmd_index(args: argparse.Namespace) -> int:
         return 0
     if args.query_prefix is not None:
         raise ValueError("--query-prefix goes with --faiss-index (a built dense index uses its encoder's prefixes)")
-    from hindsearch.retrieval.base import build_index
+    from hindsearch.retrieval.factory import build_index
 
     meta = build_index(args.corpus, args.out, kind=args.kind, encoder=args.encoder or "minilm", skip_bad=args.skip_bad,
                        hnsw=args.hnsw, device=args.device, batch_size=args.batch_size)
@@ -60,7 +60,7 @@ def cmd_search(args: argparse.Namespace) -> int:
 
         retriever = RemoteRetriever(args.url, timeout_s=args.timeout, retries=1)
     else:
-        from hindsearch.retrieval.base import load_index
+        from hindsearch.retrieval.factory import load_index
 
         retriever = load_index(index_folder(args), device=args.device)
     for query in args.query:

@@ -281,7 +281,9 @@ def serve(
     """Load ``index_dir`` and serve it with uvicorn until interrupted."""
     import uvicorn
 
-    from hindsearch.retrieval.base import load_index, read_meta
+    from hindsearch.retrieval.base import read_meta
+
+    from hindsearch.retrieval.factory import load_index
 
     limits = (limits or ServerLimits()).validate()
     if not 0 <= port <= 65535:

@@ -84,7 +84,7 @@ def resolve_data(cfg: Config) -> dict[str, Any]:
         world = Path(ensure_world_for(cfg.data))
     index_dir = cfg.retrieval.index_dir
     if needs_index:
-        from hindsearch.retrieval.base import ensure_index
+        from hindsearch.retrieval.factory import ensure_index
 
         index_dir = ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind)
     return {
@@ -365,7 +365,7 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 
     from hindsearch.agent.rollout import HFBackend, RolloutEngine
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
 
     from hindsearch.memory import StageMemory, format_memory_table
 

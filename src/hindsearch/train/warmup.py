@@ -454,7 +454,7 @@ def _train_data(cfg: Any) -> tuple[list[QARecord], Any]:
     records = load_qa(cfg.data.train) if cfg.data.train else load_qa(world / "train.jsonl")
     if cfg.data.max_train_questions:
         records = records[: cfg.data.max_train_questions]
-    from hindsearch.retrieval.base import ensure_index, load_retriever
+    from hindsearch.retrieval.factory import ensure_index, load_retriever
 
     index_dir = cfg.retrieval.index_dir
     if index_dir is None and cfg.retrieval.kind != "remote":
