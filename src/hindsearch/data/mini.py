@@ -145,13 +145,9 @@ def _corpus_rows(path: Path) -> Iterator[tuple[str, str]]:
         yield (p.bare_title, p.text) if "\n" in p.contents else ("", p.contents)
 
 
-def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]:
-    """Build the mini-wiki and the filtered benchmarks in ``out``; returns the ``mini.json`` dict."""
-    shared, out = Path(shared), Path(out)
-    if not shared.is_dir():
-        raise FileNotFoundError(f"shared data folder not found: {shared}")
-    t0 = time.perf_counter()
-    corpus, missing = MiniCorpus(), []
+def _collect_corpus(shared: Path, missing: list[str]) -> MiniCorpus:
+    """Every passage of the corpus files and of the multi-hop rows' paragraphs (missing files are noted)."""
+    corpus = MiniCorpus()
     for rel in CORPUS_FILES:
         if not (shared / rel).is_file():
             missing.append(rel)
@@ -165,10 +161,13 @@ def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]
         for _, err, row in read_rows(shared / rel):
             for p in paragraphs_of(row) if isinstance(row, dict) else []:
                 corpus.add(p.title, p.text, rel)
-    out.mkdir(parents=True, exist_ok=True)
-    write_corpus(out / "corpus.jsonl", corpus.passages)
+    return corpus
+
+
+def _read_benchmarks(shared: Path, missing: list[str]) -> dict[str, list[tuple[Any, QARecord]]]:
+    """Each benchmark's (raw row, record) pairs; a malformed row is an error naming file and line."""
     rows: dict[str, list[tuple[Any, QARecord]]] = {}
-    for name, (rel, kind) in BENCHMARKS.items():
+    for name, (rel, _kind) in BENCHMARKS.items():
         if not (shared / rel).is_file():
             missing.append(rel)
             continue
@@ -179,31 +178,46 @@ def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]
             rec = row_to_record(row, default_id=f"{name}_{len(rows[name])}", name=name)
             rec.data_source = name
             rows[name].append((row, rec))
+    return rows
+
+
+def _answerable(corpus: MiniCorpus, kind: str, row: Any, rec: QARecord) -> bool:
+    """Keep ``rec`` when the mini-wiki can answer it (``multi``: every evidence paragraph is in it; else a
+    passage holds a gold answer); records the passage ids it relies on in ``rec.metadata``."""
+    if kind == "multi":
+        paras = [p for p in paragraphs_of(row) if p.supporting or p.title in rec.evidence]
+        ids = [corpus.find(p.title, p.text) for p in paras]
+        if not paras or None in ids or not set(rec.evidence) <= {p.title for p in paras}:
+            return False
+        rec.metadata["evidence_ids"] = [corpus.passages[i].id for i in ids]
+        return True
+    hits = corpus.passages_with_answer(rec.golden_answers)
+    if hits:
+        rec.metadata["answer_passage_ids"] = [corpus.passages[i].id for i in hits]
+    return bool(hits)
+
+
+def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]:
+    """Build the mini-wiki and the filtered benchmarks in ``out``; returns the ``mini.json`` dict."""
+    shared, out = Path(shared), Path(out)
+    if not shared.is_dir():
+        raise FileNotFoundError(f"shared data folder not found: {shared}")
+    t0 = time.perf_counter()
+    missing: list[str] = []
+    corpus = _collect_corpus(shared, missing)
+    out.mkdir(parents=True, exist_ok=True)
+    write_corpus(out / "corpus.jsonl", corpus.passages)
+    rows = _read_benchmarks(shared, missing)
     corpus.build_answer_index({t for recs in rows.values() for _, r in recs for a in r.golden_answers
                                for t in fast_normalize(a).split()})
     bench: dict[str, Any] = {}
     for name, recs in rows.items():
         rel, kind = BENCHMARKS[name]
-        kept: list[QARecord] = []
-        total = len(recs)
-        for row, rec in recs:
-            if kind == "multi":
-                paras = [p for p in paragraphs_of(row) if p.supporting or p.title in rec.evidence]
-                ids = [corpus.find(p.title, p.text) for p in paras]
-                titles = {p.title for p in paras}
-                if not paras or None in ids or not set(rec.evidence) <= titles:
-                    continue
-                rec.metadata["evidence_ids"] = [corpus.passages[i].id for i in ids]
-            else:
-                hits = corpus.passages_with_answer(rec.golden_answers)
-                if not hits:
-                    continue
-                rec.metadata["answer_passage_ids"] = [corpus.passages[i].id for i in hits]
-            kept.append(rec)
+        kept = [rec for row, rec in recs if _answerable(corpus, kind, row, rec)]
         with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
             for r in kept:
                 f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
-        bench[name] = {"source": rel, "rule": kind, "total": total, "kept": len(kept)}
+        bench[name] = {"source": rel, "rule": kind, "total": len(recs), "kept": len(kept)}
     meta = {"passages": len(corpus.passages), "passages_per_source": corpus.added, "benchmarks": bench,
             "missing_sources": missing, "seconds": round(time.perf_counter() - t0, 2)}
     (out / "mini.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")

@@ -34,6 +34,7 @@ import json
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -143,21 +144,12 @@ def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Seq
     return _mean([float(bool(t.turns) and t.turns[0].action == "search") for t in outs])
 
 
-def run_probe(engine: Any, records: Sequence[QARecord], cfg: Any, n: int = 64, samples: int = 4, seed: int = 0,
-              log: Any = print) -> dict[str, Any]:
-    """All probes on the first ``n`` greedy failures among ``records`` (see the module docstring)."""
+def _probe_judges(engine: Any, cfg: Any) -> dict[str, Any]:
+    """The gold and no-gold judges of the probe (oracle, or the LM judge on ``judge_model`` / the policy)."""
     from hindsearch.hindsight.judge import LMJudge, OracleJudge
 
-    t0 = time.time()
-    tok = engine.tokenizer
-    base = engine.rollout(list(records), greedy=True)
-    failed = [t for t in base if t.failed][:n]
-    by_id = {r.id: r for r in records}
-    recs = [by_id[t.qid] for t in failed]
-    log(f"probe: {len(failed)} failed of {len(base)} greedy training rollouts (student EM {_mean([t.em for t in base]):.3f})")
     h = cfg.hindsearch
-    judges: dict[str, Any] = {}
-    jm, jt = engine.model, tok
+    jm, jt = engine.model, engine.tokenizer
     if h.judge_kind == "lm" and h.judge_model:
         from dataclasses import replace
 
@@ -165,45 +157,74 @@ def run_probe(engine: Any, records: Sequence[QARecord], cfg: Any, n: int = 64, s
 
         jm, jt = load_policy(replace(cfg.model, name=h.judge_model, gguf_file=None))
         jm.eval()
+    judges: dict[str, Any] = {}
     for name, gold in (("critique_gold", True), ("critique_nogold", False)):
         if h.judge_kind == "oracle":
             judges[name] = OracleJudge(gold, h.judge_template, h.redact_gold_in_critique)
         else:
             judges[name] = LMJudge(jm, jt, _replace_gold(h, gold))
-    lines = hint_lines(failed, cfg, judges)
-    student_prompts = [engine.prompt_ids(t.question) for t in failed]
+    return judges
+
+
+@dataclass
+class _ProbeState:
+    """The failures a probe works on and the student's state after its first information block."""
+
+    failed: list[Trajectory]
+    recs: list[QARecord]
+    prompts: list[list[int]]
+    st_rows: list[int]
+    st_pref: list[list[int]]
+
+
+def _probe_hint(engine: Any, st: _ProbeState, hint: list[str | None], neutral: list[str | None], name: str,
+                samples: int, seed: int) -> dict[str, Any]:
+    """Probes of one hint line: full rerun, rerun from the student's state, P(search again), token gaps."""
+    tok, failed, st_rows = engine.tokenizer, st.failed, st.st_rows
+    rows = [i for i, x in enumerate(hint) if x is not None]
+    rer = engine.rollout([st.recs[i] for i in rows], greedy=True, hints=[hint[i] for i in rows]) if rows else []
+    entry: dict[str, Any] = {"usable": len(rows), "rerun": rerun_stats(rer)}
+    srows = [j for j, i in enumerate(st_rows) if hint[i] is not None]
+    recs_s = [st.recs[st_rows[j]] for j in srows]
+    pref_s = [st.st_pref[j] for j in srows]
+    sc = engine.rollout(recs_s, greedy=True, hints=[hint[st_rows[j]] for j in srows], prefixes=pref_s) if srows else []
+    entry["state"] = state_stats(engine, tok, [st.prompts[st_rows[j]] for j in srows], pref_s, sc,
+                                 [failed[st_rows[j]] for j in srows])
+    t2 = [j for j in srows if failed[st_rows[j]].hops == 2]
+    entry["p_search_two_hop"] = decision_probability(
+        engine, [st.recs[st_rows[j]] for j in t2], [st.st_pref[j] for j in t2], [hint[st_rows[j]] for j in t2], samples, seed)
+    if name != "neutral":
+        entry["gap"] = token_gaps(engine.model, tok, failed, hint, neutral, st.prompts)
+    if name.startswith("critique"):
+        entry["example"] = next((x for x in hint if x), None)
+    return entry
+
+
+def run_probe(engine: Any, records: Sequence[QARecord], cfg: Any, n: int = 64, samples: int = 4, seed: int = 0,
+              log: Any = print) -> dict[str, Any]:
+    """All probes on the first ``n`` greedy failures among ``records`` (see the module docstring)."""
+    t0 = time.time()
+    base = engine.rollout(list(records), greedy=True)
+    failed = [t for t in base if t.failed][:n]
+    by_id = {r.id: r for r in records}
+    log(f"probe: {len(failed)} failed of {len(base)} greedy training rollouts (student EM {_mean([t.em for t in base]):.3f})")
+    lines = hint_lines(failed, cfg, _probe_judges(engine, cfg))
+    st_rows = [i for i, t in enumerate(failed) if first_info_end(t) is not None]
+    st = _ProbeState(failed, [by_id[t.qid] for t in failed], [engine.prompt_ids(t.question) for t in failed], st_rows,
+                     [list(failed[i].completion_ids[: first_info_end(failed[i])]) for i in st_rows])
     result: dict[str, Any] = {"n_questions": len(base), "n_failed": len(failed), "student_em": _mean([t.em for t in base]),
-                              "judge_kind": h.judge_kind, "hints": {}}
-    usable = {k: [i for i, x in enumerate(v) if x is not None] for k, v in lines.items()}
+                              "judge_kind": cfg.hindsearch.judge_kind, "hints": {}}
     # probe 1: hint gain (the student rerun is the failures themselves, EM 0 by construction)
     result["student"] = {"rerun": rerun_stats(failed)}
-    st_rows = [i for i, t in enumerate(failed) if first_info_end(t) is not None]
-    st_pref = [list(failed[i].completion_ids[: first_info_end(failed[i])]) for i in st_rows]
-    st_recs = [recs[i] for i in st_rows]
-    conts = engine.rollout(st_recs, greedy=True, prefixes=st_pref) if st_rows else []
-    result["student"]["state"] = state_stats(engine, tok, [student_prompts[i] for i in st_rows], st_pref, conts,
+    st_recs = [st.recs[i] for i in st_rows]
+    conts = engine.rollout(st_recs, greedy=True, prefixes=st.st_pref) if st_rows else []
+    result["student"]["state"] = state_stats(engine, engine.tokenizer, [st.prompts[i] for i in st_rows], st.st_pref, conts,
                                              [failed[i] for i in st_rows])
     two = [j for j, i in enumerate(st_rows) if failed[i].hops == 2]
     result["student"]["p_search_two_hop"] = decision_probability(
-        engine, [st_recs[j] for j in two], [st_pref[j] for j in two], [None] * len(two), samples, seed)
+        engine, [st_recs[j] for j in two], [st.st_pref[j] for j in two], [None] * len(two), samples, seed)
     for name in HINTS:
-        rows = usable.get(name, [])
-        hs = [lines[name][i] for i in rows]
-        rer = engine.rollout([recs[i] for i in rows], greedy=True, hints=hs) if rows else []
-        entry: dict[str, Any] = {"usable": len(rows), "rerun": rerun_stats(rer)}
-        srows = [j for j, i in enumerate(st_rows) if lines[name][i] is not None]
-        sh = [lines[name][st_rows[j]] for j in srows]
-        sc = engine.rollout([st_recs[j] for j in srows], greedy=True, hints=sh, prefixes=[st_pref[j] for j in srows]) if srows else []
-        entry["state"] = state_stats(engine, tok, [student_prompts[st_rows[j]] for j in srows], [st_pref[j] for j in srows],
-                                     sc, [failed[st_rows[j]] for j in srows])
-        t2 = [j for j in srows if failed[st_rows[j]].hops == 2]
-        entry["p_search_two_hop"] = decision_probability(
-            engine, [st_recs[j] for j in t2], [st_pref[j] for j in t2], [lines[name][st_rows[j]] for j in t2], samples, seed)
-        if name != "neutral":
-            entry["gap"] = token_gaps(engine.model, tok, failed, lines[name], lines["neutral"], student_prompts)
-        if name.startswith("critique"):
-            entry["example"] = next((x for x in lines[name] if x), None)
-        result["hints"][name] = entry
+        result["hints"][name] = _probe_hint(engine, st, lines[name], lines["neutral"], name, samples, seed)
     result["seconds"] = time.time() - t0
     return result
 
