@@ -162,21 +162,13 @@ def _kind_counts(n: int) -> dict[str, int]:
     return c
 
 
-def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
-    """Create the entities and their relations (all by name), consistent in time."""
-    namer, counts = _Namer(rng), _kind_counts(n_entities)
-    ents: dict[str, Entity] = {}
-
-    def add(e: Entity) -> Entity:
-        ents[e.name] = e
-        return e
-
+def _make_places(rng: random.Random, namer: "_Namer", counts: dict[str, int]) -> tuple[list[Entity], list[Entity]]:
+    """Countries, then cities (a fifth share a stem with an earlier city), then each country's capital."""
     countries = []
     for _ in range(counts["country"]):
         name = namer.unique(lambda: namer.stem(1, 2) + rng.choice(_COUNTRY_SUFFIX))
-        countries.append(add(Entity("country", name, {"region": rng.choice(_REGIONS),
-                                                      "year": rng.randint(1450, 1890),
-                                                      "language": namer.stem(1, 2) + "ic"})))
+        countries.append(Entity("country", name, {"region": rng.choice(_REGIONS), "year": rng.randint(1450, 1890),
+                                                  "language": namer.stem(1, 2) + "ic"}))
     cities: list[Entity] = []
     stems: list[str] = []
     for i in range(counts["city"]):
@@ -187,14 +179,18 @@ def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
         name = name or namer.unique(lambda: rng.choice(_CITY_FORMS).format(namer.stem()))
         stems.append(name.split()[-1] if name.split()[0] in ("New", "Port", "Upper") else name.split()[0])
         country = countries[i % len(countries)]  # every country gets cities
-        cities.append(add(Entity("city", name, {"country": country.name, "year": rng.randint(850, 1820),
-                                                "river": namer.stem(1, 2)})))
+        cities.append(Entity("city", name, {"country": country.name, "year": rng.randint(850, 1820),
+                                            "river": namer.stem(1, 2)}))
     for c in countries:
         own = [x for x in cities if x.attrs["country"] == c.name]
         c.attrs["capital"] = own[0].name
         c.attrs["cities"] = [x.name for x in own[1:4]]
         own[0].attrs["capital_of"] = c.name
+    return countries, cities
 
+
+def _make_people(rng: random.Random, namer: "_Namer", counts: dict[str, int], cities: list[Entity]) -> list[Entity]:
+    """People (a third with a middle name, findable by the short form too), a third of them married pairwise."""
     first_names = [namer.stem(2, 2) for _ in range(max(30, counts["person"] // 3))]
     surnames = [namer.stem(2, 3) for _ in range(max(20, counts["person"] // 3))]
     people: list[Entity] = []
@@ -205,31 +201,46 @@ def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
         if not namer.claim(*([full, short] if short else [full])):
             continue
         city = rng.choice(cities)
-        people.append(add(Entity("person", full, {
+        people.append(Entity("person", full, {
             "born_in": city.name, "country": city.attrs["country"], "birth_year": rng.randint(1760, 1960),
-            "occupation": rng.choice(_OCCUPATIONS), "gender": rng.choice("mf")}, [short] if short else [])))
+            "occupation": rng.choice(_OCCUPATIONS), "gender": rng.choice("mf")}, [short] if short else []))
     singles = people[:]
     rng.shuffle(singles)
     for a, b in zip(singles[0:len(singles) // 3], singles[len(singles) // 3: 2 * len(singles) // 3]):
         a.attrs["spouse"], b.attrs["spouse"] = b.name, a.name
+    return people
 
+
+def _make_orgs_and_works(rng: random.Random, namer: "_Namer", counts: dict[str, int], cities: list[Entity],
+                         people: list[Entity]) -> list[Entity]:
+    """Organisations (founder, HQ, employees) and works (author, genre, year)."""
     orgs = []
     for _ in range(counts["org"]):
         founder = rng.choice(people)
         name = namer.unique(lambda: f"{namer.stem()} {rng.choice(_ORG_KINDS)}" if rng.random() < 0.75
                             else f"{founder.name.split()[-1]} {rng.choice(_ORG_KINDS)}")
-        orgs.append(add(Entity("org", name, {"founded_by": founder.name, "hq": rng.choice(cities).name,
-                                             "year": founder.attrs["birth_year"] + rng.randint(22, 55)})))
+        orgs.append(Entity("org", name, {"founded_by": founder.name, "hq": rng.choice(cities).name,
+                                         "year": founder.attrs["birth_year"] + rng.randint(22, 55)}))
     for p in people:
         if rng.random() < 0.85:
             p.attrs["employer"] = rng.choice(orgs).name
+    works = []
     for _ in range(counts["work"]):
         author = rng.choice(people)
         name = namer.unique(lambda: rng.choice(["The {} {}", "{1} of {0}", "The {1} of {0}"]).format(
             namer.stem() if rng.random() < 0.7 else rng.choice(cities).name, rng.choice(_WORK_NOUNS)))
-        add(Entity("work", name, {"author": author.name, "genre": rng.choice(_GENRES),
-                                  "year": author.attrs["birth_year"] + rng.randint(20, 60)}))
-    return ents
+        works.append(Entity("work", name, {"author": author.name, "genre": rng.choice(_GENRES),
+                                           "year": author.attrs["birth_year"] + rng.randint(20, 60)}))
+    return orgs + works
+
+
+def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
+    """Create the entities and their relations (all by name), consistent in time (same draw order as ever)."""
+    namer, counts = _Namer(rng), _kind_counts(n_entities)
+    countries, cities = _make_places(rng, namer, counts)
+    people = _make_people(rng, namer, counts, cities)
+    rest = _make_orgs_and_works(rng, namer, counts, cities, people)
+    return {e.name: e for e in countries + cities + people + rest}
 
 
 def _article(word: str) -> str:
