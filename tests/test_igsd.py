@@ -18,7 +18,7 @@ from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
-from hindsearch.train.aux import AuxContext
+from hindsearch.hindsight.contract import AuxContext
 
 FACTS = [
     ("Edwin Marlow", "Edwin Marlow was a painter born in the harbour town of Kestrel Bay in 1821."),

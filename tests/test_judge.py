@@ -16,7 +16,7 @@ from hindsearch.hindsight.teacher import encode_prompt, teacher_token_logprobs
 from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Trajectory, Turn
-from hindsearch.train.aux import AuxContext
+from hindsearch.hindsight.contract import AuxContext
 
 TEMPLATE = HindSearchConfig().judge_template
 

@@ -15,7 +15,7 @@ import torch
 from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401 - fixtures
 
 from hindsearch.config import Config
-from hindsearch.train.aux import AuxBatch, AuxContext
+from hindsearch.hindsight.contract import AuxBatch, AuxContext
 
 
 def backbone_perturbation(model, delta_fn):

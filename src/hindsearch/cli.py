@@ -17,7 +17,7 @@ COMMAND_MODULES = (
     "hindsearch.retrieval.cli",
     "hindsearch.agent.cli",
     "hindsearch.train.cli",
-    "hindsearch.hindsight.cli",
+    "hindsearch.train.probe_cli",
     "hindsearch.report",
 )
 

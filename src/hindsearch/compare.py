@@ -426,7 +426,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
-        from hindsearch.hindsight.cli import probe_checkpoint
+        from hindsearch.train.probe_cli import probe_checkpoint
 
         probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
     if isolate and jobs > 1:

@@ -1,4 +1,4 @@
-"""The two auxiliary terms the GRPO trainer adds (``hindsearch.train.aux.AuxTerm``).
+"""The two auxiliary terms the GRPO trainer adds (``hindsearch.hindsight.contract.AuxTerm``).
 
 - ``HindSearchTerm`` (name ``hind``): judge critiques of failed rollouts → teacher log-probs with the
   critique in the prompt → ``L_hind`` on the distilled tokens (query tokens, or with ``distill_on =
@@ -39,7 +39,7 @@ from hindsearch.hindsight.teacher import (
     through_last_query,
 )
 from hindsearch.records import Trajectory
-from hindsearch.train.aux import AuxBatch, AuxContext, AuxTerm
+from hindsearch.hindsight.contract import AuxBatch, AuxContext, AuxTerm
 
 
 def mask_positions(mask: torch.Tensor, completion_len: int) -> torch.Tensor:

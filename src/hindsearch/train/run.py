@@ -193,7 +193,7 @@ def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
 def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retriever: Any, train_records: list[Any],
                   run_dir: Path) -> Any:
     """``HindsearchGRPOTrainer`` with the method's terms and their context."""
-    from hindsearch.train.aux import AuxContext
+    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
     from hindsearch.models import lora_peft_config

@@ -2,7 +2,7 @@
 
 Objective: ``L = L_GRPO + sum_k lam_k * L_k`` where ``L_GRPO`` is TRL's loss exactly as TRL computes it
 (its ``loss_type``, PPO clipping, KL to the reference with ``beta``, schedulers) over rollouts whose
-injected tokens are masked out, and ``L_k`` are the hindsight terms of ``hindsearch.train.aux``
+injected tokens are masked out, and ``L_k`` are the hindsight terms of ``hindsearch.hindsight.contract``
 (HindSearch, IGSD; none for ``method = grpo``).
 
 What the subclass wires (the math lives in ``rollout_adapter`` and the terms):

@@ -1,0 +1,41 @@
+"""Dependencies point one way: each rule reads the imports of the package's source (AST, every
+``import``/``from`` at any depth, lazy ones included)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "hindsearch"
+
+
+def imports_of(path: Path) -> set[str]:
+    """Every module ``path`` imports (absolute names; relative imports resolved against the package)."""
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            out.add(node.module)
+            out.update(f"{node.module}.{a.name}" for a in node.names)
+    return out
+
+
+@pytest.mark.parametrize(
+    "files, forbidden",
+    [
+        ("hindsight/*.py", "hindsearch.train"),  # the aux-term contract lives in hindsight/contract.py
+        ("retrieval/base.py", "hindsearch.retrieval.bm25"),  # factory.py is the one module that knows them
+        ("retrieval/base.py", "hindsearch.retrieval.dense"),
+        ("retrieval/base.py", "hindsearch.retrieval.client"),
+        ("config.py", "torch"),  # validation runs before any model (or torch) loads
+    ],
+)
+def test_dependency_rules(files, forbidden):
+    paths = sorted(SRC.glob(files))
+    assert paths, files
+    bad = {p.relative_to(SRC).as_posix(): sorted(m for m in imports_of(p) if m == forbidden or m.startswith(forbidden + "."))
+           for p in paths}
+    assert not {k: v for k, v in bad.items() if v}, f"{files} must not import {forbidden}"
