@@ -138,7 +138,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
                                 "hindsearch.neutral_control=true"],
                  "igsd": ["igsd.max_positions_per_rollout=2", "igsd.max_query_tokens=4", "igsd.n_controls=1"]}[method]
         cfg = Config.load(None, [o for o in OVERRIDES if not o.startswith("train.save_steps")]
-                          + [f'method="{method}"', "train.save_steps=100", "train.beta=0.04"] + extra)
+                          + [f'method="{method}"', "train.save_steps=100", "train.kl_coef=0.04"] + extra)
         model = AutoModelForCausalLM.from_pretrained(d / "init")
         model.train()
         engine = Engine(model, tok, retriever, cfg.rollout, all_gold=rank != 0)

@@ -43,9 +43,9 @@ Which models are sharded (``train/run.py: build_trainer``):
 
 - the **policy** is ``accelerator.prepare``'d: sharded under ZeRO-3 and FSDP (TRL's rollout gathers
   it for generation only when ``ds3_gather_for_generation`` is true; FSDP is never gathered);
-- ``frozen`` with ``train.beta > 0`` (the presets) and no LoRA is TRL's ``ref_model``, which TRL
+- ``frozen`` with ``train.kl_coef > 0`` (the presets) and no LoRA is TRL's ``ref_model``, which TRL
   prepares with ``prepare_deepspeed`` / ``prepare_fsdp``: **sharded**;
-- ``frozen`` with ``train.beta = 0`` or LoRA is ``copy.deepcopy(policy)`` taken before the trainer
+- ``frozen`` with ``train.kl_coef = 0`` or LoRA is ``copy.deepcopy(policy)`` taken before the trainer
   exists, and ``ema`` is always such a copy, and a separate ``hindsearch.judge_model`` is loaded by
   ``models.load_policy``: these are **unsharded frozen copies** (never ``accelerator.prepare``'d),
   a full copy of the weights on every rank: ``n_params x bytes_per_param`` each, e.g. Qwen2.5-3B
