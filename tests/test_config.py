@@ -121,18 +121,44 @@ def test_summary_table_and_truncate(tmp_path):
 
 
 def test_choices_are_declared_once_and_read_by_code():
-    """Validation and the code that dispatches on a name read the same tuple (field metadata)."""
+    """Validation and the loss registries read the same names (field metadata); every declared name is registered."""
     from hindsearch.config import HindSearchConfig, IGSDConfig, choices_of
     from hindsearch.hindsight import losses
 
-    assert losses.AGG_MODES == choices_of(HindSearchConfig, "aggregation")
+    assert losses.AGG_MODES == choices_of(HindSearchConfig, "aggregation") == choices_of(IGSDConfig, "aggregation")
     assert losses.GATES == choices_of(IGSDConfig, "gate")
+    assert set(losses.AGGREGATIONS) == set(losses.AGG_MODES)
+    assert set(losses.GATE_FNS) == set(losses.GATES)
+    assert set(losses.DIVERGENCES) == set(choices_of(HindSearchConfig, "divergence"))
     for mode in losses.AGG_MODES:  # every declared value is one the code accepts
         losses.agg(torch.ones(2, 3), torch.ones(2, 3), mode)
     for kind in losses.GATES:
         losses.gate(torch.tensor([0.5]), kind)
+    with pytest.raises(ValueError, match="not one of token-mean"):
+        losses.agg(torch.ones(2, 3), torch.ones(2, 3), "mean")
+    with pytest.raises(ValueError, match="divergence 'kl' is not one of clamped_sampled"):
+        losses.divergence("kl")
     with pytest.raises(KeyError):
         choices_of(IGSDConfig, "lam")
+
+
+def test_a_registered_divergence_is_used_by_the_term():
+    """A divergence added with ``register_divergence`` is what HindSearchTerm.loss computes (the registry is
+    the dispatch, not a list of if-branches)."""
+    from hindsearch.config import HindSearchConfig
+    from hindsearch.hindsight import losses
+    from hindsearch.hindsight.terms import HindSearchTerm
+
+    losses.register_divergence("clamped_sampled")(lambda x: 0.0 * x.lS + 7.0)  # replace, then restore
+    try:
+        term = HindSearchTerm(HindSearchConfig())
+        logits = torch.randn(3, 11, requires_grad=True)
+        idx = torch.tensor([[0, 0], [0, 1], [1, 2]])
+        inputs = {"hind_mask": torch.ones(2, 4), "hind_lT": torch.zeros(2, 4)}
+        L, _ = term.loss(logits, idx, torch.zeros(2, 4, dtype=torch.long), inputs)
+        assert L.item() == pytest.approx(7.0)
+    finally:
+        losses.register_divergence("clamped_sampled")(losses._clamped_sampled)
 
 
 def test_renamed_keys_are_read_with_a_deprecation_message(tmp_path, capsys):

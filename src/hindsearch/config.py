@@ -27,6 +27,7 @@ from typing import Any
 METHODS = ("grpo", "hindsearch", "igsd", "hindsearch+igsd")
 TEACHERS = ("frozen", "live", "ema")
 FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
+AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
 
 RENAMED: dict[tuple[str, str], str] = {("train", "beta"): "kl_coef", ("igsd", "beta"): "gate_sharpness"}
 """Old ``(section, key)`` -> new key: read with a deprecation message, written under the new name."""
@@ -277,7 +278,7 @@ class HindSearchConfig:
     """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``) or ``action``
     (the query tokens plus, in every turn after an information block, the turn's first token and the
     tokens of its ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made)."""
-    aggregation: str = choice("token-mean", ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum"))
+    aggregation: str = choice("token-mean", AGGREGATIONS)
     """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
     this tuple)."""
     neutral_control: bool = False
@@ -318,6 +319,9 @@ class IGSDConfig:
     with a deprecation message."""
     margin: float = 0.0
     """Gate margin on the paired gain delta."""
+    aggregation: str = choice("token-mean", AGGREGATIONS)
+    """How ``L_igsd`` is reduced over the verified positions (``token-mean``: gated KL summed over positions
+    divided by their number, the paper's form)."""
     max_answer_tokens: int = bounded(16, gt=0)
     """Answer tokens scored by the utility u(D); longer answers are cut (and counted)."""
     teacher: str = choice("frozen", TEACHERS)

@@ -665,17 +665,3 @@ def pair_record(p: Pair, controls: list[list[Passage]], tokenizer: Any) -> dict[
         "u_S": p.u["S"], "u_T": p.u["T"], "ig_S": p.ig["S"], "ig_T": p.ig["T"], "delta": p.delta, "gate": p.gate,
         "p_T_teacher_token": p.p_T[0],
     }
-
-
-def igsd_term_loss(logits: torch.Tensor, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-    """``L_igsd`` from live student logits and the prepared tensors at the same positions → scalar.
-
-    ``logits [..., V]`` and every ``inputs["igsd_*"]`` of shape ``[...]`` (``[N]`` at selected positions, or
-    ``[B, T]``); exact 0 when no position is verified.
-    """
-    lg = logits
-    pair_ids = torch.stack([inputs["igsd_b"], inputs["igsd_a"]], dim=-1).to(lg.device).long()  # [..., 2]
-    sp = lg.gather(-1, pair_ids)  # [..., 2] student pair logits (b, a)
-    kl = losses.pair_kl(inputs["igsd_pT"].to(lg.device).reshape(-1, 2), sp.reshape(-1, 2)).view(sp.shape[:-1])
-    mask = inputs["igsd_mask"].to(lg.device)
-    return losses.igsd_loss(inputs["igsd_gate"].to(lg.device), kl, mask)

@@ -31,9 +31,19 @@ IGSD (information-gain-gated candidate-pair distillation)::
     p_T = softmax(teacher logits at {b_t, a_t}),  p_S = softmax(student logits at {b_t, a_t})
     g_t = gate(delta_t)                                   (detached)
     L_igsd = sum_t g_t * KL(p_T || p_S) / num_positions
+
+Registries (verl ``core_algos`` style): ``DIVERGENCES``, ``GATE_FNS`` and ``AGGREGATIONS`` map a
+config name to its function (``register_divergence`` / ``register_gate`` / ``register_aggregation``
+add one). The names a config may use are declared once, on the config fields
+(``hindsearch.divergence``, ``igsd.gate``, ``hindsearch.aggregation`` / ``igsd.aggregation``); a test
+checks that every declared name is registered. The reduction mode is a config field of each term,
+never a constant here.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +57,45 @@ GATES = choices_of(IGSDConfig, "gate")
 """IGSD gates (declared once, on the config field)."""
 
 
+# ---------------------------------------------------------------------------------------- aggregation
+Aggregation = Callable[[Tensor, Tensor], Tensor]
+"""``(masked_loss [B, T], mask [B, T] as loss dtype) -> scalar``; masked-out entries are already 0."""
+AGGREGATIONS: dict[str, Aggregation] = {}
+
+
+def register_aggregation(name: str) -> Callable[[Aggregation], Aggregation]:
+    """Decorator: make ``fn`` the reduction called ``name`` (a value of the terms' ``aggregation`` field)."""
+    def add(fn: Aggregation) -> Aggregation:
+        AGGREGATIONS[name] = fn
+        return fn
+    return add
+
+
+@register_aggregation("token-mean")
+def _token_mean(masked: Tensor, m: Tensor) -> Tensor:
+    return masked.sum() / m.sum().clamp(min=1.0)
+
+
+@register_aggregation("sum")
+def _sum(masked: Tensor, m: Tensor) -> Tensor:
+    return masked.sum()
+
+
+def _seq_mean(row: Tensor, m: Tensor) -> Tensor:
+    has = (m.sum(-1) > 0).to(row.dtype)
+    return (row * has).sum() / has.sum().clamp(min=1.0)
+
+
+@register_aggregation("seq-mean-token-mean")
+def _seq_mean_token_mean(masked: Tensor, m: Tensor) -> Tensor:
+    return _seq_mean(masked.sum(-1) / m.sum(-1).clamp(min=1.0), m)
+
+
+@register_aggregation("seq-mean-token-sum")
+def _seq_mean_token_sum(masked: Tensor, m: Tensor) -> Tensor:
+    return _seq_mean(masked.sum(-1), m)
+
+
 def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
     """Reduce a per-token loss ``[B, T]`` under a 0/1 ``mask [B, T]`` to a scalar.
 
@@ -54,19 +103,10 @@ def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
     have a masked token of each row's token mean; ``seq-mean-token-sum``: same with row sums;
     ``sum``: plain masked sum. Empty masks give an exact 0 that keeps ``loss``'s graph.
     """
-    m = mask.to(loss.dtype)
-    masked = torch.where(mask.bool(), loss, torch.zeros_like(loss))
-    if mode == "token-mean":
-        return masked.sum() / m.sum().clamp(min=1.0)
-    if mode == "sum":
-        return masked.sum()
-    if mode in ("seq-mean-token-mean", "seq-mean-token-sum"):
-        row = masked.sum(-1)
-        if mode == "seq-mean-token-mean":
-            row = row / m.sum(-1).clamp(min=1.0)
-        has = (m.sum(-1) > 0).to(loss.dtype)
-        return (row * has).sum() / has.sum().clamp(min=1.0)
-    raise ValueError(f"agg mode {mode!r} is not one of {AGG_MODES}")
+    fn = AGGREGATIONS.get(mode)
+    if fn is None:
+        raise ValueError(f"agg mode {mode!r} is not one of {', '.join(AGGREGATIONS)}")
+    return fn(torch.where(mask.bool(), loss, torch.zeros_like(loss)), mask.to(loss.dtype))
 
 
 def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
@@ -162,6 +202,72 @@ def topk_jsd(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp
     return agg(topk_jsd_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
 
 
+# ---------------------------------------------------------------------------------------- divergences
+@dataclass
+class DistillInputs:
+    """What a HindSearch divergence sees at ``N`` selected positions."""
+
+    lS: Tensor
+    """``[N]`` student log-prob of the sampled token (with grad)."""
+    lT: Tensor
+    """``[N]`` teacher log-prob of the same token (constant)."""
+    logits: Tensor
+    """``[N, V]`` student logits (with grad)."""
+    topk_ids: Tensor | None = None
+    """``[N, K]`` teacher top-k token ids (only for divergences registered with ``needs_topk``)."""
+    topk_logp: Tensor | None = None
+    """``[N, K]`` teacher log-probs of those ids."""
+    signed_clip: float = 1.0
+    """Clip of the ``signed`` advantage."""
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A registered per-token distillation loss ``fn(DistillInputs) -> [N]``."""
+
+    fn: Callable[[DistillInputs], Tensor]
+    needs_topk: bool = False
+    """True when it reads the teacher's top-k ids and log-probs (the term then prepares them)."""
+
+
+DIVERGENCES: dict[str, Divergence] = {}
+
+
+def register_divergence(name: str, needs_topk: bool = False) -> Callable[[Callable[[DistillInputs], Tensor]], Callable]:
+    """Decorator: make ``fn`` the divergence called ``name`` (a value of ``hindsearch.divergence``)."""
+    def add(fn: Callable[[DistillInputs], Tensor]) -> Callable[[DistillInputs], Tensor]:
+        DIVERGENCES[name] = Divergence(fn, needs_topk)
+        return fn
+    return add
+
+
+def divergence(name: str) -> Divergence:
+    """The registered divergence ``name`` (clear error naming the registered ones)."""
+    if name not in DIVERGENCES:
+        raise ValueError(f"divergence {name!r} is not one of {', '.join(DIVERGENCES)}")
+    return DIVERGENCES[name]
+
+
+@register_divergence("clamped_sampled")
+def _clamped_sampled(x: DistillInputs) -> Tensor:
+    return -clamped_sampled_weight(x.lT, x.lS) * x.lS
+
+
+@register_divergence("signed")
+def _signed(x: DistillInputs) -> Tensor:
+    return -signed_advantage(x.lT, x.lS, x.signed_clip) * x.lS
+
+
+@register_divergence("reverse_kl", needs_topk=True)
+def _reverse_kl(x: DistillInputs) -> Tensor:
+    return topk_reverse_kl_per_token(x.logits, x.topk_ids, x.topk_logp)
+
+
+@register_divergence("jsd", needs_topk=True)
+def _jsd(x: DistillInputs) -> Tensor:
+    return topk_jsd_per_token(x.logits, x.topk_ids, x.topk_logp)
+
+
 def gap_diagnostics(lT: Tensor, lS: Tensor, mask: Tensor, eps: float = 1e-4) -> dict[str, float]:
     """Teacher-minus-student statistics on the masked tokens; ``lT``, ``lS``, ``mask``: ``[B, T]``.
 
@@ -194,27 +300,70 @@ def pair_kl(p_T: Tensor, student_pair_logits: Tensor) -> Tensor:
     return (torch.xlogy(p_T, p_T) - p_T * log_ps).sum(-1)
 
 
+# ---------------------------------------------------------------------------------------- gates
+GateFn = Callable[[Tensor, float, float], Tensor]
+"""``(delta [N] float, sharpness, margin) -> gate [N]``."""
+GATE_FNS: dict[str, GateFn] = {}
+
+
+def register_gate(name: str) -> Callable[[GateFn], GateFn]:
+    """Decorator: make ``fn`` the IGSD gate called ``name`` (a value of ``igsd.gate``)."""
+    def add(fn: GateFn) -> GateFn:
+        GATE_FNS[name] = fn
+        return fn
+    return add
+
+
+@register_gate("positive_sigmoid")
+def _positive_sigmoid(d: Tensor, sharpness: float, margin: float) -> Tensor:
+    return torch.sigmoid(sharpness * (d - margin)) * (d > margin).float()
+
+
+@register_gate("sigmoid")
+def _sigmoid(d: Tensor, sharpness: float, margin: float) -> Tensor:
+    return torch.sigmoid(sharpness * (d - margin))
+
+
+@register_gate("hard")
+def _hard(d: Tensor, sharpness: float, margin: float) -> Tensor:
+    return (d > margin).float()
+
+
+@register_gate("none")
+def _ungated(d: Tensor, sharpness: float, margin: float) -> Tensor:
+    return torch.ones_like(d)
+
+
 def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0, margin: float = 0.0) -> Tensor:
-    """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached.
+    """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached; ``beta`` is the sharpness.
 
     ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]``; ``sigmoid``: no indicator;
     ``hard``: ``[delta > margin]``; ``none``: 1 everywhere (ungated pair distillation).
     """
-    d = delta.detach().float()
-    if kind == "positive_sigmoid":
-        return torch.sigmoid(beta * (d - margin)) * (d > margin).float()
-    if kind == "sigmoid":
-        return torch.sigmoid(beta * (d - margin))
-    if kind == "hard":
-        return (d > margin).float()
-    if kind == "none":
-        return torch.ones_like(d)
-    raise ValueError(f"gate {kind!r} is not one of {GATES}")
+    fn = GATE_FNS.get(kind)
+    if fn is None:
+        raise ValueError(f"gate {kind!r} is not one of {', '.join(GATE_FNS)}")
+    return fn(delta.detach().float(), beta, margin)
 
 
-def igsd_loss(gates: Tensor, kl: Tensor, mask: Tensor) -> Tensor:
-    """``sum(g * KL * mask) / max(sum(mask), 1)``; any matching shapes (``[N]`` or ``[B, T]``) → scalar.
+def igsd_loss(gates: Tensor, kl: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
+    """``agg(g * KL, mask, mode)``, by default ``sum(g * KL * mask) / max(sum(mask), 1)``; any matching
+    shapes (``[N]`` or ``[B, T]``) → scalar.
 
     ``mask`` marks the verified positions (the denominator counts them whether or not their gate is 0).
     """
-    return agg(gates.detach() * kl, mask, "token-mean")
+    return agg(gates.detach() * kl, mask, mode)
+
+
+def igsd_pair_loss(logits: Tensor, b: Tensor, a: Tensor, p_T: Tensor, gates: Tensor, mask: Tensor,
+                   mode: str = "token-mean") -> Tensor:
+    """``L_igsd`` from live student logits ``[..., V]`` and the prepared pair tensors at the same positions.
+
+    ``b``, ``a`` ``[...]``: the student's and the teacher's token ids of each verified pair; ``p_T [..., 2]``
+    the teacher's pair distribution over ``(b, a)``; ``gates``, ``mask`` ``[...]``. Exact 0 when no position
+    is verified.
+    """
+    pair_ids = torch.stack([b, a], dim=-1).to(logits.device).long()  # [..., 2]
+    sp = logits.gather(-1, pair_ids)  # [..., 2] student pair logits (b, a)
+    kl = pair_kl(p_T.to(logits.device).reshape(-1, 2), sp.reshape(-1, 2)).view(sp.shape[:-1])
+    return igsd_loss(gates.to(logits.device), kl, mask.to(logits.device), mode)

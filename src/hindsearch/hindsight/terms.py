@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from hindsearch.hindsight import losses, sync
-from hindsearch.hindsight.igsd import igsd_term_loss, run_igsd
+from hindsearch.hindsight.igsd import run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
 from hindsearch.hindsight.teacher import (
     NEUTRAL_CRITIQUE,
@@ -93,7 +93,7 @@ class HindSearchTerm:
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
         c, B, T = self.cfg, len(trajectories), completion_len
-        k = c.topk if c.divergence in ("reverse_kl", "jsd") else 0
+        k = c.topk if losses.divergence(c.divergence).needs_topk else 0
         tens = {"hind_mask": torch.zeros(B, T), "hind_lT": torch.zeros(B, T)}
         if k:
             tens["hind_topk_ids"] = torch.zeros(B, T, k, dtype=torch.long)
@@ -185,13 +185,11 @@ class HindSearchTerm:
         mask = at(inputs["hind_mask"], idx).to(dev)
         lS = losses.token_logprobs(logits, at(completion_ids, idx).to(dev))  # [N]
         lT = at(inputs["hind_lT"], idx).to(dev)
-        if c.divergence == "clamped_sampled":
-            v = -losses.clamped_sampled_weight(lT, lS) * lS
-        elif c.divergence == "signed":
-            v = -losses.signed_advantage(lT, lS, c.signed_clip) * lS
-        else:
-            fn = losses.topk_reverse_kl_per_token if c.divergence == "reverse_kl" else losses.topk_jsd_per_token
-            v = fn(logits, at(inputs["hind_topk_ids"], idx).to(dev), at(inputs["hind_topk_logp"], idx).to(dev))
+        div = losses.divergence(c.divergence)
+        x = losses.DistillInputs(lS, lT, logits, signed_clip=c.signed_clip)
+        if div.needs_topk:
+            x.topk_ids, x.topk_logp = at(inputs["hind_topk_ids"], idx).to(dev), at(inputs["hind_topk_logp"], idx).to(dev)
+        v = div.fn(x)
         L = losses.agg(scatter(v, idx, shape), scatter(mask, idx, shape), c.aggregation)
         met = {"L_hind": float(L.detach()), **losses.gap_diagnostics(lT, lS, mask)}
         return L, met
@@ -224,7 +222,9 @@ class IGSDTerm:
     def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
              inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """``L_igsd`` from the student logits ``[N, V]`` at the selected positions ``idx [N, 2]``."""
-        L = igsd_term_loss(logits, {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")})
+        g = {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")}
+        L = losses.igsd_pair_loss(logits, g["igsd_b"], g["igsd_a"], g["igsd_pT"], g["igsd_gate"], g["igsd_mask"],
+                                  self.cfg.aggregation)
         return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
 
 
