@@ -53,7 +53,7 @@ def child(args: argparse.Namespace) -> None:
         with mem.stage(stage):
             model, tok = load_policy(cfg.model)
     else:
-        from hindsearch.retrieval.base import load_retriever
+        from hindsearch.retrieval.factory import load_retriever
 
         paths = resolve_data(cfg)
         train, dev = load_records(cfg, paths)

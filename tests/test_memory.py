@@ -76,7 +76,7 @@ def test_main_job_reports_peak_rss_per_stage(tmp_path, monkeypatch):
         'model.name="tiny-random"', 'model.device="cpu"', f'data.world_dir="{tmp_path / "world"}"',
         "data.world_entities=60", "rollout.num_generations=2", "rollout.max_turns=1",
         "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=1024", "train.steps=1", "train.save_steps=1",
-        "train.questions_per_step=2", "train.micro_batch_size=1", "train.beta=0.0", "train.eval_limit=2",
+        "train.questions_per_step=2", "train.micro_batch_size=1", "train.kl_coef=0.0", "train.eval_limit=2",
         "warmup.num_demos=4", "warmup.batch_size=2", "warmup.micro_batch_size=1", "warmup.epochs=1",
         "train.samples_per_step=1", f'out="{tmp_path / "run"}"'])
     lines: list[str] = []
