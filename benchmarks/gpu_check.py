@@ -513,7 +513,7 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
 
 def load_data(cfg: Any) -> tuple[list[Any], Any]:
     """Training records and the retriever, through the project's ``resolve_data`` (world + index on first use)."""
-    from hindsearch.retrieval.base import load_retriever
+    from hindsearch.retrieval.factory import load_retriever
     from hindsearch.train.run import load_records, resolve_data
 
     paths = resolve_data(cfg)
@@ -851,6 +851,7 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
     from types import SimpleNamespace
 
     import torch
+    from transformers import GenerationConfig
 
     from hindsearch.agent.rollout import RolloutEngine
     from hindsearch.agent.vllm_backend import VLLMBackend
@@ -861,7 +862,12 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
     records, retriever = load_data(cfg)
     tok = load_tokenizer_from(spec["model_dir"])
     rc = replace(cfg.rollout, max_turns=spec["throughput_turns"], backend="vllm")
-    backend = VLLMBackend.from_model(SimpleNamespace(name_or_path=spec["model_dir"]), tok,
+    try:  # the model's EOS ids end turns as in the HF backend (the random Qwen2.5 adds <|endoftext|>)
+        gen_cfg = GenerationConfig.from_pretrained(spec["model_dir"])
+    except OSError:
+        gen_cfg = None
+    model = SimpleNamespace(name_or_path=spec["model_dir"], generation_config=gen_cfg)
+    backend = VLLMBackend.from_model(model, tok,
                                      gpu_memory_utilization=spec["gpu_memory"], enforce_eager=spec["eager"],
                                      max_model_len=rc.max_total_tokens, dtype="bfloat16", seed=0)
     engine = RolloutEngine(None, tok, retriever, rc, topk=cfg.retrieval.topk, backend=backend)
