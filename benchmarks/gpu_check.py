@@ -1,7 +1,7 @@
 """One GPU check: rollout throughput, one step of each method, peak memory and the step ratios, per model.
 
     python benchmarks/gpu_check.py --out gpu_check.json             # one H200, at most ~8 minutes
-    python benchmarks/gpu_check.py --device cpu --tiny --out t.json  # the same code path on CPU, ~1 minute
+    python benchmarks/gpu_check.py --device cpu --tiny --out t.json  # the same code path on CPU, ~1.5 minutes
 
 Two models, no hub access:
 
@@ -37,8 +37,10 @@ Scripted protocol (``--script``, on by default): a random model never writes ``<
 hindsight terms would have nothing to do. A logits hook on the training rollouts lets the model sample
 ``--think-tokens`` tokens freely in each turn, then forces `` <search> QUERY </search>`` (QUERY: the first
 words of the question) for ``max_turns`` turns and `` <answer> unknown </answer>`` after that. Every
-rollout then searches, fails and is distilled: the hindsight terms' heaviest regular load. The
-throughput cells run unscripted (vLLM takes no logits hook), so there the random model writes until
+rollout then searches, fails and is distilled: the hindsight terms' heaviest regular load. A random
+judge writes degenerate critiques, so with ``--script`` the oracle's critique stands in for those (the LM
+judge still runs and is timed; the row counts the stand-ins) and the teacher forward is measured too.
+The throughput cells run unscripted (vLLM takes no logits hook), so there the random model writes until
 its budget.
 
 Not measured here: the per-step gradient-share diagnostic (``train.grad_share_steps``, off in these
