@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from hindsearch.compare import (
-    METHOD_ALIASES, aggregate, eval_numbers, mean_spread, median_step_time, parse_methods, parse_seeds,
-    results_markdown, run_compare, run_overrides, run_state, write_outputs,
-)
+from hindsearch.compare import METHOD_ALIASES, parse_methods, parse_seeds, run_compare, run_overrides, run_state
+from hindsearch.results import (aggregate, eval_numbers, mean_spread, median_step_time, results_markdown,
+                                write_outputs)
 from hindsearch.config import Config
 
 
@@ -98,7 +97,7 @@ def test_write_outputs_from_constructed_runs(tmp_path):
 
 
 def test_dev_curve_joins_base_periodic_and_final_evals(tmp_path):
-    from hindsearch.compare import dev_curve
+    from hindsearch.results import dev_curve
 
     assert dev_curve(tmp_path) == []
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 30, "dev": {"base": {"em": 0.1}, "rl": {"em": 0.3}}}))
@@ -277,7 +276,7 @@ def test_compare_rejects_counts_below_one(flag, value, capsys):
 
 
 def test_load_results_names_an_unreadable_file(tmp_path):
-    from hindsearch.compare import load_results
+    from hindsearch.results import load_results
 
     (tmp_path / "grpo-s0").mkdir()
     (tmp_path / "grpo-s0" / "results.json").write_text("[1]")

@@ -280,7 +280,7 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
 def test_paired_bootstrap_and_rows(tmp_path):
     import json
 
-    from hindsearch.compare import run_name
+    from hindsearch.results import run_name
     from hindsearch.records import Trajectory, Turn
     from hindsearch.paired import bootstrap_markdown, bootstrap_rows, paired_bootstrap
 

@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "hindsearch.train.cli",
     "hindsearch.train.probe_cli",
     "hindsearch.report",
+    "hindsearch.compare",
 )
 
 

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
-import statistics
 import time
 from collections.abc import Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+from hindsearch.results import MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs
 
 METHOD_ALIASES: dict[str, list[str]] = {
     "grpo": ["method=grpo"],
@@ -38,8 +38,6 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "igsd": ["method=igsd"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],
 }
-MINI_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
-WORLD = "world"
 
 
 # --------------------------------------------------------------------------- planning
@@ -66,10 +64,6 @@ def parse_seeds(text: str) -> list[int]:
     return seeds
 
 
-def run_name(method: str, seed: int) -> str:
-    return f"{method}-s{seed}"
-
-
 def run_overrides(method: str, seed: int, run_dir: Path, init_model: str | None, base: Sequence[str]) -> list[str]:
     """Config overrides of one run: the user's, the method's, the seed, the folder and the shared initial model."""
     ov = list(base) + METHOD_ALIASES[method] + [f"train.seed={seed}", f'out="{run_dir.as_posix()}"']
@@ -87,238 +81,6 @@ def run_state(run_dir: Path) -> str:
     if (run_dir / "checkpoints").is_dir() and any((run_dir / "checkpoints").glob("checkpoint-*")):
         return "partial"
     return "new"
-
-
-# --------------------------------------------------------------------------- evaluation numbers
-def bench_numbers(res: Any) -> dict[str, Any]:
-    """``{"em", "em_1hop", "em_2hop", "n"}`` from one benchmark's entry of an ``evaluate`` result (tolerant)."""
-    if not isinstance(res, dict):
-        return {}
-    from hindsearch.eval import bench_row
-
-    return bench_row(res)
-
-
-def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per-benchmark numbers from ``evaluate``'s return value (``{name: {...}}`` or ``{"benchmarks": {...}}``)."""
-    table = result.get("benchmarks", result) if isinstance(result, dict) else {}
-    return {n: bench_numbers(table.get(n)) for n in names if n in table}
-
-
-def median_step_time(run_dir: Path) -> float | None:
-    """Median ``time/step`` (seconds) over the run's metrics rows."""
-    vals = []
-    p = run_dir / "metrics.jsonl"
-    if p.exists():
-        for line in p.read_text().splitlines():
-            if line.strip():
-                v = json.loads(line).get("time/step")
-                if isinstance(v, (int, float)):
-                    vals.append(float(v))
-    return statistics.median(vals) if vals else None
-
-
-# --------------------------------------------------------------------------- aggregation
-def columns(benchmarks: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Table columns ``(header, benchmark, key)``: world EM, 1-hop, 2-hop, then each mini benchmark, then the mini average."""
-    cols = []
-    if WORLD in benchmarks:
-        cols += [("world EM", WORLD, "em"), ("world 1-hop", WORLD, "em_1hop"), ("world 2-hop", WORLD, "em_2hop")]
-    cols += [(b, b, "em") for b in benchmarks if b != WORLD]
-    if any(b != WORLD for b in benchmarks):
-        cols.append(("mini avg", "__mini_avg__", "em"))
-    return cols
-
-
-def mean_spread(xs: Sequence[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (0 for one value)."""
-    m = sum(xs) / len(xs)
-    s = math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1)) if len(xs) > 1 else 0.0
-    return m, s
-
-
-def aggregate(results: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per method: ``{column header: (mean, std, n)}`` over seeds plus ``step_s``; ``results`` are ``results.json`` dicts."""
-    benches = bench_names(results)
-    out: dict[str, dict[str, Any]] = {}
-    for m in methods:
-        rs = [r for r in results if r.get("method") == m]
-        row: dict[str, Any] = {"seeds": sorted(r.get("seed") for r in rs)}
-        for header, bench, key in columns(benches):
-            vals = []
-            for r in rs:
-                b = r.get("benchmarks", {})
-                if bench == "__mini_avg__":
-                    ems = [b[x]["em"] for x in b if x != WORLD and b[x].get("em") is not None]
-                    v = sum(ems) / len(ems) if ems else None
-                else:
-                    v = b.get(bench, {}).get(key)
-                if v is not None:
-                    vals.append(float(v))
-            row[header] = (*mean_spread(vals), len(vals)) if vals else None
-        steps = [r["step_s"] for r in rs if r.get("step_s") is not None]
-        row["step_s"] = statistics.median(steps) if steps else None
-        out[m] = row
-    return out
-
-
-def _bench_order(b: str) -> tuple[int, str]:
-    if b == WORLD:
-        return (0, b)
-    return (1 + MINI_BENCHMARKS.index(b), b) if b in MINI_BENCHMARKS else (99, b)
-
-
-def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table: EM x100 as ``mean ± std`` over seeds (one seed: the mean alone),
-    the median step time and its ratio to GRPO (``-`` where not recorded)."""
-    cols = columns(sorted(benches, key=_bench_order))
-    heads = ["method", "seeds"] + [c[0] for c in cols] + ["step s", "vs GRPO"]
-    base = agg.get("grpo", {}).get("step_s")
-    rows = []
-    for m, row in agg.items():
-        cells = [m, str(len(row["seeds"]))]
-        for header, _, _ in cols:
-            v = row.get(header)
-            # one seed has no spread: print the mean alone rather than a misleading "± 0.0"
-            cells.append("-" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}" if v[2] > 1 else f"{100 * v[0]:.1f}")
-        st = row.get("step_s")
-        cells.append("-" if st is None else f"{st:.1f}")
-        cells.append("-" if st is None or not base else f"{st / base:.2f}x")
-        rows.append(cells)
-    return heads, rows
-
-
-RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). Step time: "
-                "median seconds per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO.")
-
-
-def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
-    """The results table (``results_rows``) as markdown."""
-    heads, rows = results_rows(agg, benches)
-    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
-    return "\n".join(lines + ["", RESULTS_NOTE]) + "\n"
-
-
-def load_results(out_dir: Path, methods: Sequence[str], seeds: Sequence[int],
-                 bad: list[str] | None = None) -> list[dict[str, Any]]:
-    """The ``results.json`` of every finished (method, seed) run of a comparison folder. An unreadable one
-    raises ``ValueError`` naming it, or with ``bad`` given is skipped and reported there as ``file: reason``."""
-    out = []
-    for p in (out_dir / run_name(m, s) / "results.json" for m in methods for s in seeds):
-        if not p.exists():
-            continue
-        try:
-            res = json.loads(p.read_text())
-            if not isinstance(res, dict):
-                raise ValueError("not a JSON object")
-        except ValueError as e:
-            if bad is None:
-                raise ValueError(f"{p}: unreadable ({e}); delete it and its done.json to evaluate the run again") from e
-            bad.append(f"{p}: {e}")
-            continue
-        out.append(res)
-    return out
-
-
-def bench_names(results: Sequence[dict[str, Any]]) -> list[str]:
-    """The benchmarks any of ``results`` evaluated, world first, then the mini benchmarks in their order."""
-    return sorted({b for r in results for b in r.get("benchmarks", {})}, key=_bench_order)
-
-
-def pick_reward(row: dict[str, Any]) -> float:
-    """Mean rollout reward of a metrics row (our ``rollout/reward_mean``, else TRL's ``reward``)."""
-    for k in ("rollout/reward_mean", "reward_mean", "reward"):
-        if isinstance(row.get(k), (int, float)):
-            return float(row[k])
-    return 0.0
-
-
-def moving_average(xs: Sequence[float], w: int) -> list[float]:
-    out, acc = [], 0.0
-    for i, x in enumerate(xs):
-        acc += x
-        if i >= w:
-            acc -= xs[i - w]
-        out.append(acc / min(i + 1, w))
-    return out
-
-
-def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
-    """Dev EM against step of one run: the base evaluation (step 0), ``dev_curve.jsonl`` (every
-    ``train.eval_steps``) and the evaluation after RL (at ``steps``); missing parts are left out."""
-    pts: dict[int, float] = {}
-    summ = run_dir / "summary.json"
-    d = json.loads(summ.read_text()) if summ.exists() else {}
-    dev = d.get("dev", {})
-    if (dev.get("base") or {}).get("em") is not None:
-        pts[0] = float(dev["base"]["em"])
-    cur = run_dir / "dev_curve.jsonl"
-    for line in cur.read_text().splitlines() if cur.exists() else []:
-        if line.strip():
-            row = json.loads(line)
-            if row.get("em") is not None:
-                pts[int(row["step"])] = float(row["em"])
-    if (dev.get("rl") or {}).get("em") is not None and d.get("steps") is not None:
-        pts[int(d["steps"])] = float(dev["rl"]["em"])
-    return sorted(pts.items())
-
-
-def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], path: Path, window: int = 10) -> Path:
-    """``curves.png``: training reward (moving average) and dev EM (``dev_curve``) vs step, mean over seeds
-    (dev EM at the steps every seed evaluated)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
-    for m in methods:
-        per_seed, curves = [], []
-        for s in seeds:
-            rd = out_dir / run_name(m, s)
-            rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-                if (rd / "metrics.jsonl").exists() else []
-            rew = [float(pick_reward(r)) for r in rows]
-            if rew:
-                per_seed.append(rew)
-            c = dict(dev_curve(rd))
-            if c:
-                curves.append(c)
-        if per_seed:
-            n = min(len(r) for r in per_seed)
-            mean = [sum(r[i] for r in per_seed) / len(per_seed) for i in range(n)]
-            ax1.plot(range(1, n + 1), moving_average(mean, window), label=m)
-        if curves:
-            steps = sorted(set.intersection(*(set(c) for c in curves)))
-            ax2.plot(steps, [sum(c[t] for c in curves) / len(curves) for t in steps], marker="o", label=m)
-    ax1.set(title=f"training reward (moving avg {window})", xlabel="step", ylabel="reward")
-    ax2.set(title="dev EM (greedy)", xlabel="step", ylabel="EM")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
-
-
-def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
-    """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
-    results = load_results(out_dir, methods, seeds)
-    md = results_markdown(aggregate(results, methods), bench_names(results), title)
-    from hindsearch.paired import bootstrap_markdown
-
-    boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
-    if boot:
-        md += "\n" + boot
-    if (out_dir / "probe.json").exists():
-        from hindsearch.hindsight.probe import format_probe
-
-        md += "\n### Teacher probes of the starting checkpoint\n\n" + format_probe(json.loads((out_dir / "probe.json").read_text())) + "\n"
-    (out_dir / "results.md").write_text(md)
-    plot_curves(out_dir, methods, seeds, out_dir / "curves.png")
-    return md
 
 
 # --------------------------------------------------------------------------- running
@@ -580,7 +342,7 @@ def _title(config: str, cfg: Any) -> str:
 
 
 def main_compare(args: argparse.Namespace) -> int:
-    """Entry point of ``hindsearch compare`` (arguments defined in ``hindsearch.report.register``)."""
+    """Entry point of ``hindsearch compare`` (arguments defined in ``register``)."""
     from hindsearch.train.cli import find_config
 
     methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
@@ -594,3 +356,33 @@ def main_compare(args: argparse.Namespace) -> int:
 
         print(f"report: {write_report(args.out)}")
     return 0
+
+
+# --------------------------------------------------------------------------- CLI
+def register(sub: Any) -> None:
+    """Add the ``compare`` subcommand."""
+    from hindsearch.cli import positive_int
+
+    c = sub.add_parser("compare", help="train and evaluate several methods x seeds from one warmed-up checkpoint")
+    c.add_argument("--config", default="tiny-cpu",
+                   help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
+    c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
+                   help="comma list of grpo, hindsearch, hindsearch-nogold, igsd, hindsearch+igsd")
+    c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
+    c.add_argument("--steps", type=positive_int, default=None,
+                   help="RL steps per run (default: the preset's train.steps)")
+    c.add_argument("--mini", default=None, help="folder from 'hindsearch data mini' (adds the seven mini benchmarks)")
+    c.add_argument("--mini-limit", type=positive_int, default=None,
+                   help="questions per mini benchmark (default: the preset's eval.limit)")
+    c.add_argument("--test-limit", type=positive_int, default=None, help="world test questions (default: all)")
+    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="config override applied to every run (repeatable)")
+    c.add_argument("--out", required=True, help="comparison folder (resumable)")
+    c.add_argument("--no-report", action="store_true", help="do not write DIR/report.html")
+    c.add_argument("--jobs", type=positive_int, default=1,
+                   help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
+    c.add_argument("--probe", type=positive_int, default=0, metavar="N",
+                   help="first probe the starting checkpoint on N failed training rollouts, into DIR/probe.json "
+                        "(default: no probe)")
+    c.add_argument("--debug", action="store_true", help="show tracebacks")
+    c.set_defaults(func=main_compare)

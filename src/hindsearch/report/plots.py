@@ -1,0 +1,90 @@
+"""The report's matplotlib figures, inlined as base64 PNGs (no file, no network)."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Sequence
+from typing import Any
+
+from hindsearch.report.runs import is_number, series
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def fig_to_b64(fig: Any) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    _pyplot().close(fig)
+    return base64.b64encode(buf.getvalue()).decode()
+
+
+def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str) -> str | None:
+    """Base64 PNG of ``(label, steps, values)`` lines (None when none has a value)."""
+    data = [d for d in data if d[1]]
+    if not data:
+        return None
+    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
+    for k, xs, ys in data:
+        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=k)
+    ax.set_title(title, fontsize=10)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, framealpha=0.6)
+    ax.grid(alpha=0.3)
+    return fig_to_b64(fig)
+
+
+def line_plot(rows: list[dict[str, Any]], keys: list[str], title: str) -> str | None:
+    """Base64 PNG of the ``keys`` against step (None when none has a value)."""
+    return plot_lines([(k, *series(rows, k)) for k in keys], title)
+
+
+def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
+    """Base64 PNG: stacked bars of the step time split (seconds) per step."""
+    if not keys or not rows:
+        return None
+    steps = [float(r["step"]) if is_number(r.get("step")) else float(i + 1) for i, r in enumerate(rows)]
+    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
+    bottom = [0.0] * len(rows)
+    for k in keys:
+        vals = [float(r[k]) if is_number(r.get(k)) else 0.0 for r in rows]
+        ax.bar(steps, vals, bottom=bottom, label=k.removeprefix("time/"))
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_title("Step time split (s)", fontsize=10)
+    ax.set_xlabel("step", fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6)
+    return fig_to_b64(fig)
+
+
+def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, float] | None]], title: str,
+             ylabel: str, zero_line: bool = False) -> str | None:
+    """Base64 PNG of grouped bars: per group (x), one bar per key of ``bars`` at ``value`` with the error
+    bar from ``low`` to ``high`` (``(value, low, high)``; None leaves the bar out). None when nothing to draw."""
+    if not groups or not any(v for vals in bars.values() for v in vals):
+        return None
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(max(4.5, 1.1 * len(groups) * max(1, len(bars)) ** 0.5), 2.8))
+    width = 0.8 / max(1, len(bars))
+    for i, (name, vals) in enumerate(bars.items()):
+        xs = [g + (i - (len(bars) - 1) / 2) * width for g, v in enumerate(vals) if v is not None]
+        pts = [v for v in vals if v is not None]
+        if pts:
+            ax.bar(xs, [p[0] for p in pts], width, label=name,
+                   yerr=[[p[0] - p[1] for p in pts], [p[2] - p[0] for p in pts]], capsize=3, error_kw={"lw": 1})
+    if zero_line:
+        ax.axhline(0, color="#444", lw=0.8)
+    ax.set_xticks(range(len(groups)), list(groups), fontsize=7, rotation=20 if len(groups) > 4 else 0)
+    ax.set_title(title, fontsize=10)
+    ax.set_ylabel(ylabel, fontsize=8)
+    ax.tick_params(labelsize=7)
+    ax.legend(fontsize=6, framealpha=0.6)
+    ax.grid(alpha=0.3, axis="y")
+    return fig_to_b64(fig)
