@@ -10,6 +10,7 @@ import torch
 
 from hindsearch.hindsight.terms import loss_from_full_logits
 
+from hindsearch.agent import protocol
 from hindsearch.agent.rollout import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
 from hindsearch.hindsight import igsd as G
@@ -105,7 +106,7 @@ def test_cut_completion_and_answer_split(tok):
 
 
 def _utility(model, tok, state, passages, gold):
-    ctx, ans = G.answer_split(tok, G.protocol.information_block(passages), gold)
+    ctx, ans = G.answer_split(tok, protocol.information_block(passages), gold)
     lp, _, _ = continuation_logprobs(model, [state + ctx], [ans])
     return float(lp[0].mean())
 
@@ -257,7 +258,7 @@ def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever)
     states, ctxs, answers, groups = [], [], [], []
     for g, tr in enumerate(trs):
         for t, docs in ((3, CORPUS[:2]), (5, CORPUS[2:5]), (5, []), (3, CORPUS[:2])):
-            ctx, ans = G.answer_split(tok, G.protocol.information_block(docs), "Kestrel Bay" if t == 3 else "a long gold answer")
+            ctx, ans = G.answer_split(tok, protocol.information_block(docs), "Kestrel Bay" if t == 3 else "a long gold answer")
             states.append(tr.prompt_ids + tr.completion_ids[: t + 4 * (g % 2)])
             ctxs.append(ctx), answers.append(ans), groups.append(g)
     answers[2] = []

@@ -204,7 +204,7 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hindsearch.agent.rollout import HFBackend, SamplingParams
-    from hindsearch.hindsight.igsd import cached_greedy_complete, cached_utilities
+    from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities
     from hindsearch.hindsight.teacher import continuation_logprobs
 
     torch.set_num_threads(1)

@@ -1,0 +1,73 @@
+"""Stage 1, propose: the teacher (policy + gold answer line) scores the student's failed query tokens; the
+positions where it prefers another token become pairs."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+
+from hindsearch.hindsight import losses, sync
+from hindsearch.hindsight.igsd.types import (Pair)
+from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs, through_last_query
+from hindsearch.records import Trajectory
+
+
+def select_positions(
+    query_mask: Sequence[int],
+    a_ids: Sequence[int],
+    b_ids: Sequence[int],
+    pref: Sequence[float],
+    mode: str,
+    cap: int,
+    rng: random.Random,
+) -> list[int]:
+    """Completion indices to verify for one rollout, sorted; ``pref[t] = log pT(b_t) - log pT(a_t)``."""
+    cand = [t for t, m in enumerate(query_mask) if m]
+    if mode == "disagree":
+        cand = [t for t in cand if a_ids[t] != b_ids[t]]
+        cand = sorted(cand, key=lambda t: -pref[t])[:cap]
+    elif mode == "all":
+        cand = cand[:cap]
+    elif mode == "random":
+        cand = rng.sample(cand, min(cap, len(cand)))
+    else:
+        raise ValueError(f"igsd.positions = {mode!r} is not one of disagree, all, random")
+    return sorted(cand)
+
+
+
+def propose_pairs(
+    trajs: Sequence[Trajectory], T: int, teacher: Any, tokenizer: Any, cfg: Any, rng: random.Random,
+    m: dict[str, float], batch_size: int = 16,
+) -> list[Pair]:
+    """Teacher forward (gold hindsight) on failed rollouts with query tokens → the positions to verify."""
+    failed = [i for i, tr in enumerate(trajs) if tr.failed]
+    rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers]
+    m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
+    if not rows and not sync.active():  # several processes: an idle rank still joins the teacher's forwards
+        return []
+    prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
+    comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
+    lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)
+    pairs = []
+    for j, i in enumerate(rows):
+        tr, n = trajs[i], len(comps[j])
+        a, b = comps[j], top_ids[j, :n, 0].tolist()
+        pref = (top_lp[j, :n, 0] - lT[j, :n]).tolist()
+        qm = list(tr.query_mask[:n])
+        m["positions_considered"] += sum(qm)
+        m["teacher_agree"] += sum(1 for t in range(n) if qm[t] and a[t] == b[t])
+        for t in select_positions(qm, a, b, pref, cfg.positions, cfg.max_positions_per_rollout, rng):
+            p_T = losses.pair_probs(top_lp[j, t, 0:1], lT[j, t : t + 1])[0].tolist()
+            pairs.append(Pair(i, t, a[t], b[t], (p_T[0], p_T[1]), query_start(tr.query_mask, t)))
+    return pairs
+
+
+
+def query_start(query_mask: Sequence[int], t: int) -> int:
+    """First index of the run of query tokens that contains ``t``."""
+    while t > 0 and query_mask[t - 1]:
+        t -= 1
+    return t

@@ -1,0 +1,257 @@
+"""Stages 2-5 of IGSD's verification: complete -> execute -> score -> gate, each a function with typed inputs
+and outputs that returns its own metrics; ``verify_pairs`` runs them in order and fills the ``Pair`` records."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from hindsearch.agent import protocol
+from hindsearch.hindsight import losses, sync
+from hindsearch.hindsight.igsd.decode import (_close_ids, cached_greedy_complete, cached_utilities, cut_completion,
+                                             greedy_complete, query_text)
+from hindsearch.hindsight.igsd.types import (SIDES, CompleteFn, Completion, Metrics, Pair, Scored, Side)
+from hindsearch.hindsight.teacher import continuation_logprobs
+from hindsearch.records import Passage, Trajectory
+
+
+class QueryCache:
+    """Per-step retrieval cache keyed by query string; counts hits and misses."""
+
+    def __init__(self) -> None:
+        self.docs: dict[str, list[Passage] | None] = {}
+        self.hits = 0
+        self.misses = 0
+        self.calls = 0
+        self.errors = 0
+
+    def fetch(self, retriever: Any, queries: Sequence[str], k: int) -> list[list[Passage] | None]:
+        """Results for every query (None when retrieval failed); one batched call for the new ones."""
+        new: list[str] = []
+        for q in queries:
+            if q in self.docs or q in new:
+                self.hits += 1
+            else:
+                self.misses += 1
+                new.append(q)
+        todo = [q for q in new if q.strip()]
+        for q in new:
+            if not q.strip():
+                self.docs[q] = []  # an empty query retrieves nothing (no call)
+        if todo:
+            self.calls += 1
+            try:
+                res = retriever.retrieve(todo, k)
+                if len(res) != len(todo):
+                    raise ValueError(f"retriever returned {len(res)} result lists for {len(todo)} queries")
+                for q, r in zip(todo, res):
+                    self.docs[q] = list(r)
+            except Exception:
+                self.errors += len(todo)
+                for q in todo:
+                    self.docs[q] = None
+        return [self.docs[q] for q in queries]
+
+
+
+def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[int]]:
+    """Context ids (info block + ``<answer>``) and the gold answer's ids, tokenized naturally (module doc, 4)."""
+    ctx = list(tokenizer(info + "<answer>", add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(info + "<answer> " + gold, add_special_tokens=False)["input_ids"])
+    c = 0
+    while c < min(len(ctx), len(full)) and ctx[c] == full[c]:
+        c += 1
+    return full[:c], full[c:]
+
+
+
+def control_sampler(
+    retriever: Any, corpus: Sequence[Passage] | None, fallback: Sequence[Passage], rng: random.Random
+) -> Callable[[int], list[Passage]]:
+    """``draw(k)`` → k distinct random passages from ``corpus``, else the retriever's passage store
+    (``retriever.passages`` or ``retriever.store`` with ``len``/``get``), else ``fallback`` (the
+    passages retrieved this step, e.g. for a remote retriever)."""
+    if corpus is None and getattr(retriever, "passages", None) is not None:
+        corpus = retriever.passages
+    if corpus is None and getattr(retriever, "store", None) is not None and len(retriever.store) > 0:
+        store = retriever.store
+        return lambda k: [store.get(i) for i in rng.sample(range(len(store)), min(k, len(store)))]
+    pool = list(corpus) if corpus is not None else list({d.id: d for d in fallback}.values())
+    return lambda k: rng.sample(pool, min(k, len(pool)))
+
+
+
+def complete_stage(
+    pairs: Sequence[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, cfg: Any,
+    complete: CompleteFn | None, batch_size: int = 16, prefix_cache: bool = True,
+) -> tuple[list[dict[Side, Completion]], Metrics]:
+    """Both proposals of every pair completed greedily by the current policy, in one batched call.
+
+    ``complete=None`` decodes with ``policy`` here: ``cached_greedy_complete`` (one KV cache of each rollout's
+    shared prefix) when ``prefix_cache``, else ``greedy_complete``.
+    """
+    t0 = time.perf_counter()
+    prefixes, keys, groups = [], [], []
+    for k, p in enumerate(pairs):
+        tr = trajs[p.row]
+        for side, tok in (("T", p.b), ("S", p.a)):
+            prefixes.append(list(tr.prompt_ids) + list(tr.completion_ids[: p.t]) + [tok])
+            keys.append((k, side))
+            groups.append((p.row, p.q_start))  # same rollout and search: prompt + completion[:q_start] shared
+    if complete is None and prefix_cache:
+        outs = cached_greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens, groups, batch_size)
+    elif complete is None:
+        outs = greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens)
+    else:  # several processes: every rank calls the engine (its HF backend runs in lockstep), even with nothing
+        outs = complete(prefixes, cfg.max_query_tokens) if prefixes or sync.active() else []
+    m: Metrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
+    close = _close_ids(tokenizer)
+    res: list[dict[Side, Completion]] = [{} for _ in pairs]
+    for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
+        p, tr = pairs[k], trajs[pairs[k].row]
+        ids = list(ids)
+        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id in ids:
+            ids = ids[: ids.index(tokenizer.eos_token_id)]
+        lead = list(tr.completion_ids[p.q_start : p.t]) + [pre[-1]]
+        kept, closed = cut_completion(tokenizer, ids[: cfg.max_query_tokens + len(close)], lead)
+        if not closed:
+            kept = kept[: cfg.max_query_tokens]
+            m["never_closed"] += 1
+        res[k][side] = Completion(query_text(tokenizer, lead + kept), pre + kept + ([] if closed else close), closed)
+    m["time_completion"] = time.perf_counter() - t0
+    return res, m
+
+
+
+def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk: int
+                  ) -> tuple[list[dict[Side, list[Passage] | None]], Metrics]:
+    """Both queries of every pair through the retriever: one batched call for the step's new queries (per-step
+    cache); ``None`` where retrieval failed."""
+    t0 = time.perf_counter()
+    cache = QueryCache()
+    qlist = [c[s].query for c in comps for s in SIDES]
+    docs = cache.fetch(retriever, qlist, topk)
+    got = [{s: docs[2 * k + i] for i, s in enumerate(SIDES)} for k in range(len(comps))]
+    m: Metrics = dict(retrieval_calls=float(cache.calls), retrieval_queries=float(cache.misses),
+                      cache_hits=float(cache.hits), cache_hit_rate=cache.hits / max(len(qlist), 1),
+                      retrieval_errors=float(cache.errors),
+                      empty_results=float(sum(1 for g in got for d in g.values() if d is not None and not d)))
+    m["time_retrieval"] = time.perf_counter() - t0
+    return got, m
+
+
+
+def score_stage(
+    pairs: Sequence[Pair], trajs: Sequence[Trajectory], comps: Sequence[dict[Side, Completion]],
+    got: Sequence[dict[Side, list[Passage] | None]], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
+    topk: int, corpus: Sequence[Passage] | None, rng: random.Random, batch_size: int = 16, prefix_cache: bool = True,
+) -> tuple[list[Scored | None], list[list[list[Passage]]], Metrics]:
+    """``u(D)`` of each side's documents and of ``n_controls`` shared control sets, in one batched pass
+    (identical sequences scored once) → ``(scores, controls, metrics)``; ``None`` / ``[]`` for a pair whose
+    retrieval failed. ``prefix_cache`` scores with ``cached_utilities``, else full-sequence forwards (same numbers)."""
+    t0 = time.perf_counter()
+    m: Metrics = {"answers_cut": 0.0}
+    draw = control_sampler(retriever, corpus, [d for g in got for ds in g.values() if ds for d in ds], rng)
+    seqs: dict[tuple, int] = {}
+    slot_state: list[list[int]] = []
+    slot_ctx: list[list[int]] = []
+    conts: list[list[int]] = []
+    slot_group: list[tuple[int, int]] = []
+
+    def slot(state: list[int], passages: Sequence[Passage], gold: str, group: tuple[int, int]) -> int:
+        ctx, ans = answer_split(tokenizer, protocol.information_block(passages), gold)
+        if len(ans) > cfg.max_answer_tokens:
+            m["answers_cut"] += 1
+            ans = ans[: cfg.max_answer_tokens]
+        key = (tuple(state), tuple(ctx), tuple(ans))
+        if key not in seqs:
+            seqs[key] = len(conts)
+            slot_state.append(state)
+            slot_ctx.append(ctx)
+            conts.append(ans)
+            slot_group.append(group)
+        return seqs[key]
+
+    plan: list[dict[Side, tuple[int, list[int]]] | None] = []
+    controls: list[list[list[Passage]]] = []
+    for k, p in enumerate(pairs):
+        if got[k]["T"] is None or got[k]["S"] is None:
+            plan.append(None)
+            controls.append([])
+            continue
+        gold, grp = trajs[p.row].golden_answers[0], (p.row, p.q_start)
+        ctl = [draw(topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
+        controls.append(ctl)
+        plan.append({s: (slot(comps[k][s].state, got[k][s], gold, grp), [slot(comps[k][s].state, c, gold, grp) for c in ctl])
+                     for s in SIDES})
+    m["utility_evals"] = float(len(conts))
+    u = _utilities(policy, slot_state, slot_ctx, conts, slot_group, batch_size, prefix_cache)
+    scores: list[Scored | None] = []
+    for pk in plan:
+        if pk is None:
+            scores.append(None)
+            continue
+        own = {s: u[pk[s][0]] for s in SIDES}
+        scores.append(Scored(own, {s: own[s] - (sum(u[c] for c in pk[s][1]) / len(pk[s][1]) if pk[s][1] else 0.0)
+                                   for s in SIDES}))
+    m["time_scoring"] = time.perf_counter() - t0
+    return scores, controls, m
+
+
+
+def _utilities(policy: Any, states: list[list[int]], ctxs: list[list[int]], conts: list[list[int]],
+               groups: list[tuple[int, int]], batch_size: int, prefix_cache: bool) -> list[float]:
+    """``u`` of every scored sequence (mean answer-token log-prob); several processes: an idle rank still
+    joins the policy's forwards."""
+    if not conts and not sync.active():
+        return []
+    if prefix_cache:
+        return cached_utilities(policy, states, ctxs, conts, groups, batch_size).tolist()
+    lp, _, _ = continuation_logprobs(policy, [s + c for s, c in zip(states, ctxs)], conts, 0, batch_size)
+    lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
+    return (lp.sum(-1) / lens).tolist()
+
+
+
+def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, float] | None]:
+    """``(delta, gate)`` of each scored pair: ``delta = IG_T - IG_S``, the gate per ``cfg.gate`` (``losses.gate``)."""
+    out: list[tuple[float, float] | None] = []
+    for sc in scores:
+        if sc is None:
+            out.append(None)
+            continue
+        delta = sc.ig["T"] - sc.ig["S"]
+        out.append((delta, float(losses.gate(torch.tensor([delta]), cfg.gate, cfg.gate_sharpness, cfg.margin)[0])))
+    return out
+
+
+
+def verify_pairs(
+    pairs: list[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
+    topk: int, complete: CompleteFn | None, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
+    batch_size: int = 16, prefix_cache: bool = True,
+) -> list[list[list[Passage]]]:
+    """complete -> execute -> score -> gate for ``pairs``; each stage's results are written into its ``Pair``
+    (the auditable record) and its metrics added to ``m``. Returns each pair's control sets (``[]`` for
+    pairs that could not be verified)."""
+    comps, mc = complete_stage(pairs, trajs, policy=policy, tokenizer=tokenizer, cfg=cfg, complete=complete,
+                               batch_size=batch_size, prefix_cache=prefix_cache)
+    got, me = execute_stage(comps, retriever, topk)
+    scores, controls, ms = score_stage(pairs, trajs, comps, got, policy=policy, tokenizer=tokenizer, retriever=retriever,
+                                       cfg=cfg, topk=topk, corpus=corpus, rng=rng, batch_size=batch_size,
+                                       prefix_cache=prefix_cache)
+    for stage in (mc, me, ms):
+        for key, v in stage.items():
+            m[key] = m.get(key, 0.0) + v if key.startswith("time_") or key in ("never_closed", "answers_cut") else v
+    for p, c, g, sc, dg in zip(pairs, comps, got, scores, gate_stage(scores, cfg)):
+        for s in SIDES:
+            p.queries[s], p.states[s], p.closed[s] = c[s].query, c[s].state, c[s].closed
+        if sc is None or dg is None:
+            continue
+        p.u, p.ig, p.docs = dict(sc.u), dict(sc.ig), {s: g[s] for s in SIDES}
+        p.delta, p.gate, p.verified = dg[0], dg[1], True
+    return controls
