@@ -74,6 +74,9 @@ def main() -> None:
     for method in methods:
         c = copy.deepcopy(cfg)
         c.method, c.train.steps, c.train.save_steps = method, args.steps, 10**6
+        # transformers 5 saves a checkpoint at the last step whatever save_steps is (weights + optimizer state:
+        # ~18 GB per method at 3B); a step benchmark keeps nothing
+        c.train.trl = {**c.train.trl, "save_strategy": "no"}
         torch.manual_seed(c.train.seed)
         model, tok = load_policy(replace(c.model, name=name, gguf_file=None if name != cfg.model.name else c.model.gguf_file))
         run = root / method.replace("+", "_")
