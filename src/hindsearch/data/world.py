@@ -35,6 +35,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hindsearch.data.world_questions import _questions, _round_robin
+from hindsearch.data.world_words import (_CITY_FORMS, _CODAS, _COUNTRY_SUFFIX, _FILLER, _GENRES, _OCCUPATIONS, _ONSETS,
+                                         _ORG_KINDS, _REGIONS, _VOWELS, _WORK_NOUNS)
 from hindsearch.records import Passage, QARecord, make_contents
 
 GENERATOR_VERSION = 1
@@ -42,60 +45,6 @@ DEFAULT_ENTITIES = 2000
 DEFAULT_SPLITS = {"train": 2000, "dev": 200, "test": 200}
 # Share of entities per kind (the rest are people).
 KIND_SHARE = {"country": 0.04, "city": 0.2, "org": 0.13, "work": 0.18}
-
-_ONSETS = "b d f g k l m n p r s t v z th br dr kr tr vr sk gr kh q ch".split()
-_VOWELS = "a e i o u ae ei ou y ia".split()
-_CODAS = ["", "", "n", "r", "l", "s", "th", "x", "m", "nd", "rk", "sh", "v"]
-_COUNTRY_SUFFIX = ["ia", "ar", "and", "esh", "ovia", "eth", "oria", "ain"]
-_CITY_FORMS = ["{}", "{}", "{}", "{}mor", "{}hold", "{}ra", "Port {}", "New {}", "{} Vale", "{} Falls"]
-_ORG_KINDS = ["Company", "Institute", "Guild", "Bank", "Press", "Observatory", "Trading Company",
-              "Society", "Shipyards", "Railway", "Conservatory", "Mining Company"]
-_WORK_NOUNS = ["Lantern", "Chronicle", "Atlas", "Sonata", "Letters", "Garden", "Tides", "Mirror",
-               "Ledger", "Orchard", "Compass", "Harvest", "Archive", "Crossing", "Bell"]
-_GENRES = ["novel", "collection of poems", "treatise", "play", "travel memoir", "historical study",
-           "short story collection", "essay"]
-_OCCUPATIONS = ["cartographer", "engineer", "botanist", "painter", "merchant", "physician", "architect",
-                "astronomer", "composer", "jurist", "chemist", "sculptor", "historian", "shipwright",
-                "linguist", "banker", "printer", "surveyor"]
-_REGIONS = ["northern archipelago", "eastern steppe", "western highlands", "southern coast",
-            "central plateau", "inner sea basin", "river delta lowlands"]
-
-_FILLER = {
-    "person": ["{S} received an early education from private tutors.",
-               "Contemporaries described {o} as patient, exacting and fond of long walks.",
-               "In later years {s} travelled widely, spending several seasons in {city2}.",
-               "{S} corresponded for decades with {person2}.",
-               "A portrait of {o} hangs in the municipal gallery of {city2}.",
-               "{S} kept detailed diaries that survive in a private collection.",
-               "Several of {p} letters were published after {p} death.",
-               "{S} was elected to a learned society at a young age."],
-    "city": ["The old town is known for its narrow streets and covered markets.",
-             "The city hosts a well-attended autumn fair.",
-             "Its harbour and warehouses grew rapidly during the nineteenth century.",
-             "A stone bridge connects the two halves of the old quarter.",
-             "The surrounding farmland produces grain, wool and orchard fruit.",
-             "Travellers often compare it with {city2}.",
-             "A tramway links the centre with the outer districts."],
-    "country": ["The country is divided into provinces, each with its own assembly.",
-                "Its economy rests on farming, fishing and river trade.",
-                "The climate is mild near the coast and harsher inland.",
-                "The national flag shows three horizontal bands.",
-                "Its parliament meets in spring and autumn sessions.",
-                "The country maintains close trading ties with {country2}."],
-    "org": ["It employs several hundred people.",
-            "Its archives are open to researchers by appointment.",
-            "The organisation survived two financial crises.",
-            "It later opened a branch office in {city2}.",
-            "Its annual report is widely read in the region.",
-            "A rival firm was established in {city2} a few years later."],
-    "work": ["Critics praised its careful structure and plain style.",
-             "It was translated into several languages.",
-             "The first edition was printed in a small run.",
-             "It is often compared with {work2}.",
-             "A revised edition appeared some years later.",
-             "Scholars still debate the identity of its dedicatee."],
-}
-
 
 @dataclass
 class Entity:
@@ -296,105 +245,6 @@ def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[st
     for i in range(max(len(facts) - 1, len(extra))):
         body += facts[i + 1:i + 2] + extra[i:i + 1]
     return " ".join(body)
-
-
-def _one_hop(e: Entity) -> list[tuple[str, str, str, list[str]]]:
-    """(relation, question, answer, answer aliases) facts stated in ``e``'s own passage."""
-    a, n = e.attrs, e.name
-    if e.kind == "person":
-        out = [("born_in", f"Where was {n} born?", a["born_in"], []),
-               ("birth_country", f"In which country was {n} born?", a["country"], []),
-               ("birth_year", f"In which year was {n} born?", str(a["birth_year"]), [])]
-        if "employer" in a:
-            out.append(("employer", f"Which organisation did {n} work for?", a["employer"], []))
-        if "spouse" in a:
-            out.append(("spouse", f"Who was {n} married to?", a["spouse"], []))
-        return out
-    if e.kind == "city":
-        return [("located_in", f"In which country is {n}?", a["country"], []),
-                ("city_founded", f"In which year was {n} founded?", str(a["year"]), [])]
-    if e.kind == "country":
-        return [("capital", f"What is the capital of {n}?", a["capital"], []),
-                ("independence_year", f"In which year did {n} become independent?", str(a["year"]), [])]
-    if e.kind == "org":
-        return [("founded_by", f"Who founded the {n}?", a["founded_by"], []),
-                ("headquarters", f"In which city is the {n} headquartered?", a["hq"], []),
-                ("org_founded", f"In which year was the {n} founded?", str(a["year"]), [])]
-    return [("author", f"Who wrote {n}?", a["author"], []),
-            ("published", f"In which year was {n} first published?", str(a["year"]), [])]
-
-
-# Two-hop chains: (kind, first relation, bridge attr, second relation, question template).
-_CHAINS = [
-    ("person", "birth_country", "country", "capital", "What is the capital of the country where {} was born?"),
-    ("person", "employer", "employer", "founded_by", "Who founded the organisation that {} worked for?"),
-    ("person", "employer", "employer", "org_founded", "In which year was the organisation that {} worked for founded?"),
-    ("person", "employer", "employer", "headquarters", "In which city is the employer of {} headquartered?"),
-    ("person", "born_in", "born_in", "city_founded", "In which year was the birthplace of {} founded?"),
-    ("work", "author", "author", "born_in", "Where was the author of {} born?"),
-    ("work", "author", "author", "birth_year", "In which year was the author of {} born?"),
-    ("work", "author", "author", "employer", "Which organisation did the author of {} work for?"),
-    ("org", "founded_by", "founded_by", "born_in", "Where was the founder of the {} born?"),
-    ("org", "founded_by", "founded_by", "birth_year", "In which year was the founder of the {} born?"),
-    ("org", "headquarters", "hq", "located_in", "In which country is the city where the {} is headquartered?"),
-    ("city", "located_in", "country", "capital", "What is the capital of the country in which {} lies?"),
-]
-
-
-def _aliases(name: str, ents: dict[str, Entity]) -> list[str]:
-    e = ents.get(name)
-    return [name] + (e.aliases if e else [])
-
-
-def _questions(ents: dict[str, Entity], text_of: dict[str, str]) -> tuple[list[QARecord], list[QARecord]]:
-    """All candidate one-hop and two-hop questions (answers checked against evidence text)."""
-    from hindsearch.rewards import normalize_answer
-
-    norm = {n: f" {normalize_answer(t)} " for n, t in text_of.items()}
-
-    def answer_in_text(gold: list[str], name: str) -> bool:  # rewards.answer_in_text on cached text
-        return any(f" {normalize_answer(g)} " in norm[name] for g in gold)
-
-    one, two = [], []
-    facts = {n: {r: (q, ans) for r, q, ans, _ in _one_hop(e)} for n, e in ents.items()}
-    for n, e in ents.items():
-        for rel, q, ans, _ in _one_hop(e):
-            gold = _aliases(ans, ents)
-            if answer_in_text(gold, n):
-                one.append(QARecord("", q, gold, "world", 1, [n], {"relation": rel, "subject": n}))
-        for kind, r1, battr, r2, tmpl in _CHAINS:
-            if e.kind != kind or battr not in e.attrs:
-                continue
-            bridge = e.attrs[battr]
-            if r2 not in facts.get(bridge, {}):
-                continue
-            q2, ans = facts[bridge][r2]
-            gold = _aliases(ans, ents)
-            if ans == n or answer_in_text(gold, n) or not answer_in_text(gold, bridge):
-                continue  # degenerate, answerable from the first passage, or unsupported
-            one_q = facts[n][r1][0]
-            two.append(QARecord("", tmpl.format(n), gold, "world", 2, [n, bridge],
-                                {"relation": f"{r1}>{r2}", "subject": n, "bridge": bridge,
-                                 "hop_questions": [one_q, q2], "hop_answers": [bridge, ans]}))
-    return one, two
-
-
-def _round_robin(recs: list[QARecord], n: int, rng: random.Random) -> list[QARecord]:
-    """Pick ``n`` records spread evenly over relations (shuffled within each relation)."""
-    groups: dict[str, list[QARecord]] = {}
-    for r in recs:
-        groups.setdefault(r.metadata["relation"], []).append(r)
-    lists = [groups[k] for k in sorted(groups)]
-    for g in lists:
-        rng.shuffle(g)
-    out: list[QARecord] = []
-    i = 0
-    while len(out) < n and any(i < len(g) for g in lists):
-        out.extend(g[i] for g in lists if i < len(g))
-        i += 1
-    out = out[:n]
-    rng.shuffle(out)
-    return out
 
 
 def split_sizes(n_entities: int, test_questions: int | None = None) -> dict[str, int]:
