@@ -70,7 +70,7 @@ def main() -> None:
 
     import json
 
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import IGSDConfig, ModelConfig, RolloutConfig
     from hindsearch.data.world import ensure_world
     from hindsearch.hindsight.igsd import run_igsd

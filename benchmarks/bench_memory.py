@@ -60,7 +60,8 @@ def child(args: argparse.Namespace) -> None:
         retriever = load_retriever(cfg.retrieval, paths["index_dir"])
         model, tok = load_policy(cfg.model)
         if stage == "eval":
-            from hindsearch.agent.rollout import HFBackend, RolloutEngine
+            from hindsearch.agent.engine import RolloutEngine
+            from hindsearch.agent.hf_backend import HFBackend
             from hindsearch.eval import evaluate
 
             engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk,
@@ -78,7 +79,8 @@ def child(args: argparse.Namespace) -> None:
                 sft(model, tok, demos, epochs=1, lr=w.lr, batch_size=w.batch_size, progress=False,
                     micro_batch_size=w.micro_batch_size)
         elif stage == "grpo":
-            from hindsearch.agent.rollout import HFBackend, RolloutEngine
+            from hindsearch.agent.engine import RolloutEngine
+            from hindsearch.agent.hf_backend import HFBackend
             from hindsearch.train.run import build_trainer, ensure_on_disk
 
             cfg.train.steps = args.grpo_steps

@@ -71,7 +71,8 @@ def main() -> None:
 
 
 def throughput(args, model, tok, retriever, cfg, qs) -> None:
-    from hindsearch.agent.rollout import HFBackend, RolloutEngine, left_pad
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend, left_pad
 
     class NoKVBackend(HFBackend):
         supports_kv_store = False  # the old engine: every turn re-reads its whole context
@@ -165,7 +166,7 @@ def throughput(args, model, tok, retriever, cfg, qs) -> None:
 
 
 def evaluation(args, model, tok, retriever, splits) -> None:
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import RolloutConfig
     from hindsearch.eval import evaluate
     from hindsearch.retrieval.factory import ensure_index, load_index

@@ -47,7 +47,8 @@ def main() -> None:
 
     import torch
 
-    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.config import Config
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.factory import load_retriever

@@ -55,7 +55,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     mem = StageMemory()
 
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import Config
     from hindsearch.data.world import ensure_world
     from hindsearch.eval import evaluate

@@ -657,7 +657,8 @@ class Check:
             self.add(r)
 
     def rollout_hf(self, name: str) -> dict[str, Any]:
-        from hindsearch.agent.rollout import HFBackend, RolloutEngine
+        from hindsearch.agent.engine import RolloutEngine
+        from hindsearch.agent.hf_backend import HFBackend
         from hindsearch.models import load_policy
 
         cfg = step_config(self.a, "grpo", name, self.workdir / "throughput", self.world_dir)
@@ -710,7 +711,8 @@ class Check:
         """``--steps`` training steps of ``method`` through ``train.run.build_trainer``; medians of the logged split."""
         import torch
 
-        from hindsearch.agent.rollout import HFBackend, RolloutEngine
+        from hindsearch.agent.engine import RolloutEngine
+        from hindsearch.agent.hf_backend import HFBackend
         from hindsearch.models import load_policy
         from hindsearch.train.run import build_trainer, ensure_on_disk, preflight
 
@@ -855,7 +857,7 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from transformers import GenerationConfig
 
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.agent.vllm_backend import VLLMBackend
     from hindsearch.config import Config
     from hindsearch.models import load_tokenizer_from

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from hindsearch.agent.rollout import RolloutEngine
+from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import RolloutConfig
 from hindsearch.data.world import generate_world
 from hindsearch.eval import canonical, column_order, evaluate, read_done

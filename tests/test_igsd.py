@@ -11,7 +11,7 @@ import torch
 from hindsearch.hindsight.terms import loss_from_full_logits
 
 from hindsearch.agent import protocol
-from hindsearch.agent.rollout import RolloutEngine
+from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
 from hindsearch.hindsight import igsd as G
 from hindsearch.hindsight.teacher import continuation_logprobs, encode_prompt, igsd_prompt_ids, teacher_token_logprobs

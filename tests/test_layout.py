@@ -34,6 +34,14 @@ def imports_of(path: Path) -> set[str]:
         ("report/*.py", "hindsearch.compare"),  # compare writes the report; the report reads hindsearch.results
         ("results.py", "hindsearch.compare"),
         ("results.py", "hindsearch.report"),
+        # the backend interface imports no backend and no engine; the backends never import the engine
+        # (engine.make_backend picks one): no rollout <-> vllm_backend cycle
+        ("agent/backend.py", "hindsearch.agent.hf_backend"),
+        ("agent/backend.py", "hindsearch.agent.vllm_backend"),
+        ("agent/backend.py", "hindsearch.agent.engine"),
+        ("agent/hf_backend.py", "hindsearch.agent.engine"),
+        ("agent/vllm_backend.py", "hindsearch.agent.engine"),
+        ("agent/vllm_backend.py", "hindsearch.agent.hf_backend"),
     ],
 )
 def test_dependency_rules(files, forbidden):

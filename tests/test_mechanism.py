@@ -11,7 +11,8 @@ import torch
 from hindsearch.hindsight.terms import loss_from_full_logits
 
 from hindsearch.agent import protocol
-from hindsearch.agent.rollout import HFBackend, RolloutEngine
+from hindsearch.agent.engine import RolloutEngine
+from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T

@@ -42,7 +42,7 @@ def _engine_class():
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_trainer import ScriptedEngine
 
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
 
     class RankEngine(ScriptedEngine):
         """``ScriptedEngine`` on rank 0 (even rollouts answer the gold, odd ones search ``weather`` and fail);
@@ -203,7 +203,8 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hindsearch.agent.rollout import HFBackend, SamplingParams
+    from hindsearch.agent.backend import SamplingParams
+    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities
     from hindsearch.hindsight.teacher import continuation_logprobs
 

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hindsearch.agent.rollout import HFBackend, RolloutEngine
+from hindsearch.agent.engine import RolloutEngine
+from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.data.world import generate_world
 from hindsearch.micro import train_tokenizer

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.rollout import HFBackend, KVStore, RolloutEngine, SamplingParams, sample_tokens, top_p_filter
+from hindsearch.agent.backend import SamplingParams, sample_tokens, top_p_filter
+from hindsearch.agent.engine import RolloutEngine
+from hindsearch.agent.hf_backend import HFBackend, KVStore
 from hindsearch.config import RolloutConfig
 from hindsearch.config import ModelConfig
 from hindsearch.models import load_policy, load_tokenizer, tiny_random_model

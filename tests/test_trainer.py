@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hindsearch.agent.rollout import HFBackend, RolloutEngine
+from hindsearch.agent.engine import RolloutEngine
+from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.data.world import generate_world
 from hindsearch.micro import train_tokenizer
@@ -419,7 +420,7 @@ class HFSamplerLLM:
         self.hf, self.tok, self.calls = HFBackend(model, tok), tok, 0
 
     def generate(self, prompts, params, use_tqdm=True):
-        from hindsearch.agent.rollout import SamplingParams
+        from hindsearch.agent.backend import SamplingParams
 
         self.calls += 1
         outs = []

@@ -20,7 +20,9 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.rollout import HFBackend, RolloutEngine, SamplingParams
+from hindsearch.agent.backend import SamplingParams
+from hindsearch.agent.engine import RolloutEngine
+from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.agent.vllm_backend import (
     VLLMBackend, VLLMServerBackend, budget_groups, classify_finish, pick_sampled, sampling_kwargs, stop_token_ids,
 )

@@ -152,7 +152,7 @@ def test_feedback_demos_carry_and_follow_critique(world, tok):
 
 
 def test_tokenisation_masks_exact_and_match_rollout_engine(world, tok):
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import RolloutConfig
 
     _, recs, retriever = world

@@ -140,7 +140,8 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
     """Greedy evaluation of ``run_dir/final`` on every set (each with its own retriever)."""
     from dataclasses import replace
 
-    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever

@@ -80,7 +80,7 @@ def load_datasets(specs: list[tuple[str, str]], limit: int | None) -> dict[str, 
 
 
 def cmd_eval(args: argparse.Namespace) -> int:
-    from hindsearch.agent.rollout import RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy

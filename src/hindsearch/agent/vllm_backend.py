@@ -1,4 +1,4 @@
-"""vLLM turn generation (GPU): the same ``Backend`` interface as ``rollout.HFBackend``, in two modes.
+"""vLLM turn generation (GPU): the same ``backend.Backend`` interface as ``hf_backend.HFBackend``, in two modes.
 
 - **colocate** (``VLLMBackend``): a ``vllm.LLM`` in the training process (TRL's ``vllm_mode = colocate``;
   the trainer hands over TRL's own ``LLM`` and TRL syncs the weights into it before each step's rollouts).
@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.agent.rollout import GenOutput, LogitsHook, SamplingParams
+from hindsearch.agent.backend import GenOutput, LogitsHook, SamplingParams, stop_token_ids
 
 SEED_HIGH = 2**31 - 1
 
@@ -59,14 +59,6 @@ def _import_vllm() -> Any:
             "or use rollout.backend = 'hf'"
         ) from e
     return vllm
-
-
-def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
-    """EOS ids that end a turn: the tokenizer's EOS and the model's ``generation_config.eos_token_id``(s)."""
-    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
-    gc = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    ids |= set(gc if isinstance(gc, list) else [gc] if gc is not None else [])
-    return ids
 
 
 def row_seeds(generator: torch.Generator | None, n: int) -> list[int] | None:

@@ -25,7 +25,7 @@ nest regions of the same model). Nothing here does anything unless ``torch.distr
 initialised with more than one process (``active()``): a single process runs exactly the code and
 the forwards it ran before (no collective, no dummy forward, same results bit for bit).
 
-The regions of the hindsight path (``hindsearch.hindsight``, ``hindsearch.agent.rollout``), per step:
+The regions of the hindsight path (``hindsearch.hindsight``, ``hindsearch.agent.engine``), per step:
 
 ==============================  ======================================  =====================================
 region                          model                                   sharded under ZeRO-3 / FSDP?

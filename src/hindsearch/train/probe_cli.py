@@ -37,7 +37,8 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result."""
     from dataclasses import replace
 
-    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
     from hindsearch.micro import resolve_alias
     from hindsearch.models import cache_dir, load_policy

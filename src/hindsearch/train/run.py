@@ -363,7 +363,8 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
         truncate_jsonl(run_dir / "dev_curve.jsonl", done)
         log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
 
-    from hindsearch.agent.rollout import HFBackend, RolloutEngine
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.factory import load_retriever
 
@@ -431,6 +432,9 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
             from hindsearch.fsutil import atomic_checkpoints
 
             atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
+            from hindsearch.memory import release_memory_callback
+
+            trainer.add_callback(release_memory_callback())
             if cfg.train.eval_steps > 0 and not distributed:
                 trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
             from hindsearch.train.trainer import NonFiniteLoss
