@@ -35,9 +35,14 @@ def backbone_perturbation(model, delta_fn):
     return model.base_model.register_forward_hook(hook), seen
 
 
+def row(r):
+    """A training dataset row as TRL's sampler yields it (the reward function reads ``golden_answers``)."""
+    return {"prompt": r.id, "golden_answers": r.golden_answers}
+
+
 def generation_inputs(trainer, records, g=2):
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop; we call the loss directly
-    batch = [{"prompt": r.id} for r in records for _ in range(g)]
+    batch = [row(r) for r in records for _ in range(g)]
     return trainer._generate_and_score_completions(batch)
 
 
@@ -125,7 +130,7 @@ def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):
                                  rollout_engine=trainer.engine, config=cfg)
     torch.manual_seed(0)
     trainer.current_gradient_accumulation_steps = 1
-    inputs = trainer._prepare_inputs([{"prompt": r.id} for r in records[:2] for _ in range(2)])  # shuffles rows
+    inputs = trainer._prepare_inputs([row(r) for r in records[:2] for _ in range(2)])  # shuffles rows
     assert sorted(inputs["aux:probe:row"].tolist()) == [0, 1, 2, 3]
     assert torch.equal(inputs["aux:probe:row"], inputs["hs_index"])
 
@@ -147,7 +152,10 @@ def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):
         ref = ref.gather(-1, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
     valid = inputs["completion_mask"].bool()
     assert torch.allclose(lp[valid], ref[valid], atol=1e-4)
-    assert trainer._term_acc["probe/tokens"] and trainer._step_metrics["probe/rows"] == 4.0
+    # the term's metrics went into TRL's own _metrics (averaged by TRL's log): prepare once, loss per compute_loss call with the term
+    assert trainer._metrics["train"]["probe/rows"] == [4.0]
+    assert trainer._metrics["train"]["probe/tokens"] == [float(m.sum())]  # the call with the term
+    assert len(trainer._metrics["train"]["loss/total"]) == 2
 
 
 class NaNTerm(ProbeTerm):

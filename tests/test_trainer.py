@@ -136,11 +136,15 @@ def test_rollout_adapter_shapes(world, tok):
     recs = w.splits["train"][:2]
     prompts = [ra.record_key(r) for r in recs for _ in range(2)]
     trajs = eng.rollout(ra.records_for_prompts(prompts, {ra.record_key(r): r for r in recs}), seed=0)
-    out = ra.rollout_output(trajs, filler_id=tok.pad_token_id)
+    out = ra.rollout_output(trajs, filler_id=tok.pad_token_id, decode=lambda ids: tok.decode(ids))
     assert [t.qid for t in trajs] == [r.id for r in recs for _ in range(2)]
     for ids, mask, lps, t in zip(out["completion_ids"], out["env_mask"], out["logprobs"], trajs):
         assert len(ids) == len(mask) == len(lps) and mask == t.gen_mask
-    assert out["em"] == [1.0, 0.0, 1.0, 0.0]
+    assert "em" not in out  # the reward is computed by the reward function, not passed through
+    golds = [r.golden_answers for r in recs for _ in range(2)]
+    completions = tok.batch_decode(out["completion_ids"])
+    rewards = ra.em_reward(completions, golden_answers=golds, model_text=out["model_text"])
+    assert rewards == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert 0 in out["env_mask"][0]  # the information block is masked
     with pytest.raises(KeyError, match="nope"):
         ra.records_for_prompts(["nope"], {})

@@ -6,6 +6,7 @@ JSONL (``trajectories.jsonl``, ``samples.jsonl``, demonstration files).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
@@ -106,6 +107,12 @@ class Turn:
     doc_snippets: list[str] = field(default_factory=list)
     error: str | None = None
 
+    def record(self) -> dict[str, Any]:
+        """What ``samples.jsonl`` keeps of the turn: ``action``, ``content`` (the query or the answer), the
+        retrieved ``doc_ids`` / ``doc_titles`` (bare) and ``error`` (None when the turn had none)."""
+        return {"action": self.action, "content": self.content, "doc_ids": list(self.doc_ids),
+                "doc_titles": list(self.doc_titles), "error": self.error}
+
 
 @dataclass
 class Trajectory:
@@ -137,6 +144,11 @@ class Trajectory:
     errors: list[str] = field(default_factory=list)
     completion_text: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def model_text(self, decode: Callable[[list[int]], str]) -> str:
+        """The text the model itself wrote: each turn's ``gen_span`` decoded on its own, joined. Injected
+        information blocks and notices are left out (the invalid-action notice names ``<answer>`` itself)."""
+        return "".join(decode(self.completion_ids[a:b]) for a, b in (t.gen_span for t in self.turns))
 
     @property
     def queries(self) -> list[str]:

@@ -13,10 +13,19 @@ so the order TRL expects is kept by construction.
   uses them for importance-sampling correction with vLLM (and the off-policy mask);
 - ``env_mask`` = our ``gen_mask``: TRL multiplies it into the loss mask (``tool_mask``), so injected
   ``<information>`` blocks and invalid-action notices carry no policy loss, no KL and no entropy;
-- every other key is forwarded per sample to the reward functions (``em``, ``answered``, ...).
+- every other key is forwarded per sample to the reward functions: ``model_text`` (the text the model
+  itself wrote, ``Trajectory.model_text``), ``answered``, ``num_searches``; the dataset's
+  ``golden_answers`` column reaches them the same way.
 
-Rewards: ``em_reward`` reads the forwarded ``em`` field; ``format_reward`` is 1 for a rollout whose last
-model turn is a well-formed ``<answer>`` (off unless ``train.format_reward > 0``).
+Rewards are plain TRL reward functions, ``f(completions, **columns) -> list[float]``, so another one can be
+swapped in: ``em_reward`` computes exact match (``hindsearch.rewards``) of the last ``<answer>`` in
+``model_text`` against ``golden_answers`` (the engine's own ``Trajectory.em``, computed again from the
+text); ``format_reward`` is 1 for a rollout whose last model turn is a well-formed ``<answer>`` (off unless
+``train.format_reward > 0``).
+
+Step statistics (``row_stats`` per trajectory, ``rollout_metrics`` over the rows) are computed from
+small per-row records, so on several processes the rows of all ranks are gathered first and the
+statistics are those of the whole generation batch (groups may be split across ranks).
 
 vLLM log-prob mismatch (``truncated_is_ratio``, ``mismatch_sums``, ``mismatch_metrics``): the trainer's
 recomputed log-probs ``pi_train`` against the sampler's ``pi_vllm`` on generated tokens, and TRL's
@@ -26,12 +35,14 @@ token-level truncated importance-sampling ratio ``min(exp(log pi_train - log pi_
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
+from hindsearch.agent.protocol import extract_answer
 from hindsearch.records import QARecord, Trajectory
+from hindsearch.rewards import exact_match
 
 
 def record_key(record: QARecord) -> str:
@@ -72,8 +83,10 @@ def model_answered(traj: Trajectory) -> bool:
     return bool(traj.turns) and traj.turns[-1].action == "answer"
 
 
-def rollout_output(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, list]:
-    """The ``rollout_func`` return value for trajectories aligned with TRL's prompts."""
+def rollout_output(trajs: Sequence[Trajectory], filler_id: int,
+                   decode: Callable[[list[int]], str]) -> dict[str, list]:
+    """The ``rollout_func`` return value for trajectories aligned with TRL's prompts (``decode``: ids -> text,
+    as the engine decodes, for ``model_text``)."""
     out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     for t in trajs:
         ids, mask, lps = nonempty(t, filler_id)
@@ -81,17 +94,20 @@ def rollout_output(trajs: Sequence[Trajectory], filler_id: int) -> dict[str, lis
         out["completion_ids"].append(ids)
         out["env_mask"].append(mask)
         out["logprobs"].append(lps)
-    out["em"] = [float(t.em) for t in trajs]
+    out["model_text"] = [t.model_text(decode) for t in trajs]
     out["answered"] = [model_answered(t) for t in trajs]
     out["num_searches"] = [t.num_searches for t in trajs]
     return out
 
 
-def em_reward(completions: Sequence[Any], em: Sequence[float], **_: Any) -> list[float]:
-    """Reward = exact match of the trajectory's final answer (computed by the rollout engine)."""
-    if len(em) != len(completions):
-        raise ValueError(f"em_reward: {len(em)} em values for {len(completions)} completions")
-    return [float(x) for x in em]
+def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
+              **_: Any) -> list[float]:
+    """TRL reward function: exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's
+    extra field) against the dataset's ``golden_answers`` column (``hindsearch.rewards.exact_match``)."""
+    if not (len(golden_answers) == len(model_text) == len(completions)):
+        raise ValueError(f"em_reward: {len(model_text)} model texts and {len(golden_answers)} gold answer lists for "
+                         f"{len(completions)} completions")
+    return [exact_match(extract_answer(text), gold) for text, gold in zip(model_text, golden_answers)]
 
 
 def format_reward(completions: Sequence[Any], answered: Sequence[bool], **_: Any) -> list[float]:
@@ -110,30 +126,43 @@ def _std(xs: Sequence[float]) -> float:
     return math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
 
 
-def rollout_metrics(trajs: Sequence[Trajectory], num_generations: int) -> dict[str, float]:
-    """Step statistics of a batch of trajectories (record-major, groups of ``num_generations``).
+def row_stats(t: Trajectory) -> dict[str, float]:
+    """The per-trajectory numbers ``rollout_metrics`` averages (small: gathered across processes)."""
+    return {
+        "reward": float(t.reward), "em": float(t.em), "f1": float(t.f1), "searches": float(t.num_searches),
+        "invalid": float(t.num_invalid), "turns": float(len(t.turns)),
+        "valid": float(any(tn.action in ("search", "answer") for tn in t.turns)),
+        "answered": float(model_answered(t)), "completion_len": float(len(t.completion_ids)),
+        "generated_len": float(sum(t.gen_mask)), "prompt_len": float(len(t.prompt_ids)), "errors": float(len(t.errors)),
+    }
+
+
+def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -> dict[str, float]:
+    """Step statistics of a batch of ``row_stats`` (record-major, groups of ``num_generations``).
 
     ``frac_solved_groups`` / ``frac_zero_std_groups``: groups with at least one success / with all
     rewards equal (no GRPO signal).
     """
-    rewards = [float(t.reward) for t in trajs]
-    n = len(trajs)
+    rewards = [r["reward"] for r in rows]
+    n = len(rows)
     groups = [rewards[i : i + num_generations] for i in range(0, n, num_generations)] if num_generations else []
-    valid = [any(tn.action in ("search", "answer") for tn in t.turns) for t in trajs]
-    turns = sum(len(t.turns) for t in trajs)
+
+    def mean(key: str) -> float:
+        return _mean([r[key] for r in rows])
+
     return {
         "reward_mean": _mean(rewards),
         "reward_std": _std(rewards),
-        "em": _mean([float(t.em) for t in trajs]),
-        "f1": _mean([float(t.f1) for t in trajs]),
-        "searches_per_rollout": _mean([t.num_searches for t in trajs]),
-        "invalid_turn_rate": sum(t.num_invalid for t in trajs) / max(turns, 1),
-        "validity_rate": _mean([float(v) for v in valid]),
-        "answered_rate": _mean([float(model_answered(t)) for t in trajs]),
-        "completion_len": _mean([len(t.completion_ids) for t in trajs]),
-        "generated_len": _mean([sum(t.gen_mask) for t in trajs]),
-        "prompt_len": _mean([len(t.prompt_ids) for t in trajs]),
-        "errors": float(sum(len(t.errors) for t in trajs)),
+        "em": mean("em"),
+        "f1": mean("f1"),
+        "searches_per_rollout": mean("searches"),
+        "invalid_turn_rate": sum(r["invalid"] for r in rows) / max(sum(r["turns"] for r in rows), 1),
+        "validity_rate": mean("valid"),
+        "answered_rate": mean("answered"),
+        "completion_len": mean("completion_len"),
+        "generated_len": mean("generated_len"),
+        "prompt_len": mean("prompt_len"),
+        "errors": float(sum(r["errors"] for r in rows)),
         "frac_solved_groups": _mean([float(max(g) > 0) for g in groups if g]),
         "frac_zero_std_groups": _mean([float(max(g) == min(g)) for g in groups if g]),
     }
@@ -142,7 +171,8 @@ def rollout_metrics(trajs: Sequence[Trajectory], num_generations: int) -> dict[s
 def sample_records(
     trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], k: int, step: int
 ) -> list[dict[str, Any]]:
-    """Up to ``k`` rollouts for ``samples.jsonl``: failed ones first (they carry the aux samples).
+    """Up to ``k`` rollouts for ``samples.jsonl``: failed ones first (they carry the aux samples). Each carries
+    its ``turns`` (``Turn.record``: action, query or answer, retrieved ids and titles), so readers parse nothing.
 
     ``aux_samples[name][i]`` is term ``name``'s record for trajectory ``i`` (may be shorter).
     """
@@ -161,6 +191,7 @@ def sample_records(
             "answer": t.answer,
             "reward": t.reward,
             "queries": t.queries,
+            "turns": [tn.record() for tn in t.turns],
             "stop_reason": t.stop_reason,
             "errors": t.errors,
         }

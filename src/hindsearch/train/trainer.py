@@ -12,8 +12,10 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    trajectory ``i`` of our ``RolloutEngine`` (no regrouping). ``env_mask = gen_mask``: TRL turns it
    into its ``tool_mask`` and multiplies it into every loss mask, so ``<information>`` blocks carry no
    loss. The step's trajectories are kept for the aux terms.
-2. **Reward** — ``em_reward`` (EM of the final answer) plus, if ``train.format_reward > 0``, a format
-   term with that weight (TRL's ``reward_weights``). Group advantages are TRL's.
+2. **Reward** — plain TRL reward functions: ``em_reward`` computes exact match of the last ``<answer>``
+   the model wrote (the rollout's ``model_text`` field) against the dataset's ``golden_answers`` column,
+   plus, if ``train.format_reward > 0``, a format term with that weight (TRL's ``reward_weights``).
+   Group advantages are TRL's.
 3. **Aux prepare** — after TRL's ``_generate_and_score_completions`` each term's ``prepare`` runs on the
    trajectories (no grad); its ``[B, ...]`` tensors go into the inputs dict under ``aux:<term>:<key>``,
    so TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and slice them with every other
@@ -24,10 +26,16 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    distils** (``term.positions``: query/action tokens of failed rollouts, IGSD's verified positions), never
    ``[B, T, V]``: ``logits[n]`` predicts ``completion_ids[idx[n]]`` (raw, not temperature-scaled). The hook
    is installed only when there are terms, so plain GRPO pays nothing.
-5. **Logging** — per optimizer step one line in ``metrics.jsonl``: TRL's metrics, our rollout
-   statistics, every term metric (``<term>/<key>``) and the time split ``time/rollout``,
-   ``time/reward``, ``time/aux_prepare``, ``time/update`` (forward/backward/optimizer, incl. the
-   reference log-probs); a few rollouts per step (with the terms' samples) go to ``samples.jsonl``.
+5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
+   (``record_metrics``), which TRL's ``log`` averages per optimizer step; on several processes each value
+   is first reduced over the processes (``gather_metrics``: counts and seconds summed, rates and means
+   averaged; the rollout statistics are computed over every rank's rows). Our keys: the rollout statistics
+   ``rollout/*``, every term metric (``<term>/<key>``), ``loss/total`` and the time split ``time/rollout``,
+   ``time/reward``, ``time/aux_prepare``, ``time/update`` (the rest of the optimizer step: forward, backward,
+   reference log-probs, optimizer), ``time/step``, ``time/step_cpu``. The writers and the timing are
+   ``TrainerCallback``s: ``StepTimer`` (the time split), ``MetricsWriter`` (one line per optimizer step in
+   ``metrics.jsonl``), ``SamplesWriter`` (a few rollouts per step, with their turns and the terms' samples,
+   in ``samples.jsonl``), ``EMAUpdate`` (the EMA teacher after each optimizer step).
 
 A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
 checkpoint and stops with a clear error.
@@ -46,19 +54,24 @@ sampling (``min(ratio, rollout.vllm_is_cap)``); ``vllm/*`` metrics log the misma
 
 from __future__ import annotations
 
-import json
-import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
+from hindsearch.train.callbacks import (
+    EMAUpdate,
+    MetricsWriter,
+    SamplesWriter,
+    StepTimer,
+    gather_metrics,
+    summed_over_processes,
+)
 
 AUX_PREFIX = "aux:"
 
@@ -186,17 +199,14 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         if format_reward > 0:
             reward_funcs.append(ra.format_reward)
             args.reward_weights = [1.0, float(format_reward)]
-        dataset = Dataset.from_list([{"prompt": ra.record_key(r)} for r in train_records])
+        dataset = Dataset.from_list([{"prompt": ra.record_key(r), "golden_answers": list(r.golden_answers)}
+                                     for r in train_records])
         self.engine = engine
         self.terms = list(terms)
         self.aux_ctx = aux_ctx
         self.run_dir = Path(run_dir) if run_dir else None
-        self.samples_per_step = samples_per_step
         self.rollout_seed = rollout_seed
         self._last_trajs: list[Trajectory] = []
-        self._timing: dict[str, float] = {}
-        self._step_metrics: dict[str, float] = {}
-        self._term_acc: dict[str, list[float]] = {}
         self._vllm_attached = False
         self.ema_decay = ema_decay
         self.grad_share_steps = grad_share_steps
@@ -211,7 +221,10 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             rollout_func=self._rollout,
             **kwargs,
         )
-        self.add_callback(_AfterStep(self))
+        self.timer = StepTimer(self.record_metrics)
+        self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
+        for cb in (self.timer, MetricsWriter(self.run_dir), self.samples_writer, EMAUpdate(self)):
+            self.add_callback(cb)
         if getattr(aux_ctx, "ema", None) is not None and sharded_training(self):
             raise ValueError("hindsearch.teacher / igsd.teacher = 'ema' is not supported under ZeRO-3 or FSDP (the "
                              "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
@@ -219,9 +232,13 @@ class HindsearchGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
+        """TRL's ``rollout_func``: one trajectory per prompt (timed as ``time/rollout``)."""
+        with self.timer.part("rollout"):
+            return self._rollout_inner(prompts)
+
+    def _rollout_inner(self, prompts: list[Any]) -> dict[str, list]:
         from trl.models.utils import unwrap_model_for_generation
 
-        t0 = time.perf_counter()
         records = ra.records_for_prompts(prompts, self._by_key)
         seed = self.rollout_seed * 1_000_003 + self.state.global_step
         if self.use_vllm:  # TRL has synced the weights into vLLM for this step (see the module doc)
@@ -231,7 +248,8 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             n0, s0 = st["generated_tokens"], st["generate_s"]
             trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
             n, s = st["generated_tokens"] - n0, st["generate_s"] - s0
-            self._step_metrics.update({"vllm/generated_tokens": float(n), "vllm/tokens_per_s": n / s if s > 0 else 0.0})
+            self.record_metrics({"vllm/generated_tokens": float(n), "vllm/tokens_per_s": n / s if s > 0 else 0.0},
+                                summed=summed_over_processes)
         else:
             with unwrap_model_for_generation(
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
@@ -249,10 +267,9 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         if len(trajs) != len(prompts):
             raise RuntimeError(f"rollout engine returned {len(trajs)} trajectories for {len(prompts)} prompts")
         self._last_trajs = trajs
-        filler = self.processing_class.pad_token_id
-        out = ra.rollout_output(trajs, filler if filler is not None else self.processing_class.eos_token_id)
-        self._add_time("rollout", time.perf_counter() - t0)
-        return out
+        tok = self.processing_class
+        filler = tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return ra.rollout_output(trajs, filler, lambda ids: tok.decode(ids, skip_special_tokens=False))
 
     @staticmethod
     def _apply_vllm_fields(args: Any, engine: Any) -> None:
@@ -281,7 +298,11 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         """Point the engine at TRL's vLLM: its ``LLM`` (colocate) or a ``VLLMClient`` (server). Once."""
         if self._vllm_attached:
             return
-        from hindsearch.agent.vllm_backend import VLLMBackend, VLLMServerBackend, stop_token_ids
+        from hindsearch.agent.vllm_backend import (
+            VLLMBackend,
+            VLLMServerBackend,
+            stop_token_ids,
+        )
 
         vg = self.vllm_generation
         tok = self.processing_class
@@ -321,10 +342,8 @@ class HindsearchGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------------ scoring + aux prepare
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: D401 - TRL hook
-        t0 = time.perf_counter()
-        out = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-        self._add_time("reward", time.perf_counter() - t0)
-        return out
+        with self.timer.part("reward"):
+            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
 
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.use_vllm:
@@ -338,7 +357,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             sums = ra.mismatch_sums(out["old_per_token_logps"], out["sampling_per_token_logps"], mask,
                                     float(self.args.vllm_importance_sampling_clip_max))
             sums = self.accelerator.gather(sums[None]) if self.accelerator.num_processes > 1 else sums
-            self._step_metrics.update({f"vllm/{k}": v for k, v in ra.mismatch_metrics(sums).items()})
+            self._append_metrics({f"vllm/{k}": v for k, v in ra.mismatch_metrics(sums).items()})  # already global
         return out
 
     def _score_and_prepare(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -350,25 +369,39 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         out["hs_index"] = torch.arange(B, device=device)
         aux_samples: dict[str, list[dict]] = {}
         if self.terms and self.model.training:
-            t0 = time.perf_counter()
-            ctx = self.aux_ctx
-            ctx.step = self.state.global_step
-            ctx.policy = self.accelerator.unwrap_model(self.model)
-            ctx.device = device
-            for term in self.terms:
-                with torch.no_grad():
-                    batch = term.prepare(trajs, T, ctx)
-                for k, v in batch.tensors.items():
-                    if v.shape[0] != B:
-                        raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
-                    out[aux_key(term.name, k)] = v.to(device)
-                for k, v in batch.metrics.items():
-                    self._step_metrics[f"{term.name}/{k}"] = float(v)
-                aux_samples[term.name] = batch.samples
-            self._add_time("aux_prepare", time.perf_counter() - t0)
-        self._step_metrics.update({f"rollout/{k}": v for k, v in ra.rollout_metrics(trajs, self.num_generations).items()})
-        self._write_samples(trajs, aux_samples)
+            with self.timer.part("aux_prepare"):
+                aux_samples = self._prepare_terms(trajs, out, B, T, device)
+        rows = [ra.row_stats(t) for t in trajs]
+        if self.accelerator.num_processes > 1:  # the statistics of the whole generation batch
+            from accelerate.utils import gather_object
+
+            rows = gather_object(rows)
+        self._append_metrics({f"rollout/{k}": v for k, v in ra.rollout_metrics(rows, self.num_generations).items()})
+        if self.accelerator.is_main_process:
+            self.samples_writer.add(trajs, aux_samples, self.state.global_step + 1)
         return out
+
+    def _prepare_terms(self, trajs: list[Trajectory], out: dict[str, Any], B: int, T: int,
+                       device: torch.device) -> dict[str, list[dict]]:
+        """Each term's ``prepare`` (no grad): its tensors into ``out`` under ``aux:<term>:<key>``, its metrics
+        recorded; returns its per-trajectory samples by term name."""
+        ctx = self.aux_ctx
+        ctx.step = self.state.global_step
+        ctx.policy = self.accelerator.unwrap_model(self.model)
+        ctx.device = device
+        aux_samples: dict[str, list[dict]] = {}
+        metrics: dict[str, float] = {}
+        for term in self.terms:
+            with torch.no_grad():
+                batch = term.prepare(trajs, T, ctx)
+            for k, v in batch.tensors.items():
+                if v.shape[0] != B:
+                    raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
+                out[aux_key(term.name, k)] = v.to(device)
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in batch.metrics.items()})
+            aux_samples[term.name] = batch.samples
+        self.record_metrics(metrics, summed=summed_over_processes)
+        return aux_samples
 
     # ------------------------------------------------------------------ loss
     @contextmanager
@@ -407,29 +440,34 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             norm = self.current_gradient_accumulation_steps if self.model.training else 1.0
             grpo_loss = loss
             weighted: list[tuple[str, torch.Tensor]] = []
+            metrics: dict[str, float] = {}
             for term in self.terms:
-                term_loss, metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
+                term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
                 loss = loss + term.lam * term_loss / norm
                 weighted.append((term.name, term.lam * term_loss / norm))
-                self._acc(f"{term.name}/loss", float(term_loss.detach()))
-                for k, v in metrics.items():
-                    self._acc(f"{term.name}/{k}", float(v))
+                metrics[f"{term.name}/loss"] = float(term_loss.detach())
+                metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
             if self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0:
-                for name, share in update_shares(grpo_loss, weighted, captured).items():
-                    self._acc(f"{name}/grad_share", share)
+                metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
+            self.record_metrics(metrics)
         if not torch.isfinite(loss.detach()).all():
             raise NonFiniteLoss(
                 f"non-finite training loss ({float(loss.detach())}) at step {self.state.global_step + 1}"
             )
-        self._acc("loss/total", float(loss.detach()))
+        self.record_metrics({"loss/total": float(loss.detach())})
         return loss
 
-    # ------------------------------------------------------------------ timing + logging
-    def _add_time(self, key: str, dt: float) -> None:
-        self._timing[key] = self._timing.get(key, 0.0) + dt
+    # ------------------------------------------------------------------ metrics (TRL's _metrics)
+    def _append_metrics(self, metrics: Mapping[str, float]) -> None:
+        """Append values (already global) to TRL's ``self._metrics[mode]``; TRL's ``log`` averages each key's
+        values of the optimizer step (micro-batches) and writes them to ``logs``."""
+        mode = "train" if self.model.training else "eval"
+        for k, v in metrics.items():
+            self._metrics[mode][k].append(float(v))
 
-    def _acc(self, key: str, value: float) -> None:
-        self._term_acc.setdefault(key, []).append(value)
+    def record_metrics(self, metrics: Mapping[str, float], summed: Callable[[str], bool] = lambda _k: False) -> None:
+        """This process's values, reduced over the processes (``gather_metrics``), into TRL's ``_metrics``."""
+        self._append_metrics(gather_metrics(metrics, self.accelerator, summed))
 
     def optimizer_step_done(self) -> None:
         """After each optimizer step: move the EMA teacher (when a term asked for one) toward the policy."""
@@ -440,50 +478,3 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         with torch.no_grad():
             for pe, pp in zip(ema.parameters(), policy.parameters()):
                 pe.lerp_(pp.detach().to(pe.dtype), 1.0 - self.ema_decay)
-
-    def training_step(self, model, inputs, num_items_in_batch=None):
-        t0, c0 = time.perf_counter(), time.process_time()
-        out = super().training_step(model, inputs, num_items_in_batch)
-        self._add_time("step_total", time.perf_counter() - t0)
-        self._add_time("step_cpu", time.process_time() - c0)
-        return out
-
-    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        training_log = self.model.training and "loss" in logs and "train_runtime" not in logs
-        if training_log:
-            tm = self._timing
-            total = tm.get("step_total", 0.0)
-            parts = {k: tm.get(k, 0.0) for k in ("rollout", "reward", "aux_prepare")}
-            extra = {f"time/{k}": v for k, v in parts.items()}
-            extra["time/update"] = max(total - sum(parts.values()), 0.0)
-            extra["time/step"] = total
-            extra["time/step_cpu"] = tm.get("step_cpu", 0.0)  # process CPU seconds (all threads): robust to a busy machine
-            extra.update(self._step_metrics)
-            extra.update({k: sum(v) / len(v) for k, v in self._term_acc.items() if v})
-            logs.update(extra)
-            self._timing, self._step_metrics, self._term_acc = {}, {}, {}
-        super().log(logs, start_time)
-        if training_log and self.run_dir is not None and self.accelerator.is_main_process:
-            row = {"step": self.state.global_step, **{k: v for k, v in logs.items() if _jsonable(v)}}
-            with (self.run_dir / "metrics.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-    def _write_samples(self, trajs: Sequence[Trajectory], aux_samples: dict[str, list[dict]]) -> None:
-        if self.run_dir is None or self.samples_per_step <= 0 or not self.accelerator.is_main_process:
-            return
-        recs = ra.sample_records(trajs, aux_samples, self.samples_per_step, self.state.global_step + 1)
-        with (self.run_dir / "samples.jsonl").open("a") as f:
-            for r in recs:
-                f.write(json.dumps(r, default=str) + "\n")
-
-
-class _AfterStep(TrainerCallback):
-    def __init__(self, trainer: HindsearchGRPOTrainer) -> None:
-        self.trainer = trainer
-
-    def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.optimizer_step_done()
-
-
-def _jsonable(v: Any) -> bool:
-    return v is None or isinstance(v, (int, float, str, bool))

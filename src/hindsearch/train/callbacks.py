@@ -1,0 +1,141 @@
+"""The trainer's ``TrainerCallback``s and the reduction of step metrics over processes.
+
+- ``StepTimer``: the ``time/*`` split of each optimizer step;
+- ``MetricsWriter``: one line per optimizer step in ``metrics.jsonl``;
+- ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
+- ``EMAUpdate``: the EMA teacher after each optimizer step;
+- ``gather_metrics``: a process's step metrics reduced over all processes (counts and seconds summed where
+  ``summed_over_processes`` says so, the rest averaged) before they go into TRL's ``_metrics``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from hindsearch.records import Trajectory
+from hindsearch.train import rollout_adapter as ra
+
+MEAN_MARKERS = ("frac", "mean", "rate", "ratio", "minus", "kind", "share", "loss", "_per_")
+"""A step metric whose name holds one of these is a rate, mean or loss: averaged over processes, not summed."""
+
+
+def summed_over_processes(key: str) -> bool:
+    """Whether a term's step metric adds up over processes: counts and seconds of a rank's own rows do
+    (``hind/failed``, ``igsd/time_proposal``), fractions, means and losses (``MEAN_MARKERS``) do not."""
+    name = key.rsplit("/", 1)[-1]
+    return not any(m in name for m in MEAN_MARKERS)
+
+
+def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
+                   summed: Callable[[str], bool] = lambda _k: False) -> dict[str, float]:
+    """``metrics`` of this process reduced over all processes: the sum for keys ``summed(key)``, else the mean
+    over the processes that logged the key. One process: returned as is. Every process must call it (two
+    collectives: the union of the keys, sorted so every rank reduces them in the same order, then the values)."""
+    if accelerator.num_processes == 1:
+        return dict(metrics)
+    from accelerate.utils import gather_object
+
+    keys = sorted(set(gather_object(list(metrics))))
+    if not keys:
+        return {}
+    local = torch.tensor([[float(metrics.get(k, 0.0)), float(k in metrics)] for k in keys], dtype=torch.float64,
+                         device=accelerator.device)
+    total = accelerator.gather(local[None]).sum(0)  # [P, K, 2] -> [K, 2]
+    return {k: t if summed(k) else t / c for k, (t, c) in zip(keys, total.tolist()) if c > 0}
+
+
+
+# ---------------------------------------------------------------------- callbacks
+class StepTimer(TrainerCallback):
+    """``time/*`` of each optimizer step, recorded at its end: the parts the trainer times (``part``: rollout,
+    reward, aux_prepare), the step's wall time ``time/step`` and process CPU time ``time/step_cpu`` (all threads;
+    robust to a busy machine) from ``on_step_begin`` to ``on_step_end``, and ``time/update`` = the rest."""
+
+    PARTS = ("rollout", "reward", "aux_prepare")
+
+    def __init__(self, record: Callable[[Mapping[str, float]], None]) -> None:
+        self.record = record
+        self.parts = dict.fromkeys(self.PARTS, 0.0)
+        self.t0 = self.c0 = 0.0
+
+    @contextmanager
+    def part(self, name: str) -> Iterator[None]:
+        """Add the block's wall time to part ``name`` of the current step."""
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.parts[name] = self.parts.get(name, 0.0) + time.perf_counter() - t0
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        self.parts = dict.fromkeys(self.PARTS, 0.0)
+        self.t0, self.c0 = time.perf_counter(), time.process_time()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        total = time.perf_counter() - self.t0
+        row = {f"time/{k}": v for k, v in self.parts.items()}
+        row["time/update"] = max(total - sum(self.parts.values()), 0.0)
+        row["time/step"] = total
+        row["time/step_cpu"] = time.process_time() - self.c0
+        self.record(row)
+
+
+class MetricsWriter(TrainerCallback):
+    """One line per optimizer step in ``run_dir/metrics.jsonl`` (main process): ``step`` and every logged value
+    (TRL's metrics and ours, as TRL's ``log`` hands them to the callbacks)."""
+
+    def __init__(self, run_dir: Path | None) -> None:
+        self.run_dir = run_dir
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if self.run_dir is None or not state.is_world_process_zero or not logs:
+            return
+        if "loss" not in logs or "train_runtime" in logs:  # a training step's log, not the end-of-training summary
+            return
+        row = {"step": state.global_step, **{k: v for k, v in logs.items() if _jsonable(v)}}
+        with (self.run_dir / "metrics.jsonl").open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class SamplesWriter(TrainerCallback):
+    """Up to ``k`` rollouts per optimizer step in ``run_dir/samples.jsonl`` (``rollout_adapter.sample_records``:
+    failed ones first, with their turns and the terms' samples), written when the step ends."""
+
+    def __init__(self, run_dir: Path | None, k: int) -> None:
+        self.run_dir, self.k = run_dir, k
+        self.pending: list[dict[str, Any]] = []
+
+    def add(self, trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], step: int) -> None:
+        """Keep the records of a generation batch of step ``step`` (1-based) until the step ends."""
+        if self.run_dir is not None and self.k > 0:
+            self.pending += ra.sample_records(trajs, aux_samples, self.k, step)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if not self.pending:
+            return
+        with (self.run_dir / "samples.jsonl").open("a") as f:
+            for r in self.pending:
+                f.write(json.dumps(r, default=str) + "\n")
+        self.pending = []
+
+
+class EMAUpdate(TrainerCallback):
+    """After each optimizer step: the EMA teacher moves toward the policy (``optimizer_step_done``)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.trainer.optimizer_step_done()
+
+
+def _jsonable(v: Any) -> bool:
+    return v is None or isinstance(v, (int, float, str, bool))
