@@ -131,10 +131,34 @@ def test_report_of_real_two_step_run(run_dir, tmp_path):
     assert all(sp["title"].startswith(("+", "-")) for sp in page.spans)
     style = re.search(r"<style>(.*?)</style>", out.read_text(), re.S).group(1)
     assert all(f".{sp['class'].split()[1]}{{background:rgba(" in style for sp in page.spans)  # every shade is defined
-    # the question of every sample and the queries it searched appear in the browser
+    # every sample carries its turns as the engine recorded them (nothing parsed from the completion text),
+    # and the browser shows each query and the titles it retrieved
     for s in samples:
-        assert turns_of(s)[0]["action"] == "search" and turns_of(s)[0]["titles"], s["completion"]
+        assert [t["action"] for t in s["turns"]][:1] == ["search"], s["completion"]
+        search = s["turns"][0]
+        assert search["content"] == s["question"] and len(search["doc_ids"]) == len(search["doc_titles"]) == 2
+        assert turns_of(s)[0] == {"action": "search", "content": s["question"], "titles": search["doc_titles"],
+                                  "error": None}
+        assert search["doc_titles"][0] in text
     assert page.tags.get("details", 0) >= len(samples)
+    assert "turns not recorded" not in text
+
+
+def test_samples_without_turns_say_not_recorded(tmp_path):
+    """Samples of runs from before samples carried their turns: the page says "turns not recorded" and does
+    not parse the completion text (a search tag in it is not shown as a turn)."""
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 0.5}) + "\n")
+    old = {"step": 1, "question": "Who?", "reward": 0.0, "golden_answers": ["x"], "answer": "y",
+           "completion": "<search> parsed query </search>\n<information>Doc 1(Title: \"T\") t</information>"}
+    new = {**old, "question": "Where?", "turns": [
+        {"action": "search", "content": "written query", "doc_ids": ["7"], "doc_titles": ["Written title"], "error": None},
+        {"action": "answer", "content": "y", "doc_ids": [], "doc_titles": [], "error": None}]}
+    (tmp_path / "samples.jsonl").write_text(json.dumps(old) + "\n" + json.dumps(new) + "\n")
+    assert turns_of(old) is None and turns_of(new)[0]["titles"] == ["Written title"]
+    text = " ".join(parse(render(tmp_path)).text)
+    assert text.count("turns not recorded") == 1
+    assert "written query" in text and "Written title" in text
+    assert "parsed query" not in text.replace("<search> parsed query </search>", "")  # only in the raw completion
 
 
 def test_token_spans_colour_and_escape():

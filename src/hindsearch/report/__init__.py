@@ -22,8 +22,10 @@ A *compare dir* (``hindsearch compare --out DIR``: one run folder per (method, s
 (mean ± sample std over seeds; each method minus GRPO with the paired-bootstrap 95% interval),
 ``curves.png``, then one section per run.
 
-Field names are read tolerantly (several spellings); whatever is missing is reported as "not
-recorded" rather than failing, so the page works for runs of every method and version.
+Samples are read by the names the trainer writes them (``rollout_adapter.sample_records``): each carries
+its turns (action, query or answer, retrieved ids and titles), so nothing is parsed from the completion
+text. Whatever is missing is reported as "not recorded" rather than failing: runs from before samples
+carried their turns show "turns not recorded" for each rollout.
 
 ``register(sub)`` adds the ``report`` command. A comparison's numbers come from ``hindsearch.results``;
 this module never imports ``hindsearch.compare`` (which imports it to write the page).

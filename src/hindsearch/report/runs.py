@@ -85,14 +85,6 @@ def sub_runs(path: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- metrics
-def pick(d: dict[str, Any], *names: str, default: Any = None) -> Any:
-    """The value of the first key of ``names`` present in ``d`` (and not None)."""
-    for n in names:
-        if n in d and d[n] is not None:
-            return d[n]
-    return default
-
-
 def is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 import base64
 import json
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from hindsearch.report.env import environment
 from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (Run, is_number, metric_groups, pick, read_json, series, sub_runs, summary_rows,
+from hindsearch.report.runs import (Run, is_number, metric_groups, read_json, series, sub_runs, summary_rows,
                                    time_keys)
-
-ACTION_OR_INFO_RE = re.compile(r"<(search|answer)>(.*?)</\1>|<information>(.*?)(?:</information>|$)", re.DOTALL)
-"""Actions and information blocks of a completion (a block cut by the length budget has no closing tag)."""
-
-
-DOC_TITLE_RE = re.compile(r"Doc \d+\(Title: (.*?)\) ")
-
 
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
@@ -110,31 +102,16 @@ def probe_view(path: Path) -> dict[str, Any] | None:
 
 
 # --------------------------------------------------------------------------- trajectories
-def bare_title(title: str) -> str:
-    from hindsearch.records import bare_title as bare
-
-    return bare(title)
-
-
-def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]]:
-    """The turns of a sample as ``{"action", "content", "titles"}``.
-
-    From ``turns`` (``Trajectory.to_dict``) when present, else parsed from the completion text:
-    each ``<search>``/``<answer>`` action, with the titles of the ``<information>`` block after it.
-    """
-    if isinstance(sample.get("turns"), list) and sample["turns"]:
-        return [{"action": str(t.get("action", "?")), "content": str(t.get("content", "")),
-                 "titles": [bare_title(str(x)) for x in t.get("doc_titles") or []]} for t in sample["turns"] if isinstance(t, dict)]
-    text = str(pick(sample, "completion", "completion_text", default="") or "")
-    turns: list[dict[str, Any]] = []
-    for m in ACTION_OR_INFO_RE.finditer(text):
-        if m.group(1):
-            turns.append({"action": m.group(1), "content": m.group(2).strip(), "titles": []})
-        elif turns and turns[-1]["action"] == "search":
-            turns[-1]["titles"] = [bare_title(t) for t in DOC_TITLE_RE.findall(m.group(3))]
-    if not turns and isinstance(sample.get("queries"), list):
-        turns = [{"action": "search", "content": str(q), "titles": []} for q in sample["queries"]]
-    return turns
+def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """The turns the trainer wrote with the sample (``Turn.record``: ``action``, ``content``, ``doc_ids``,
+    ``doc_titles``, ``error``), as ``{"action", "content", "titles", "error"}``; None when the sample has no
+    ``turns`` (runs from before samples carried them: the page says "turns not recorded")."""
+    turns = sample.get("turns")
+    if not isinstance(turns, list):
+        return None
+    return [{"action": str(t.get("action")), "content": str(t.get("content")),
+             "titles": [str(x) for x in t.get("doc_titles") or []], "error": t.get("error")}
+            for t in turns if isinstance(t, dict)]
 
 
 def token_colours(tokens: Sequence[str], diffs: Sequence[float]) -> list[dict[str, str]]:
@@ -166,32 +143,25 @@ def _floats(xs: Any) -> list[float] | None:
 
 
 def hind_view(h: Any) -> dict[str, Any] | None:
-    """A HindSearch sample's critique, judge flags and per-token teacher log-probs on the distilled tokens."""
+    """A HindSearch sample's critique, judge flags and per-token teacher log-probs on the distilled tokens
+    (``lT_minus_neutral`` with the neutral control, else the teacher's own ``lT``)."""
     if not isinstance(h, dict):
         return None
-    crit = pick(h, "critique", "critique_text", "text")
+    crit = h.get("critique")
     extras = [[k, str(h[k])] for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation")
               if h.get(k) not in (None, "", [], {})]
-    toks = pick(h, "distill_tokens", "query_tokens", "tokens", "query_token_strs")
-    label, diffs = "critique teacher − neutral-feedback teacher log-prob on distilled tokens", _floats(pick(h, "lT_minus_neutral"))
-    if diffs is None:  # runs without the neutral control: the teacher's own log-probs (older runs: lT_minus_lS)
-        label, diffs = "teacher log-prob on distilled tokens", _floats(pick(h, "lT"))
-    if diffs is None:
-        label, diffs = "teacher − student log-prob on query tokens", _floats(pick(h, "lT_minus_lS", "teacher_minus_student"))
+    toks = h.get("distill_tokens")
+    label, diffs = "critique teacher − neutral-feedback teacher log-prob on distilled tokens", _floats(h.get("lT_minus_neutral"))
+    if diffs is None:  # runs without the neutral control: the teacher's own log-probs
+        label, diffs = "teacher log-prob on distilled tokens", _floats(h.get("lT"))
     tokens = token_colours([str(t) for t in toks], diffs) if isinstance(toks, list) and toks and diffs else None
     return {"critique": None if crit is None else str(crit), "extras": extras, "label": label, "tokens": tokens}
 
 
 def igsd_pairs(g: Any) -> list[dict[str, Any]]:
-    if isinstance(g, list):
-        return [p for p in g if isinstance(p, dict)]
-    if isinstance(g, dict):
-        inner = pick(g, "igsd_pairs", "pairs", "verified_pairs", "positions")
-        if isinstance(inner, list):
-            return [p for p in inner if isinstance(p, dict)]
-        if any(k in g for k in ("delta", "gate")):
-            return [g]
-    return []
+    """The verified pairs of a sample's IGSD record (``{"igsd_pairs": [...]}``, ``igsd.driver.pair_record``)."""
+    pairs = g.get("igsd_pairs") if isinstance(g, dict) else None
+    return [p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else []
 
 
 def cell(v: Any) -> str | None:
@@ -213,30 +183,29 @@ def igsd_view(g: Any) -> dict[str, Any] | None:
         return None
     rows = []
     for p in igsd_pairs(g):
-        gate = pick(p, "gate", "g")
+        gate = p.get("gate")
         rows.append({"open": is_number(gate) and gate > 0.5, "cells": [
-            cell(pick(p, "q_S", "student_query", "q_s")), cell(pick(p, "titles_S", "student_titles", "titles_s")),
-            cell(pick(p, "q_T", "teacher_query", "q_t")), cell(pick(p, "titles_T", "teacher_titles", "titles_t")),
+            cell(p.get("q_S")), cell(p.get("titles_S")), cell(p.get("q_T")), cell(p.get("titles_T")),
             f"{p.get('student_token', '?')} / {p.get('teacher_token', '?')}",
-            cell(pick(p, "ig_S", "ig_s", "IG_S")), cell(pick(p, "ig_T", "ig_t", "IG_T")), cell(pick(p, "delta")), cell(gate)]})
+            cell(p.get("ig_S")), cell(p.get("ig_T")), cell(p.get("delta")), cell(gate)]})
     return {"head": IGSD_HEAD, "rows": rows}
 
 
 def sample_reward(s: dict[str, Any]) -> float:
-    r = pick(s, "reward", "em", default=0.0)
+    r = s.get("reward")
     return float(r) if is_number(r) else 0.0
 
 
 def sample_view(s: dict[str, Any]) -> dict[str, Any]:
-    """One rollout of the trajectory browser."""
+    """One rollout of the trajectory browser (the fields ``rollout_adapter.sample_records`` writes)."""
     reward = sample_reward(s)
     ok = reward > 0
-    comp = pick(s, "completion", "completion_text")
+    comp = s.get("completion")
     gold = s.get("golden_answers")
     return {"ok": ok, "reward": f"{reward:g}", "step": str(s.get("step", "?")), "question": str(s.get("question", "?")),
             "hops": str(s.get("hops", "?")), "gold": [str(a) for a in gold] if isinstance(gold, list) else [],
             "turns": turns_of(s), "answer": str(s.get("answer")), "stop": str(s.get("stop_reason", "")),
-            "hind": None if ok else hind_view(pick(s, "hind", "hindsearch")), "igsd": igsd_view(s.get("igsd")),
+            "hind": None if ok else hind_view(s.get("hind")), "igsd": igsd_view(s.get("igsd")),
             "completion": None if comp is None else str(comp)}
 
 
@@ -244,7 +213,7 @@ def trajectories_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any
     samples = run.samples[-max_samples:]
     return {"total": len(run.samples), "shown": len(samples),
             "failed": sum(1 for s in samples if sample_reward(s) <= 0),
-            "critiques": sum(1 for s in samples if isinstance(pick(s, "hind", "hindsearch"), dict)),
+            "critiques": sum(1 for s in samples if isinstance(s.get("hind"), dict)),
             "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples),
             "samples": [sample_view(s) for s in reversed(samples)]}
 
