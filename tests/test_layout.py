@@ -42,6 +42,11 @@ def imports_of(path: Path) -> set[str]:
         ("agent/hf_backend.py", "hindsearch.agent.engine"),
         ("agent/vllm_backend.py", "hindsearch.agent.engine"),
         ("agent/vllm_backend.py", "hindsearch.agent.hf_backend"),
+        # the model-compute core sits under every model user (engine, judge, teachers, IGSD)
+        ("compute.py", "hindsearch.agent.engine"),
+        ("compute.py", "hindsearch.agent.hf_backend"),
+        ("compute.py", "hindsearch.hindsight.judge"),
+        ("compute.py", "hindsearch.hindsight.igsd"),
     ],
 )
 def test_dependency_rules(files, forbidden):

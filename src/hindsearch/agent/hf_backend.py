@@ -17,7 +17,6 @@ rank is done (the policy is sharded under FSDP, and under ZeRO-3 with ``ds3_gath
 
 from __future__ import annotations
 
-import inspect
 import time
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -25,20 +24,14 @@ from typing import Any
 
 import torch
 
-from hindsearch.agent.backend import GenOutput, LogitsHook, SamplingParams, sample_tokens, stop_token_ids
-from hindsearch.hindsight import sync
-
-
-def left_pad(contexts: list[list[int]], pad_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-pad id lists. -> (input_ids [B, L], attention_mask [B, L])."""
-    L = max(len(c) for c in contexts)
-    ids = torch.full((len(contexts), L), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(contexts), L), dtype=torch.long)
-    for i, c in enumerate(contexts):
-        ids[i, L - len(c) :] = torch.tensor(c, dtype=torch.long)
-        mask[i, L - len(c) :] = 1
-    return ids.to(device), mask.to(device)
-
+from hindsearch import compute
+from hindsearch.agent.backend import (
+    GenOutput,
+    LogitsHook,
+    SamplingParams,
+    stop_token_ids,
+)
+from hindsearch.compute import left_pad
 
 RowKV = tuple[list[int], list[tuple[torch.Tensor, torch.Tensor]]]
 """A row's cache: the ids fed so far and their (keys, values) per layer, each ``[1, H, len(ids), D]``."""
@@ -105,10 +98,11 @@ def resume_inputs(
 
 
 class HFBackend:
-    """Turn generation with a transformers causal LM: one (resumed) prefill, then cached decode steps.
+    """Turn generation with a transformers causal LM: one (resumed) prefill, then ``compute.decode_steps``.
 
-    Rows that finish are dropped from the batch and the KV cache (``batch_select_indices``);
-    with a ``kv_store`` their keys/values are saved first, so the next turn resumes from them.
+    Rows that finish are dropped from the batch and the KV cache; with a ``kv_store`` their keys/values are
+    saved first, so the next turn resumes from them. ``lockstep()`` is this backend's capability of running
+    its forwards in this process (the engine opens it around a whole rollout).
     """
 
     supports_kv_store = True
@@ -116,15 +110,8 @@ class HFBackend:
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids = stop_token_ids(tokenizer, model)
-        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-        params = inspect.signature(model.forward).parameters if model is not None else {}
-        self._cache_kw = "cache" if "cache" in params else "past_key_values"  # transformers >= 5.2x renamed it
+        self.pad_id = compute.pad_id(tokenizer, model)
         self.stats = {"prefill_tokens": 0, "decode_steps": 0, "prefill_s": 0.0, "decode_s": 0.0, "kv_save_s": 0.0}
-
-    @staticmethod
-    def _cache_of(out: Any) -> Any:
-        cache = getattr(out, "cache", None)
-        return cache if cache is not None else out.past_key_values
 
     @staticmethod
     def _storable(cache: Any) -> bool:
@@ -141,13 +128,9 @@ class HFBackend:
         store.rows[key] = (fed, [(layer.keys[j : j + 1, :, -n:].clone(), layer.values[j : j + 1, :, -n:].clone())
                                  for layer in cache.layers])
 
-    def _hit_stop(self, ids: list[int], stop_strings: Sequence[str]) -> bool:
-        tail = self.tokenizer.decode(ids[-12:], skip_special_tokens=False)
-        return any(s in tail for s in stop_strings)
-
     def lockstep(self) -> Any:
         """The multi-process region of this backend's forwards (``hindsearch.hindsight.sync``; a no-op alone)."""
-        return sync.lockstep(sync.pad_forward(self.model, self.pad_id))
+        return compute.lockstep(self.model, self.pad_id)
 
     @torch.no_grad()
     def generate(
@@ -167,81 +150,43 @@ class HFBackend:
         With several processes every forward is announced to the other ranks and a rank with fewer (or no)
         rows runs pad-token forwards until every rank's rows are done (``sync.lockstep``): the policy is
         sharded under FSDP, and under ZeRO-3 when ``ds3_gather_for_generation`` is false."""
-        with self.lockstep():
-            return self._generate(contexts, max_new_tokens, sampling, stop_strings, generator, logits_hook, kv_store,
-                                  kv_keys)
-
-    def _generate(
-        self,
-        contexts: list[list[int]],
-        max_new_tokens: list[int],
-        sampling: SamplingParams,
-        stop_strings: Sequence[str],
-        generator: torch.Generator | None,
-        logits_hook: LogitsHook | None,
-        kv_store: KVStore | None,
-        kv_keys: Sequence[Hashable] | None,
-    ) -> list[GenOutput]:
         if kv_store is not None and (kv_keys is None or len(kv_keys) != len(contexts)):
             raise ValueError("kv_store needs one kv_keys entry per context")
-        device = next(self.model.parameters()).device
-        outs = [GenOutput([], [], "length") for _ in contexts]
-        rows = [i for i in range(len(contexts)) if max_new_tokens[i] > 0]
-        if not rows:
+        with self.lockstep():
+            outs = [GenOutput([], [], "length") for _ in contexts]
+            rows = [i for i in range(len(contexts)) if max_new_tokens[i] > 0]
+            if not rows:
+                return outs
+            step = self.prefill(contexts, rows, kv_store, kv_keys)
+            if kv_store is not None and not self._storable(step.cache):
+                kv_store = None  # e.g. sliding-window layers: every turn re-reads its context
+            t0, save_s = time.perf_counter(), [0.0]
+
+            def on_stop(j: int, i: int, o: GenOutput, st: compute.Step) -> None:
+                if kv_store is not None:  # cached: the context and all new ids but the last (never fed)
+                    ts = time.perf_counter()
+                    self._save(kv_store, kv_keys[i], contexts[i] + o.ids[:-1], st.cache, st.mask, j)
+                    save_s[0] += time.perf_counter() - ts
+
+            stop = compute.Stop(self.tokenizer, self.eos_ids, stop_strings)
+            got = compute.decode_steps(self.model, step, rows, [c[-1:] for c in contexts], max_new_tokens, stop,
+                                       sampling, generator, logits_hook, on_stop, self.stats)
+            for i in rows:
+                outs[i] = got[i]
+            self.stats["kv_save_s"] += save_s[0]
+            self.stats["decode_s"] += time.perf_counter() - t0 - save_s[0]
             return outs
+
+    def prefill(self, contexts: list[list[int]], rows: list[int], kv_store: KVStore | None,
+                kv_keys: Sequence[Hashable] | None) -> compute.Step:
+        """The (resumed) prefill of ``contexts[i]`` for ``i`` in ``rows`` (only the last logits kept)."""
         t0 = time.perf_counter()
         cached = [kv_store.take(kv_keys[i], contexts[i]) if kv_store is not None else None for i in rows]
-        ids, mask, pos, cache = resume_inputs([contexts[i] for i in rows], cached, self.pad_id, device)
+        ids, mask, pos, cache = resume_inputs([contexts[i] for i in rows], cached, self.pad_id,
+                                              compute.device_of(self.model))
         del cached
-        # logits_to_keep=1: only the last position's logits are needed (saves a [B, L, V] tensor)
-        out = sync.forward(self.model, input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                           logits_to_keep=1, **({self._cache_kw: cache} if cache is not None else {}))
+        out = compute.forward(self.model, 1, cache, input_ids=ids, attention_mask=mask, position_ids=pos,
+                              use_cache=True)
         self.stats["prefill_tokens"] += int(mask[:, -ids.shape[1] :].sum())
         self.stats["prefill_s"] += time.perf_counter() - t0
-        t0 = time.perf_counter()
-        cache, logits, last_pos = self._cache_of(out), out.logits[:, -1, :].float(), pos[:, -1]
-        if kv_store is not None and not self._storable(cache):
-            kv_store = None  # e.g. sliding-window layers: every turn re-reads its context
-        save_s = 0.0
-        while True:
-            if logits_hook is not None:
-                logits = logits_hook(rows, [outs[i].ids for i in rows], logits)
-            tok, logp = sample_tokens(logits, sampling, generator)
-            keep = []
-            for j, i in enumerate(rows):
-                o = outs[i]
-                o.ids.append(int(tok[j]))
-                o.logprobs.append(float(logp[j]))
-                if o.ids[-1] in self.eos_ids:
-                    o.finish = "eos"
-                elif self._hit_stop(o.ids, stop_strings):
-                    o.finish = "stop"
-                elif len(o.ids) >= max_new_tokens[i]:
-                    o.finish = "length"
-                else:
-                    keep.append(j)
-            self.stats["decode_steps"] += 1
-            if kv_store is not None and len(keep) < len(rows):
-                ts = time.perf_counter()
-                kept = set(keep)
-                for j, i in enumerate(rows):
-                    if j not in kept:  # cached: the context and all new ids but the last (never fed)
-                        self._save(kv_store, kv_keys[i], contexts[i] + outs[i].ids[:-1], cache, mask, j)
-                save_s += time.perf_counter() - ts
-            if not keep:
-                break
-            if len(keep) < len(rows):
-                sel = torch.tensor(keep, device=device)
-                cache.batch_select_indices(sel)
-                mask, tok, last_pos = mask[sel], tok[sel], last_pos[sel]
-                rows = [rows[j] for j in keep]
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            last_pos = last_pos + 1
-            out = sync.forward(
-                self.model, input_ids=tok[:, None], attention_mask=mask, position_ids=last_pos[:, None],
-                use_cache=True, **{self._cache_kw: cache},
-            )
-            cache, logits = self._cache_of(out), out.logits[:, -1, :].float()
-        self.stats["kv_save_s"] += save_s
-        self.stats["decode_s"] += time.perf_counter() - t0 - save_s
-        return outs
+        return compute.Step(out.logits[:, -1, :].float(), compute.cache_of(out), mask, pos[:, -1])

@@ -5,9 +5,9 @@
   retrieved), the predicted answer and - iff ``sees_gold`` - the gold answers.
 - ``LMJudge``: a frozen causal LM writing critiques greedily, batched (left padding), at most
   ``critique_max_tokens`` new tokens, the chat template applied when the tokenizer has one; the
-  raw text is cut at the first blank line and to at most two sentences. With several processes its
-  ``generate`` calls run in lockstep (``hindsearch.hindsight.sync``: the same number on every rank,
-  ``synced_gpus``), since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP.
+  raw text is cut at the first blank line and to at most two sentences. It decodes with ``compute.decode``;
+  with several processes its forwards run in lockstep (``hindsearch.hindsight.sync``: the same number on
+  every rank), since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP.
 - ``OracleJudge``: a rule-based judge for the fictional world (it reads the question's recorded
   evidence titles and, for two-hop questions, the bridge entity). It measures the distillation
   mechanism apart from judge quality and is labelled ``judge_kind = oracle`` wherever it is used.
@@ -26,10 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
+from hindsearch import compute
 from hindsearch.agent import protocol
-from hindsearch.hindsight import sync
+from hindsearch.agent.backend import SamplingParams, stop_token_ids
 from hindsearch.records import Trajectory, bare_title, title_key
 
 PLACEHOLDER = "[ANSWER]"
@@ -193,17 +192,15 @@ class LMJudge:
         """One ``Critique`` per trajectory; a generation failure yields ``error`` critiques (counted)."""
         t0 = time.perf_counter()
         out: list[Critique] = []
-        # multi-process: every rank runs as many generate calls as the busiest one (hindsight.sync); each
-        # generate has synced_gpus, so its decode loop runs until every rank's rows are done
-        with sync.lockstep(lambda: sync.pad_generate(self.model, self._pad())()):
+        # multi-process: every rank runs as many forwards as the busiest one (hindsight.sync)
+        with compute.lockstep(self.model, self._pad()):
             for s in range(0, len(trajs), self.batch_size):
                 out.extend(self._batch(trajs[s : s + self.batch_size]))
         self.seconds += time.perf_counter() - t0
         return out
 
     def _pad(self) -> int:
-        tok = self.tokenizer
-        return tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id
+        return compute.pad_id(self.tokenizer, self.model)
 
     def _batch(self, trajs: Sequence[Trajectory]) -> list[Critique]:
         cfg, tok = self.cfg, self.tokenizer
@@ -224,27 +221,16 @@ class LMJudge:
             res.append(c)
         return res
 
-    @torch.no_grad()
     def _generate(self, prompts: list[list[int]]) -> list[str]:
+        """Greedy critiques (``compute.decode``; EOS ids of the tokenizer and the generation config, the generation
+        config's ``repetition_penalty`` if any), special tokens dropped from the text."""
         tok, model = self.tokenizer, self.model
-        pad = self._pad()
-        L = max(len(p) for p in prompts)
-        ids = torch.full((len(prompts), L), pad, dtype=torch.long)
-        att = torch.zeros(len(prompts), L, dtype=torch.long)
-        for i, p in enumerate(prompts):
-            ids[i, L - len(p) :] = torch.tensor(p, dtype=torch.long)
-            att[i, L - len(p) :] = 1
-        dev = next(model.parameters()).device
-        gen = sync.forward(
-            model.generate,
-            input_ids=ids.to(dev),
-            attention_mask=att.to(dev),
-            max_new_tokens=self.cfg.critique_max_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            **sync.generate_kwargs(),
-        )
-        return [tok.decode(g[L:], skip_special_tokens=True) for g in gen.cpu()]
+        stop = compute.Stop(tok, stop_token_ids(tok, model))
+        penalty = getattr(getattr(model, "generation_config", None), "repetition_penalty", None)
+        outs = compute.decode(model, prompts, stop, SamplingParams(greedy=True),
+                              [self.cfg.critique_max_tokens] * len(prompts), pad=self._pad(),
+                              logits_hook=compute.repetition_penalty(prompts, penalty))
+        return [tok.decode(o.ids, skip_special_tokens=True) for o in outs]
 
 
 class OracleJudge:

@@ -3,11 +3,10 @@
 The teacher sees the student's question with a hindsight line added to the user message
 (``protocol.FEEDBACK_TEMPLATE`` with a critique for HindSearch, ``protocol.GOLD_HINDSIGHT_TEMPLATE``
 with the first gold answer for IGSD), the chat template applied, followed by **exactly** the
-student's completion ids. ``continuation_logprobs`` scores any batch of (prefix, continuation) id
-lists in one padded forward: prefixes are left-padded so every continuation starts at the same
-column, positions are computed from the attention mask, so row ``i``'s scores equal those of an
-unpadded forward of ``prefix_i + continuation_i`` (tested). ``out[i, t]`` is the log-prob of
-``continuation_i[t]`` given ``prefix_i + continuation_i[:t]``.
+student's completion ids. ``continuation_logprobs`` (``hindsearch.compute.score_continuations``) scores any
+batch of (prefix, continuation) id lists in padded forwards; row ``i``'s scores equal those of an unpadded
+forward of ``prefix_i + continuation_i`` (tested). ``out[i, t]`` is the log-prob of ``continuation_i[t]``
+given ``prefix_i + continuation_i[:t]``.
 """
 
 from __future__ import annotations
@@ -15,11 +14,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import torch
 from torch import Tensor
 
+from hindsearch import compute
 from hindsearch.agent import protocol
-from hindsearch.hindsight import sync
 
 TEACHERS = ("frozen", "live", "ema")
 
@@ -116,81 +114,8 @@ def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[i
     raise ValueError(f"distill_on = {distill_on!r} is not one of ('query', 'action')")
 
 
-def _pad_id(model: Any) -> int:
-    pid = getattr(model.config, "pad_token_id", None)
-    if pid is None:
-        pid = getattr(model.config, "eos_token_id", None)
-        if isinstance(pid, list):
-            pid = pid[0]
-    return int(pid or 0)
-
-
-def _logits_forward(model: Any, kw: dict[str, Any], keep: int) -> Any:
-    """``model(**kw)`` keeping only the last ``keep`` positions' logits where the architecture allows it."""
-    try:
-        return model(**kw, logits_to_keep=keep)  # only the positions that predict the continuation
-    except TypeError:  # architectures without logits_to_keep
-        return model(**kw)
-
-
-@torch.no_grad()
-def continuation_logprobs(
-    model: Any,
-    prefix_ids_list: Sequence[Sequence[int]],
-    cont_ids_list: Sequence[Sequence[int]],
-    topk: int = 0,
-    batch_size: int = 16,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Teacher-forced log-probs of each continuation after its prefix, batched, no grad.
-
-    Returns ``lT [B, T]`` (log-prob of ``cont[t]``; 0 beyond a row's length), ``topk_ids [B, T, k]``
-    (long) and ``topk_logp [B, T, k]`` (the model's top-k log-probs at each continuation position;
-    ``k = 0`` gives empty last dims). ``T`` = longest continuation. Every prefix must be non-empty.
-    Runs in micro-batches of ``batch_size`` rows; logits are kept only for continuation positions.
-    """
-    B = len(prefix_ids_list)
-    if B != len(cont_ids_list):
-        raise ValueError(f"{B} prefixes but {len(cont_ids_list)} continuations")
-    T = max((len(c) for c in cont_ids_list), default=0)
-    lT = torch.zeros(B, T)
-    ids_out = torch.zeros(B, T, topk, dtype=torch.long)
-    lp_out = torch.zeros(B, T, topk)
-    # multi-process: every rank runs as many forwards as the busiest one (hindsight.sync)
-    with sync.lockstep(lambda: sync.pad_forward(model, _pad_id(model))()):
-        if B == 0 or T == 0:
-            return lT, ids_out, lp_out
-        device = next(model.parameters()).device
-        pad = _pad_id(model)
-        for s in range(0, B, batch_size):
-            rows = range(s, min(s + batch_size, B))
-            P = max(len(prefix_ids_list[i]) for i in rows)
-            Tb = max(len(cont_ids_list[i]) for i in rows)
-            if Tb == 0:
-                continue
-            ids = torch.full((len(rows), P + Tb), pad, dtype=torch.long)
-            att = torch.zeros(len(rows), P + Tb, dtype=torch.long)
-            for j, i in enumerate(rows):
-                p, c = list(prefix_ids_list[i]), list(cont_ids_list[i])
-                if not p:
-                    raise ValueError(f"row {i}: empty prefix (a continuation needs at least one context token)")
-                ids[j, P - len(p) : P + len(c)] = torch.tensor(p + c, dtype=torch.long)
-                att[j, P - len(p) : P + len(c)] = 1
-            pos = (att.cumsum(-1) - 1).clamp(min=0)
-            kw = dict(input_ids=ids.to(device), attention_mask=att.to(device), position_ids=pos.to(device))
-            out = sync.forward(_logits_forward, model, kw, Tb + 1)
-            logits = out.logits[:, -(Tb + 1) : -1].float()  # [b, Tb, V]: column P-1+t predicts cont[t]
-            lse = torch.logsumexp(logits, dim=-1)  # [b, Tb]; no full log-softmax copy of [b, Tb, V]
-            tgt = ids[:, P:].to(device)
-            got = logits.gather(-1, tgt.unsqueeze(-1)).squeeze(-1) - lse
-            cmask = att[:, P:].to(device).bool()
-            lT[s : s + len(rows), :Tb] = torch.where(cmask, got, torch.zeros_like(got)).cpu()
-            if topk > 0:
-                if topk > logits.shape[-1]:
-                    raise ValueError(f"topk = {topk} exceeds the vocabulary size {logits.shape[-1]}")
-                v, k_ids = logits.topk(topk, dim=-1)
-                ids_out[s : s + len(rows), :Tb] = k_ids.cpu()
-                lp_out[s : s + len(rows), :Tb] = (v - lse.unsqueeze(-1)).cpu()
-        return lT, ids_out, lp_out
+continuation_logprobs = compute.score_continuations
+"""Teacher-forced log-probs of continuations after prefixes (``hindsearch.compute.score_continuations``)."""
 
 
 def teacher_token_logprobs(

@@ -80,9 +80,10 @@ def run_igsd(
 
 
 def _is_hf_engine_of(complete: Any, policy: Any) -> bool:
-    """Whether ``complete`` is ``RolloutEngine.complete_queries`` of an engine decoding ``policy`` with transformers."""
+    """Whether ``complete`` is ``RolloutEngine.complete_queries`` of an engine whose backend decodes ``policy`` itself,
+    in this process (its ``model`` is ``policy``: the HF backend; a vLLM backend holds an engine, not the model)."""
     backend = getattr(getattr(complete, "__self__", None), "backend", None)
-    return type(backend).__name__ == "HFBackend" and getattr(backend, "model", None) is policy
+    return policy is not None and getattr(backend, "model", None) is policy
 
 
 
