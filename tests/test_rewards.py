@@ -61,3 +61,33 @@ def test_trajectory_round_trip():
     assert back == t
     r = QARecord.from_dict({"id": "x", "question": "q", "golden_answers": ["a"], "unknown": 1})
     assert r.golden_answers == ["a"]
+
+
+def test_em_reward_reads_only_the_text_the_model_wrote():
+    """The TRL reward function computes EM from the model's own text and the gold answers: an ``<answer>`` in
+    an injected block (Search-R1's invalid-action notice names the tags) is not the model's answer, and a
+    model answer after it is; the result equals ``exact_match`` of the last model-written answer."""
+    from hindsearch.agent.protocol import INVALID_NOTICE
+    from hindsearch.train.rollout_adapter import em_reward
+
+    def traj(parts: list[tuple[str, bool]]) -> Trajectory:
+        """Characters as token ids; ``(text, generated)`` parts; one turn per generated part."""
+        t = Trajectory(qid="q", question="?", golden_answers=["Paris"], prompt_ids=[])
+        for text, gen in parts:
+            a = len(t.completion_ids)
+            t.completion_ids += [ord(c) for c in text]
+            if gen:
+                t.turns.append(Turn(action="answer", gen_span=(a, len(t.completion_ids))))
+        return t
+
+    decode = lambda ids: "".join(map(chr, ids))  # noqa: E731
+    wrong_then_notice = traj([("I think so", True), (INVALID_NOTICE.replace("and </answer>", "Paris </answer>"), False)])
+    notice_then_right = traj([("no tag", True), (INVALID_NOTICE, False), ("<answer> paris </answer>", True)])
+    right_then_wrong = traj([("<answer> Paris </answer>", True), ("<answer> Rome </answer>", True)])
+    trajs = [wrong_then_notice, notice_then_right, right_then_wrong]
+    texts = [t.model_text(decode) for t in trajs]
+    assert texts[1] == "no tag<answer> paris </answer>"
+    golds = [t.golden_answers for t in trajs]
+    assert em_reward(["full text"] * 3, golden_answers=golds, model_text=texts) == [0.0, 1.0, 0.0]
+    with pytest.raises(ValueError, match="2 model texts"):
+        em_reward(["a"] * 3, golden_answers=golds, model_text=texts[:2])
