@@ -30,7 +30,7 @@ def imports_of(path: Path) -> set[str]:
         ("retrieval/base.py", "hindsearch.retrieval.bm25"),  # factory.py is the one module that knows them
         ("retrieval/base.py", "hindsearch.retrieval.dense"),
         ("retrieval/base.py", "hindsearch.retrieval.client"),
-        ("config.py", "torch"),  # validation runs before any model (or torch) loads
+        ("config/*.py", "torch"),  # validation runs before any model (or torch) loads
         ("report/*.py", "hindsearch.compare"),  # compare writes the report; the report reads hindsearch.results
         ("results.py", "hindsearch.compare"),
         ("results.py", "hindsearch.report"),

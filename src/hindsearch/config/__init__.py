@@ -1,0 +1,170 @@
+"""Configuration: one dataclass per concern, one docstring per field, TOML presets.
+
+A preset is a TOML file whose tables are the concerns (``[model]``, ``[data]``,
+``[retrieval]``, ``[rollout]``, ``[warmup]``, ``[train]``, ``[hindsearch]``, ``[igsd]``,
+``[eval]``) plus top-level ``method`` and ``out``. ``--set section.key=value`` overrides
+a single field (values parsed as TOML, falling back to a plain string).
+
+Every value is validated by ``Config.validate`` *before* any model is loaded; an error
+names the key and the allowed values. Allowed values and numeric bounds are declared once, in
+the field's metadata (``choice(...)``, ``bounded(...)``): ``validate`` walks every field and
+checks them, and code that dispatches on a name reads the same tuple with ``choices_of``.
+Cross-field rules (a remote retriever needs a URL, ...) are the only hand-written checks.
+
+Renamed keys stay readable with a deprecation message (``RENAMED``): ``train.beta`` is now
+``train.kl_coef`` and ``igsd.beta`` is ``igsd.gate_sharpness`` (the two shared one name).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, METHODS, RENAMED, TEACHERS, ConfigError, _assign,
+                                      _check_declared, _drop_none, bounded, choice, choices_of)
+from hindsearch.config.sections import (DataConfig, EvalConfig, HindSearchConfig, IGSDConfig, LoRAConfig, ModelConfig,
+                                        RetrievalConfig, RolloutConfig, TrainConfig, WarmupConfig)
+
+__all__ = [
+    "AGGREGATIONS", "FEEDBACK_KINDS", "METHODS", "RENAMED", "TEACHERS", "Config", "ConfigError", "DataConfig",
+    "EvalConfig", "HindSearchConfig", "IGSDConfig", "LoRAConfig", "ModelConfig", "RetrievalConfig", "RolloutConfig",
+    "TrainConfig", "WarmupConfig", "bounded", "choice", "choices_of",
+]
+
+
+@dataclass
+class Config:
+    method: str = choice("grpo", METHODS)
+    """``grpo``, ``hindsearch``, ``igsd`` or ``hindsearch+igsd``."""
+    out: str = "runs/default"
+    """Run folder: config.toml, metrics.jsonl, samples.jsonl, checkpoints/."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    warmup: WarmupConfig = field(default_factory=WarmupConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    hindsearch: HindSearchConfig = field(default_factory=HindSearchConfig)
+    igsd: IGSDConfig = field(default_factory=IGSDConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # ------------------------------------------------------------------ io
+    def to_dict(self) -> dict[str, Any]:
+        return _drop_none(asdict(self))
+
+    def to_toml(self) -> str:
+        import tomli_w
+
+        return tomli_w.dumps(self.to_dict())
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_toml())
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Config":
+        cfg = cls()
+        for key, value in d.items():
+            _assign(cfg, key, value, source)
+        return cfg
+
+    @classmethod
+    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "Config":
+        """Load a TOML preset (None = defaults), apply ``section.key=value`` overrides, validate."""
+        d: dict[str, Any] = {}
+        src = "<defaults>"
+        if path is not None:
+            p = Path(path)
+            if not p.exists():
+                raise ConfigError(f"config file not found: {p}")
+            try:
+                d = tomllib.loads(p.read_text())
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{p}: invalid TOML: {e}") from e
+            src = str(p)
+        cfg = cls.from_dict(d, src)
+        for ov in overrides or []:
+            cfg.set(ov)
+        cfg.validate()
+        return cfg
+
+    def set(self, override: str) -> None:
+        """Apply one ``section.key=value`` (or ``method=...``) override."""
+        if "=" not in override:
+            raise ConfigError(f"--set expects key=value, got {override!r}")
+        key, raw = override.split("=", 1)
+        try:
+            value = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw
+        parts = key.strip().split(".")
+        if len(parts) == 1:
+            _assign(self, parts[0], value, "--set")
+        elif len(parts) == 2:
+            _assign(self, parts[0], {parts[1]: value}, "--set")
+        elif len(parts) == 3:  # a key of a sub-table: model.lora.r=8, train.trl.weight_decay=0.1
+            _assign(self, parts[0], {parts[1]: {parts[2]: value}}, "--set")
+        else:
+            raise ConfigError(f"--set key must be 'section.field', 'section.table.field' or a top-level field, "
+                              f"got {key!r}")
+
+    # ------------------------------------------------------------ validate
+    def validate(self) -> "Config":
+        """Check every declared choice and bound (field metadata), then the cross-field rules."""
+        _check_declared(self, "")
+        if self.retrieval.kind == "remote" and not self.retrieval.url:
+            raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
+        if not self.warmup.feedback_kinds:
+            raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of {', '.join(FEEDBACK_KINDS)}")
+        if self.rollout.num_generations < 2 and self.train.steps > 0:
+            raise ConfigError("rollout.num_generations must be >= 2 for GRPO (group-relative advantages)")
+        for fld in ("question", "searches", "prediction"):
+            if "{" + fld + "}" not in self.hindsearch.judge_template:
+                raise ConfigError(f"hindsearch.judge_template must contain {{{fld}}}")
+        self._validate_lora()
+        self._validate_trl()
+        return self
+
+    def _validate_lora(self) -> None:
+        lo = self.model.lora
+        if not lo.target_modules or not all(isinstance(m, str) and m for m in lo.target_modules):
+            raise ConfigError(f"model.lora.target_modules must be a non-empty list of module names, "
+                              f"got {lo.target_modules!r}")
+        if lo.r == 0:
+            return
+        for key, teacher in (("hindsearch.teacher", self.hindsearch.teacher), ("igsd.teacher", self.igsd.teacher)):
+            if teacher == "ema":
+                raise ConfigError(f"{key} = 'ema' is not supported with model.lora (the EMA copy averages the "
+                                  f"whole policy); use 'frozen' or 'live', or set model.lora.r = 0")
+        try:
+            import peft  # noqa: F401
+        except ImportError as e:
+            raise ConfigError("model.lora.r > 0 needs the peft package: pip install peft "
+                              "(or pip install -e \".[lora]\")") from e
+
+    def _validate_trl(self) -> None:
+        if not self.train.trl:
+            return
+        from dataclasses import fields as dc_fields
+
+        from trl import GRPOConfig
+
+        known = {f.name for f in dc_fields(GRPOConfig)}
+        for k in self.train.trl:
+            if k not in known:
+                import difflib
+
+                close = difflib.get_close_matches(k, sorted(known), n=3)
+                hint = f"; did you mean {', '.join(close)}?" if close else ""
+                raise ConfigError(f"train.trl.{k} is not a field of TRL's GRPOConfig (trl==1.16.0){hint}")
+        report_to = self.train.trl.get("report_to", "none")
+        for target in [report_to] if isinstance(report_to, str) else list(report_to):
+            if target in ("none", "all"):
+                continue
+            from transformers.integrations import get_available_reporting_integrations
+
+            if target not in get_available_reporting_integrations():
+                need = {"tensorboard": "tensorboard (or tensorboardX)"}.get(target, target)
+                raise ConfigError(f"train.trl.report_to = {report_to!r}: {target!r} needs the {need} package "
+                                  f"installed (pip install {target if target != 'tensorboard' else 'tensorboardX'})")
