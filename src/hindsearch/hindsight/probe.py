@@ -146,24 +146,12 @@ def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Seq
 
 def _probe_judges(engine: Any, cfg: Any) -> dict[str, Any]:
     """The gold and no-gold judges of the probe (oracle, or the LM judge on ``judge_model`` / the policy)."""
-    from hindsearch.hindsight.judge import LMJudge, OracleJudge
+    from hindsearch.hindsight.terms import load_judge_model, make_judge
 
     h = cfg.hindsearch
-    jm, jt = engine.model, engine.tokenizer
-    if h.judge_kind == "lm" and h.judge_model:
-        from dataclasses import replace
-
-        from hindsearch.models import load_policy
-
-        jm, jt = load_policy(replace(cfg.model, name=h.judge_model, gguf_file=None))
-        jm.eval()
-    judges: dict[str, Any] = {}
-    for name, gold in (("critique_gold", True), ("critique_nogold", False)):
-        if h.judge_kind == "oracle":
-            judges[name] = OracleJudge(gold, h.judge_template, h.redact_gold_in_critique)
-        else:
-            judges[name] = LMJudge(jm, jt, _replace_gold(h, gold))
-    return judges
+    jm, jt = load_judge_model(cfg) if h.judge_kind == "lm" and h.judge_model else (engine.model, engine.tokenizer)
+    return {name: make_judge(_replace_gold(h, gold), jm, jt)
+            for name, gold in (("critique_gold", True), ("critique_nogold", False))}
 
 
 @dataclass

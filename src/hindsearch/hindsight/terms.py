@@ -8,7 +8,8 @@
   the optional neutral-feedback control reports what the critique changes net of the prompt shift.
 - ``IGSDTerm`` (name ``igsd``): gold-hindsight teacher proposals on query tokens, verified by matched
   completion + retrieval + answer-likelihood gain (``hindsearch.hindsight.igsd``) → gated pair KL.
-- ``make_terms(cfg)``: the terms of ``cfg.method``.
+- ``make_terms(cfg, judge=None)``: the terms of ``cfg.method``; a judge on ``hindsearch.judge_model`` is built by
+  the caller (``load_judge_model``), so a term never loads a checkpoint.
 
 With several processes (``hindsearch.hindsight.sync``) every rank goes through the judge and teacher
 calls of ``prepare`` even with nothing to judge, so that ranks run the same number of forwards through
@@ -74,21 +75,15 @@ class HindSearchTerm:
         self._judge = judge
 
     def judge(self, ctx: AuxContext) -> Any:
-        """The judge: oracle, the frozen initial policy (default) or ``judge_model`` loaded once."""
+        """The judge injected at assembly (``make_terms(cfg, judge=...)``), else the oracle or the LM judge on the
+        frozen initial policy from the context. A term never loads a checkpoint: a ``judge_model`` is loaded
+        where the run is assembled (``load_judge_model``)."""
         if self._judge is None:
             c = self.cfg
-            if c.judge_kind == "oracle":
-                self._judge = OracleJudge(c.judge_sees_gold, c.judge_template, c.redact_gold_in_critique)
-            elif c.judge_model is None:
-                self._judge = LMJudge(ctx.frozen, ctx.tokenizer, c)
-            else:
-                from hindsearch.config import ModelConfig
-                from hindsearch.models import load_policy
-
-                base = ctx.config.model if ctx.config is not None else ModelConfig()
-                mc = dataclasses.replace(base, name=c.judge_model, gguf_file=None)
-                model, tok = load_policy(mc)
-                self._judge = LMJudge(model.eval(), tok, c)
+            if c.judge_model is not None and c.judge_kind == "lm":
+                raise RuntimeError("hindsearch.judge_model is loaded where the run is assembled: pass "
+                                   "make_terms(cfg, judge=LMJudge(*load_judge_model(cfg), cfg.hindsearch))")
+            self._judge = make_judge(c, ctx.frozen, ctx.tokenizer)
         return self._judge
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
@@ -228,14 +223,33 @@ class IGSDTerm:
         return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
 
 
-def make_terms(cfg: Any) -> list[AuxTerm]:
-    """Terms of ``cfg.method``: grpo → [], hindsearch → [hind], igsd → [igsd], hindsearch+igsd → both."""
+def make_judge(hcfg: Any, model: Any, tokenizer: Any) -> Any:
+    """The judge a ``[hindsearch]`` config asks for: the oracle (no model), or an ``LMJudge`` on ``model``."""
+    if hcfg.judge_kind == "oracle":
+        return OracleJudge(hcfg.judge_sees_gold, hcfg.judge_template, hcfg.redact_gold_in_critique)
+    return LMJudge(model, tokenizer, hcfg)
+
+
+def load_judge_model(cfg: Any) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``hindsearch.judge_model`` in eval mode, loaded with the policy's dtype and
+    device settings. Called where a run is assembled (never by a loss term)."""
+    from hindsearch.models import load_policy
+
+    model, tok = load_policy(dataclasses.replace(cfg.model, name=cfg.hindsearch.judge_model, gguf_file=None))
+    return model.eval(), tok
+
+
+def make_terms(cfg: Any, judge: Any = None) -> list[AuxTerm]:
+    """Terms of ``cfg.method``: grpo → [], hindsearch → [hind], igsd → [igsd], hindsearch+igsd → both.
+
+    ``judge``: the HindSearch judge built where the run is assembled (required with ``hindsearch.judge_model``;
+    by default the term builds the oracle or the LM judge on the frozen policy from its context)."""
     method = cfg.method
     terms: list[AuxTerm] = []
     if method not in ("grpo", "hindsearch", "igsd", "hindsearch+igsd"):
         raise ValueError(f"method = {method!r} is not one of grpo, hindsearch, igsd, hindsearch+igsd")
     if "hindsearch" in method:
-        terms.append(HindSearchTerm(cfg.hindsearch))
+        terms.append(HindSearchTerm(cfg.hindsearch, judge=judge))
     if "igsd" in method:
         terms.append(IGSDTerm(cfg.igsd, seed=cfg.train.seed))
     return terms
