@@ -181,8 +181,15 @@ class FlakyRetriever:
 def test_retriever_failure_recorded_not_raised(model, tok, retriever):
     flaky = FlakyRetriever(retriever, fail=10)
     eng = make_engine(model, tok, flaky, SCRIPTS)
+    eng.per_row = False
     t1, t2 = eng.rollout([Q1, Q2])
-    assert flaky.calls == 2 * 2  # one batched call per search turn (2 turns with searches), 1 retry each
+    assert flaky.calls == 2 * 2  # turn-synchronous: one batched call per search turn (2 turns with searches), 1 retry each
+    # per-row: one batched call per decode step at which search turns end (the rows' turns end at other steps)
+    flaky = FlakyRetriever(retriever, fail=10)
+    eng = make_engine(model, tok, flaky, SCRIPTS)
+    p1, p2 = eng.rollout([Q1, Q2])
+    assert flaky.calls == 2 * sum(len(t.queries) for t in (p1, p2)) and eng.stats["retrieve_calls"] == flaky.calls
+    assert [t.completion_ids for t in (p1, p2)] == [t.completion_ids for t in (t1, t2)]
     for t in (t1, t2):
         assert t.errors and "ConnectionError" in t.errors[0]
         assert t.stop_reason == "answer"
@@ -241,7 +248,7 @@ def test_cross_turn_kv_cache_matches_full_forward(model, tok, retriever):
     # resume from caches of different lengths with information blocks / notices of different lengths
     scripts = [["<search> Zorbin </search>"], ["<search> Glass Orchard author of the novel </search>"], ["no tags"]]
     eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=10, max_turns=2)
-    eng.logits_hook = FirstTurnScript(tok, scripts)
+    eng.logits_hook, eng.per_row = FirstTurnScript(tok, scripts), False  # sampled: the same generator order as eng2
     trajs = eng.rollout([Q1, Q2, Q1], num_generations=1, seed=3)
     assert eng.backend.stats["prefill_tokens"] < sum(  # earlier turns were not re-read
         len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
@@ -310,3 +317,29 @@ def test_load_policy_tiny_and_errors():
         load_policy(ModelConfig(name="./no/such/model-dir", device="cpu"))
     with pytest.raises(ValueError, match="model.dtype"):
         load_policy(ModelConfig(name="tiny-random", dtype="int3"))
+
+
+def test_per_row_scheduling_greedy_equals_turn_synchronous(model, tok, retriever):
+    """Rows whose turns end at different steps (scripted first turns of different lengths, then free greedy
+    turns) rejoin decoding on their own; every greedy trajectory equals the turn-synchronous engine's."""
+    scripts = [["<search> Zorbin </search>"], ["<search> Glass Orchard author of the novel </search>"], ["no tags"],
+               ["<answer> Maravel </answer>"]]
+    recs = [Q1, Q2, Q1, Q2, Q1]
+    res = {}
+    for per_row in (True, False):
+        eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=3, max_total_tokens=400)
+        eng.per_row, eng.logits_hook = per_row, FirstTurnScript(tok, scripts)
+        res[per_row] = (eng.rollout(recs, num_generations=2, greedy=True), eng.stats)
+    got, ref = res[True][0], res[False][0]
+    assert res[True][1]["sched_forwards"] > 0 and "sched_forwards" not in res[False][1]  # both paths ran
+    assert len({len(t.turns) for t in ref}) > 1  # rows really end at different turns
+    for a, b in zip(got, ref):
+        assert a.completion_ids == b.completion_ids and a.gen_mask == b.gen_mask and a.query_mask == b.query_mask
+        assert [(x.action, x.gen_span, x.inject_span, x.doc_ids) for x in a.turns] == \
+               [(x.action, x.gen_span, x.inject_span, x.doc_ids) for x in b.turns]
+        assert a.stop_reason == b.stop_reason and a.answer == b.answer
+        assert torch.allclose(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4)
+    # sampled per-row rollouts are reproducible from the seed
+    eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=3)
+    one, two = eng.rollout(recs, num_generations=2, seed=5), eng.rollout(recs, num_generations=2, seed=5)
+    assert [t.completion_ids for t in one] == [t.completion_ids for t in two]

@@ -294,3 +294,26 @@ def repetition_penalty(prefixes: Sequence[Sequence[int]], penalty: float) -> Log
         return logits
 
     return hook
+
+
+def cat_steps(a: Step, b: Step) -> Step:
+    """Two batches as one: rows of ``a`` then rows of ``b``, the shorter cache left-padded (masked) to the longer
+    one's width K. Plain full-attention caches only (``DynamicLayer``: keys/values ``[B, H, K, D]``).
+    ``Step`` of ``B_a + B_b`` rows; neither input is modified."""
+    from transformers import DynamicCache
+
+    K = max(a.mask.shape[1], b.mask.shape[1])
+
+    def widen(t: Tensor) -> Tensor:  # [B, ..., k] or [B, H, k, D] -> left-padded to K
+        dim = 1 if t.dim() == 2 else 2
+        extra = K - t.shape[dim]
+        if extra == 0:
+            return t
+        shape = list(t.shape)
+        shape[dim] = extra
+        return torch.cat([t.new_zeros(shape), t], dim=dim)
+
+    layers = [(torch.cat([widen(la.keys), widen(lb.keys)]), torch.cat([widen(la.values), widen(lb.values)]))
+              for la, lb in zip(a.cache.layers, b.cache.layers)]
+    return Step(torch.cat([a.logits, b.logits]), DynamicCache(ddp_cache_data=layers),
+                torch.cat([widen(a.mask), widen(b.mask)]), torch.cat([a.pos, b.pos]))

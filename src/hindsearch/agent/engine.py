@@ -60,8 +60,9 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import Backend, SamplingParams
+from hindsearch.agent.backend import Backend, GenOutput, SamplingParams
 from hindsearch.agent.hf_backend import KVStore
+from hindsearch.agent.scheduler import run_per_row
 from hindsearch.records import Passage, QARecord, Trajectory, Turn
 from hindsearch.rewards import exact_match, f1_score
 
@@ -110,6 +111,8 @@ class RolloutEngine:
     retry setting of a run: the engine's retries nested around the client's cost up to 3 x 4 POSTs per batch.
     ``logits_hook``: optional ``hook(rows, new_ids, logits)`` applied before sampling, where
     ``rows`` are ``(trajectory index, turn index, question id)`` (HF backend only; tests use it to script output).
+    ``per_row``: per-row turn scheduling (``agent/scheduler.py``) with a backend that has a cross-turn KV cache
+    (the HF backend); False, or another backend: turn-synchronous (every row of a turn waits for the slowest).
     """
 
     def __init__(
@@ -123,10 +126,12 @@ class RolloutEngine:
         retries: int = 0,
         retry_wait_s: float = 0.2,
         logits_hook: Callable[[list[tuple[int, int, str]], list[list[int]], torch.Tensor], torch.Tensor] | None = None,
+        per_row: bool = True,
     ) -> None:
         self.model, self.tokenizer, self.retriever, self.cfg, self.topk = model, tokenizer, retriever, cfg, topk
         self.backend = backend if backend is not None else make_backend(cfg, model, tokenizer)
         self.retries, self.retry_wait_s, self.logits_hook = retries, retry_wait_s, logits_hook
+        self.per_row = per_row
         self.stats: dict[str, float] = {"retrieve_s": 0.0, "retrieve_calls": 0, "retrieve_failures": 0, "inject_s": 0.0}
 
     # ------------------------------------------------------------------ helpers
@@ -226,69 +231,86 @@ class RolloutEngine:
         sampling = self.sampling(greedy)
         kv = KVStore() if getattr(self.backend, "supports_kv_store", False) else None
         # several processes: one lockstep region for all turns, so a rank whose rollouts end after fewer turns
-        # or decode steps runs pad-token forwards until every rank is done (HFBackend.generate)
+        # or decode steps runs pad-token forwards until every rank is done (HFBackend.lockstep)
         lockstep = getattr(self.backend, "lockstep", None)  # a backend whose forwards run in this process
         region = lockstep() if lockstep is not None else contextlib.nullcontext()
         with region:
-            while active := [s for s in states if not s.done]:
-                self._turn(active, sampling, gen, kv)
-                if kv is not None:
-                    kv.discard(s.index for s in active if s.done)
+            if not (self.per_row and kv is not None and run_per_row(self, states, sampling, gen, kv)):
+                while active := [s for s in states if not s.done]:
+                    self._turn(active, sampling, gen, kv)
+                    if kv is not None:
+                        kv.discard(s.index for s in active if s.done)
         for s in states:
             self._finish(s.traj)
         return [s.traj for s in states]
 
+    def budget(self, s: _State) -> int:
+        """Tokens the next turn of ``s`` may generate: ``min(max_new_tokens_per_turn, room left)``."""
+        return min(self.cfg.max_new_tokens_per_turn, self._room(s))
+
+    def row_hook(self, states: list[_State]) -> Callable[[list[int], list[list[int]], torch.Tensor], torch.Tensor] | None:
+        """The user's ``logits_hook`` seen through the rows of a call (``rows[j]`` indexes ``states``)."""
+        if self.logits_hook is None:
+            return None
+        user_hook = self.logits_hook
+        return lambda rows, ids, lg: user_hook(  # noqa: E731
+            [(states[i].index, len(states[i].traj.turns), states[i].traj.qid) for i in rows], ids, lg)
+
     def _turn(self, active: list[_State], sampling: SamplingParams, gen: torch.Generator | None,
               kv: KVStore | None = None) -> None:
-        budgets = [min(self.cfg.max_new_tokens_per_turn, self._room(s)) for s in active]
-        hook = None
-        if self.logits_hook is not None:
-            user_hook = self.logits_hook
-            hook = lambda rows, ids, lg: user_hook(  # noqa: E731
-                [(active[i].index, len(active[i].traj.turns), active[i].traj.qid) for i in rows], ids, lg)
+        """One turn-synchronous turn: every active row generates, then the turn's searches run in one batch."""
+        budgets = [self.budget(s) for s in active]
         kw = {"kv_store": kv, "kv_keys": [s.index for s in active]} if kv is not None else {}
         outs = self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in active], budgets,
-                                     sampling, protocol.STOP_STRINGS, gen, hook, **kw)
-        searches: list[_State] = []
-        for s, o, budget in zip(active, outs, budgets):
-            text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
-            action, content = protocol.parse_action(text)
-            qmask = query_token_mask(self.tokenizer, o.ids, text) if action == "search" else None
-            span = self._append(s, o.ids, 1, o.logprobs, qmask)
-            final_turn = s.action_turns >= self.cfg.max_turns
-            cut_by_total = o.finish == "length" and budget < self.cfg.max_new_tokens_per_turn
-            if action is None and cut_by_total:
-                action = "truncated"
-            s.turn = Turn(action=action or "invalid", content=content, gen_span=span)
-            if qmask is not None and any(qmask):
-                first = qmask.index(1)
-                last = len(qmask) - qmask[::-1].index(1)
-                s.turn.query_span = (span[0] + first, span[0] + last)
-            s.traj.turns.append(s.turn)
-            if action == "answer":
-                s.done, s.traj.stop_reason = True, "answer"
-            elif action == "truncated":
-                s.done, s.traj.stop_reason = True, "length"
-            elif o.finish == "eos" and action is None:
-                s.done, s.traj.stop_reason = True, "eos"
-            elif final_turn:
-                s.done, s.traj.stop_reason = True, "max_turns"
-            elif action == "search":
-                s.action_turns += 1
-                searches.append(s)
-            else:  # invalid turn (no well-formed tag): Search-R1's notice
-                s.action_turns += 1
-                self._inject(s, protocol.INVALID_NOTICE)
-        if searches:
-            docs, err = self._retrieve([s.turn.content for s in searches])
-            for s, d in zip(searches, docs):
-                s.turn.doc_ids = [p.id for p in d]
-                s.turn.doc_titles = [p.bare_title for p in d]
-                s.turn.doc_snippets = [p.text[:160] for p in d]
-                if err:
-                    s.turn.error = err
-                    s.traj.errors.append(f"turn {len(s.traj.turns) - 1}: {err}")
-                self._inject(s, protocol.information_block(d))
+                                     sampling, protocol.STOP_STRINGS, gen, self.row_hook(active), **kw)
+        self.serve([s for s, o, budget in zip(active, outs, budgets) if self.end_turn(s, o, budget)])
+
+    def end_turn(self, s: _State, o: GenOutput, budget: int) -> bool:
+        """Record the turn ``o`` of ``s`` (generated under ``budget``): parse it, decide whether the trajectory
+        ends, inject the invalid notice. True when the turn is a search to serve (``serve``)."""
+        text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
+        action, content = protocol.parse_action(text)
+        qmask = query_token_mask(self.tokenizer, o.ids, text) if action == "search" else None
+        span = self._append(s, o.ids, 1, o.logprobs, qmask)
+        final_turn = s.action_turns >= self.cfg.max_turns
+        cut_by_total = o.finish == "length" and budget < self.cfg.max_new_tokens_per_turn
+        if action is None and cut_by_total:
+            action = "truncated"
+        s.turn = Turn(action=action or "invalid", content=content, gen_span=span)
+        if qmask is not None and any(qmask):
+            first = qmask.index(1)
+            last = len(qmask) - qmask[::-1].index(1)
+            s.turn.query_span = (span[0] + first, span[0] + last)
+        s.traj.turns.append(s.turn)
+        if action == "answer":
+            s.done, s.traj.stop_reason = True, "answer"
+        elif action == "truncated":
+            s.done, s.traj.stop_reason = True, "length"
+        elif o.finish == "eos" and action is None:
+            s.done, s.traj.stop_reason = True, "eos"
+        elif final_turn:
+            s.done, s.traj.stop_reason = True, "max_turns"
+        elif action == "search":
+            s.action_turns += 1
+            return True
+        else:  # invalid turn (no well-formed tag): Search-R1's notice
+            s.action_turns += 1
+            self._inject(s, protocol.INVALID_NOTICE)
+        return False
+
+    def serve(self, searches: list[_State]) -> None:
+        """Run the pending searches of ``searches`` in ONE batched retrieve and inject their information blocks."""
+        if not searches:
+            return
+        docs, err = self._retrieve([s.turn.content for s in searches])
+        for s, d in zip(searches, docs):
+            s.turn.doc_ids = [p.id for p in d]
+            s.turn.doc_titles = [p.bare_title for p in d]
+            s.turn.doc_snippets = [p.text[:160] for p in d]
+            if err:
+                s.turn.error = err
+                s.traj.errors.append(f"turn {len(s.traj.turns) - 1}: {err}")
+            self._inject(s, protocol.information_block(d))
 
     def _finish(self, t: Trajectory) -> None:
         t.completion_text = self.tokenizer.decode(t.completion_ids, skip_special_tokens=False)
