@@ -31,3 +31,15 @@ def test_default_judges_come_from_the_config_and_context():
     assert terms[0].judge(ctx()).kind == "oracle"
     lm = make_judge(Config.load(None, []).hindsearch, model="M", tokenizer="T")
     assert lm.kind == "lm"
+
+
+def test_run_assembly_loads_the_judge_model_once():
+    """``train.run.build_judge`` loads ``hindsearch.judge_model`` (here the tiny random model) for the term."""
+    from hindsearch.train.run import build_judge, make_terms as run_terms
+
+    cfg = Config.load(None, ['method="hindsearch"', 'hindsearch.judge_model="tiny-random"', 'model.device="cpu"'])
+    judge = build_judge(cfg)
+    assert judge.kind == "lm" and not judge.model.training
+    assert run_terms(cfg, judge=judge)[0].judge(ctx()) is judge
+    assert build_judge(Config.load(None, ['method="igsd"', 'hindsearch.judge_model="tiny-random"'])) is None
+    assert build_judge(Config.load(None, ['method="hindsearch"'])) is None  # the frozen policy: built from the context

@@ -64,13 +64,25 @@ def preflight(cfg: Config) -> None:
     make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
 
 
-def make_terms(cfg: Config) -> list[Any]:
-    """The method's auxiliary terms (``[]`` for grpo)."""
+def make_terms(cfg: Config, judge: Any = None) -> list[Any]:
+    """The method's auxiliary terms (``[]`` for grpo); ``judge`` is injected into the HindSearch term."""
     if cfg.method == "grpo":
         return []
     from hindsearch.hindsight.terms import make_terms as _make
 
-    return list(_make(cfg))
+    return list(_make(cfg, judge=judge))
+
+
+def build_judge(cfg: Config) -> Any:
+    """The HindSearch judge on ``hindsearch.judge_model``, loaded here where the run is assembled; None when the
+    judge is the oracle or the frozen initial policy (the term builds those from its context)."""
+    h = cfg.hindsearch
+    if "hindsearch" not in cfg.method or h.judge_kind != "lm" or not h.judge_model:
+        return None
+    from hindsearch.hindsight.terms import load_judge_model, make_judge
+
+    model, tok = load_judge_model(cfg)
+    return make_judge(h, model, tok)
 
 
 # ---------------------------------------------------------------- data
@@ -198,7 +210,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
 
     from hindsearch.models import lora_peft_config
 
-    terms = make_terms(cfg)
+    terms = make_terms(cfg, judge=build_judge(cfg))
     peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
     if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
         base = getattr(model.config, "_name_or_path", "") or ""
