@@ -53,6 +53,8 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
     """
     from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
+    from hindsearch.memory import release_memory_callback
+
     losses: list[float] = []
 
     class StepTrainer(Trainer):
@@ -102,7 +104,7 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
         )
         trainer = StepTrainer(model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
                               data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
-                              callbacks=[Metrics(), *callbacks])
+                              callbacks=[Metrics(), release_memory_callback(), *callbacks])
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         if progress:
