@@ -499,3 +499,20 @@ def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
     plugin.zero_stage = 2
     assert not sharded_training(fake)
     assert sharded_training(types.SimpleNamespace(is_fsdp_enabled=True, accelerator=None))
+
+
+def test_metric_reduction_over_processes():
+    """Counts and seconds of a rank's rows add up over processes, rates, means and losses average; one process
+    passes its metrics through unchanged (the 2-process check is tests/test_multiprocess.py: hind/failed = 1 + 0)."""
+    from types import SimpleNamespace
+
+    from hindsearch.train.callbacks import gather_metrics, summed_over_processes
+
+    summed = [k for k in ("hind/failed", "hind/critiques", "hind/judge_time", "igsd/time_proposal",
+                          "igsd/positions_selected", "vllm/generated_tokens") if summed_over_processes(k)]
+    averaged = [k for k in ("hind/failed_frac", "hind/critique_minus_neutral", "hind/judge_kind_oracle",
+                            "igsd/mean_gate", "hind/loss", "hind/grad_share", "vllm/tokens_per_s")
+                if not summed_over_processes(k)]
+    assert len(summed) == 6 and len(averaged) == 7
+    m = {"hind/failed": 2.0, "hind/failed_frac": 0.5}
+    assert gather_metrics(m, SimpleNamespace(num_processes=1), summed_over_processes) == m

@@ -23,15 +23,15 @@ from transformers import TrainerCallback
 from hindsearch.records import Trajectory
 from hindsearch.train import rollout_adapter as ra
 
-MEAN_MARKERS = ("frac", "mean", "rate", "ratio", "minus", "kind", "share", "loss", "_per_")
-"""A step metric whose name holds one of these is a rate, mean or loss: averaged over processes, not summed."""
+MEAN_WORDS = frozenset({"frac", "mean", "rate", "ratio", "minus", "kind", "share", "loss", "per"})
+"""A step metric whose name has one of these words (``_``-separated) is a rate, mean or loss: averaged over
+processes, not summed."""
 
 
 def summed_over_processes(key: str) -> bool:
-    """Whether a term's step metric adds up over processes: counts and seconds of a rank's own rows do
-    (``hind/failed``, ``igsd/time_proposal``), fractions, means and losses (``MEAN_MARKERS``) do not."""
-    name = key.rsplit("/", 1)[-1]
-    return not any(m in name for m in MEAN_MARKERS)
+    """Whether a step metric adds up over processes: counts and seconds of a rank's own rows do
+    (``hind/failed``, ``igsd/time_proposal``), fractions, means and losses (``MEAN_WORDS``) do not."""
+    return not MEAN_WORDS & set(key.rsplit("/", 1)[-1].split("_"))
 
 
 def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
@@ -50,7 +50,6 @@ def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
                          device=accelerator.device)
     total = accelerator.gather(local[None]).sum(0)  # [P, K, 2] -> [K, 2]
     return {k: t if summed(k) else t / c for k, (t, c) in zip(keys, total.tolist()) if c > 0}
-
 
 
 # ---------------------------------------------------------------------- callbacks
