@@ -297,7 +297,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
 
             rows = gather_object(rows)
         self._append_metrics({f"rollout/{k}": v for k, v in ra.rollout_metrics(rows, self.num_generations).items()})
-        if self.accelerator.is_main_process:
+        if self.accelerator.is_main_process and self.model.training:  # written when the optimizer step ends
             self.samples_writer.add(trajs, aux_samples, self.state.global_step + 1)
         return out
 
