@@ -2,18 +2,18 @@
 
 Measures, in one run:
 
-1. the engine at batch 1 (questions one at a time) and batch B (all together): trajectories/min
-   and generated tokens/s (sampled, temperature 1);
-2. the limit the model sets: plain batched ``model.generate`` of the same number of tokens per
-   row (B rows, no tool calls, min = max new tokens), and the engine's overhead over it, split
-   into prefill (prompts, then only each turn's new tokens: the cross-turn KV cache), decode,
-   KV saving, retrieval, injection and the rest (parsing, masks, bookkeeping); for comparison
-   the old engine that re-reads every context at every turn (``--skip-nokv`` to leave it out).
-   All variants run interleaved in each repeat and the overheads are per-repeat ratios;
+1. the engine at batch B with per-row turn scheduling (the default), turn-synchronous, and (``--single``)
+   at batch 1: trajectories/min and generated tokens/s (sampled, temperature 1); the old engine that
+   re-reads every context at every turn unless ``--skip-nokv``;
+2. the per-row engine's time against its limit: the same model decoding exactly the same number of
+   generated tokens per row with plain batched decoding (``compute.decode``, no tools, a row leaves when
+   done) plus one batched prefill of the injected ids; target <= 1.25x. The rest is split into prefill,
+   decode, scheduling (sampling/stop checks/selection, merging), KV saving, retrieval and serving, and the
+   share of padded attention positions. All variants run interleaved in each repeat, ratios per repeat;
 3. greedy ``evaluate`` on the first N questions of each world split (and each mini benchmark
    found under ``--mini DIR``), with the EM table.
 
-    python benchmarks/bench_rollout.py [--batch 16] [--eval-per-split 8] [--threads 2]
+    python benchmarks/bench_rollout.py [--batch 16] [--repeats 3] [--single 0] [--skip-nokv] [--eval-per-split 8]
 
 Numbers are medians over ``--repeats`` runs. CPU is shared: keep the defaults small.
 """
@@ -71,53 +71,59 @@ def main() -> None:
 
 
 def throughput(args, model, tok, retriever, cfg, qs) -> None:
+    from hindsearch import compute
+    from hindsearch.agent.backend import SamplingParams
     from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.agent.hf_backend import HFBackend, left_pad
+    from hindsearch.agent.hf_backend import HFBackend
 
     class NoKVBackend(HFBackend):
         supports_kv_store = False  # the old engine: every turn re-reads its whole context
 
-    def run_engine(records: list, batch: int, kv: bool = True) -> dict:
-        eng = RolloutEngine(model, tok, retriever, cfg, topk=3, backend=(HFBackend if kv else NoKVBackend)(model, tok))
+    def run_engine(records: list, batch: int, per_row: bool = True, kv: bool = True) -> dict:
+        eng = RolloutEngine(model, tok, retriever, cfg, topk=3, backend=(HFBackend if kv else NoKVBackend)(model, tok),
+                            per_row=per_row)
         t = time.perf_counter()
         trajs = []
         for i in range(0, len(records), batch):
             trajs += eng.rollout(records[i : i + batch], seed=i)
         wall = time.perf_counter() - t
         gen = sum(sum(x.gen_mask) for x in trajs)
-        print(f"  engine batch {batch}{'' if kv else ' no-kv'}: {len(trajs)} trajectories, {gen} tokens, {wall:.1f}s", flush=True)
+        name = "per-row" if per_row and kv else "turn-synchronous" if kv else "re-prefill"
+        print(f"  engine batch {batch} {name}: {len(trajs)} trajectories, {gen} tokens, {wall:.1f}s", flush=True)
         return {"wall": wall, "n": len(trajs), "gen": gen, "trajs": trajs, **eng.backend.stats, **eng.stats}
 
-    eng = RolloutEngine(model, tok, retriever, cfg)
-    ids, mask = left_pad([eng.prompt_ids(q.question) for q in qs], tok.pad_token_id, torch.device("cpu"))
-
-    def run_plain(per_row: int, r: int) -> dict:
-        """Plain batched generate: same rows, ``per_row`` tokens each (the engine run's mean), no tools."""
-        torch.manual_seed(r)
+    def run_limit(trajs: list, r: int) -> dict:
+        """The limit: the same rows decoding exactly the engine run's generated tokens per row (plain batched
+        ``compute.decode``, no tools, rows leave when done), plus one batched prefill of each row's injected ids."""
+        prompts = [list(x.prompt_ids) for x in trajs]
+        counts = [sum(x.gen_mask) for x in trajs]
+        injected = [[i for i, g in zip(x.completion_ids, x.gen_mask) if not g] for x in trajs]
+        gen = torch.Generator().manual_seed(r)
         t = time.perf_counter()
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=per_row, min_new_tokens=per_row,
-                           do_sample=True, temperature=1.0, top_p=1.0, top_k=0, pad_token_id=tok.pad_token_id)
+        compute.decode(model, prompts, compute.Stop(tok, set()), SamplingParams(temperature=1.0), counts, gen)
+        t_dec = time.perf_counter() - t
+        rows = [x for x in injected if x]
+        if rows:
+            ids, mask = compute.left_pad(rows, compute.pad_id(tok, model))
+            compute.forward(model, 1, input_ids=ids, attention_mask=mask, position_ids=compute.positions(mask))
         wall = time.perf_counter() - t
-        print(f"  plain generate: {len(qs)} x {per_row} tokens, {wall:.1f}s", flush=True)
-        return {"wall": wall, "n": len(qs), "gen": per_row * len(qs)}
+        print(f"  limit: decode {sum(counts)} tokens {t_dec:.1f}s + prefill {sum(map(len, rows))} injected "
+              f"{wall - t_dec:.1f}s = {wall:.1f}s", flush=True)
+        return {"wall": wall, "n": len(trajs), "gen": sum(counts)}
 
     # interleaved (the CPU is shared: each repeat measures every variant back to back, ratios per repeat)
-    single, batched, nokv, plain, plain_nokv = [], [], [], [], []
+    single, per_row, sync_, limit, nokv = [], [], [], [], []
     for r in range(args.repeats):
         if args.single > 0:
             single.append(run_engine(qs[: args.single], 1))
-        batched.append(run_engine(qs, args.batch))
-        plain.append(run_plain(max(1, round(batched[-1]["gen"] / len(qs))), r))
+        per_row.append(run_engine(qs, args.batch))
+        limit.append(run_limit(per_row[-1]["trajs"], r))
+        sync_.append(run_engine(qs, args.batch, per_row=False))
         if not args.skip_nokv:
-            nokv.append(run_engine(qs, args.batch, kv=False))
-            plain_nokv.append(run_plain(max(1, round(nokv[-1]["gen"] / len(qs))), r))
+            nokv.append(run_engine(qs, args.batch, per_row=False, kv=False))
 
     def med(runs: list, key: str) -> float:
         return statistics.median(r[key] for r in runs)
-
-    def tps(run: dict) -> float:
-        return run["gen"] / run["wall"]
 
     def line(name: str, runs: list) -> str:
         w, n, g = med(runs, "wall"), med(runs, "n"), med(runs, "gen")
@@ -129,39 +135,39 @@ def throughput(args, model, tok, retriever, cfg, qs) -> None:
     print("|---|---|---|---|---|---|")
     if single:
         print(line("engine, batch 1", single))
-    print(line(f"engine, batch {args.batch} (cross-turn KV cache)", batched))
-    print(line(f"plain generate, batch {args.batch}, same tok/row, no tools", plain))
+    print(line(f"engine, batch {args.batch}, per-row turn scheduling", per_row))
+    print(line("limit: plain batched decode of the same tokens per row + one prefill of the injected ids", limit))
+    print(line(f"engine, batch {args.batch}, turn-synchronous", sync_))
     if nokv:
-        print(line(f"engine, batch {args.batch}, re-prefill every turn (old)", nokv))
-        print(line(f"plain generate for the old run's tok/row", plain_nokv))
-    if single:
-        print(f"\nbatching gain (engine tokens/s, batch {args.batch} / batch 1): {med(batched, 'gen') / med(batched, 'wall') / (med(single, 'gen') / med(single, 'wall')):.2f}x")
-    over = [100 * (tps(p) / tps(b) - 1) for b, p in zip(batched, plain)]
-    print(f"engine overhead vs plain generate (time per generated token, per-repeat ratios {', '.join(f'{o:.1f}%' for o in over)}): "
-          f"median {statistics.median(over):.1f}%")
-    if nokv:
-        over = [100 * (tps(p) / tps(b) - 1) for b, p in zip(nokv, plain_nokv)]
-        print(f"old engine (re-prefill) overhead, same runs: median {statistics.median(over):.1f}% "
-              f"({', '.join(f'{o:.1f}%' for o in over)})")
+        print(line(f"engine, batch {args.batch}, turn-synchronous, re-prefill every turn (old)", nokv))
+    ratios = [e["wall"] / lim["wall"] for e, lim in zip(per_row, limit)]
+    print(f"\nper-row engine time / its limit, per repeat: {', '.join(f'{x:.2f}x' for x in ratios)} "
+          f"(median {statistics.median(ratios):.2f}x; target <= 1.25x)")
 
-    b = sorted(batched, key=lambda x: x["wall"])[len(batched) // 2]
-    other = b["wall"] - b["prefill_s"] - b["decode_s"] - b["kv_save_s"] - b["retrieve_s"] - b["inject_s"]
+    k = sorted(range(len(per_row)), key=lambda i: per_row[i]["wall"])[len(per_row) // 2]
+    b, lim = per_row[k], limit[k]
+    parts = (("prefill (first turn, then each rejoining row's new ids on its cache)", b["sched_prefill_s"]),
+             ("decode forwards", b["sched_decode_s"]),
+             ("sampling, stop checks, batch selection (scheduling)", b["sched_step_s"]),
+             ("merging rejoining rows into the batch (scheduling)", b["sched_merge_s"]),
+             ("KV save of rows whose turn ended", b["sched_kv_save_s"]),
+             ("retrieval (BM25, batched per decode step)", b["retrieve_s"]),
+             ("serving without retrieval (parse, masks, inject)", b["sched_serve_s"] - b["retrieve_s"]))
+    other = b["wall"] - sum(v for _, v in parts)
     turns = sum(len(x.turns) for x in b["trajs"])
-    ctx = sum(len(x.prompt_ids) + len(x.completion_ids) for x in b["trajs"])
-    print(f"\n## Where the batch-{args.batch} engine time goes (median run: {turns} model turns, "
-          f"{b['prefill_tokens']} prefill tokens for {ctx} context tokens, {b['decode_steps']} decode steps)\n")
-    print("| part | seconds | share |")
+    pad = b["sched_decode_pad_positions"] / max(1, b["sched_decode_positions"])
+    print(f"\n## Where the per-row batch-{args.batch} engine time goes (median run: {b['wall']:.1f}s vs limit "
+          f"{lim['wall']:.1f}s = {b['wall'] / lim['wall']:.2f}x; {turns} model turns, {b['prefill_tokens']} prefill "
+          f"tokens, {b['decode_steps']} decode steps, {int(b['retrieve_calls'])} retrieve calls)\n")
+    print("| part | seconds | share of engine time |")
     print("|---|---|---|")
-    for k, v in (("prefill (prompts, then only the new tokens of each turn)", b["prefill_s"]),
-                 ("decode (cached steps, incl. stop-string checks)", b["decode_s"]),
-                 ("KV save (copy finished rows' caches)", b["kv_save_s"]),
-                 ("retrieval (BM25, batched)", b["retrieve_s"]), ("injection (tokenize observations)", b["inject_s"]),
-                 ("other (parse, masks, bookkeeping)", other)):
-        print(f"| {k} | {v:.2f} | {100 * v / b['wall']:.1f}% |")
+    for name, v in (*parts, ("other (rollout setup, finishing trajectories)", other)):
+        print(f"| {name} | {v:.2f} | {100 * v / b['wall']:.1f}% |")
+    print(f"\npadding: {100 * pad:.1f}% of the attention positions of decode forwards are left padding")
     stops = {}
     for x in b["trajs"]:
         stops[x.stop_reason] = stops.get(x.stop_reason, 0) + 1
-    print(f"\nstop reasons (batch run): {stops}; searches/trajectory "
+    print(f"stop reasons (per-row run): {stops}; searches/trajectory "
           f"{sum(x.num_searches for x in b['trajs']) / len(b['trajs']):.2f}")
 
 

@@ -1,17 +1,23 @@
 """Batched multi-turn Search-R1 rollouts with exact token masks.
 
-``RolloutEngine.rollout`` runs every trajectory of a batch turn by turn:
+``RolloutEngine.rollout`` runs every trajectory of a batch until it ends, turn by turn:
 
-1. one batched generation for all still-active trajectories (left-padded contexts
-   ``prompt + completion so far``, KV cache inside the turn, our own sampling loop so the
-   sampled ids, their log-probs and the seed are exact); each row stops at the first
-   ``</search>`` / ``</answer>`` (checked on the decoded tail of its new ids), at EOS, or at
-   its token budget;
-2. each turn is parsed with ``protocol.parse_action``; all new queries of the turn go to the
-   retriever in ONE batched ``retrieve`` call (bounded retries; a failure is recorded on the
-   affected trajectories, which get an empty information block and go on);
-3. the observation (``protocol.information_block`` or ``protocol.INVALID_NOTICE``) is
-   tokenized on its own (no special tokens) and appended with ``gen_mask = 0``.
+1. generation (a ``backend.Backend``): left-padded contexts ``prompt + completion so far``, KV cache, our own
+   sampling loop so the sampled ids, their log-probs and the seed are exact; each row stops by
+   ``compute.stop_reason``: EOS, else the first ``</search>`` / ``</answer>`` in its decoded tail, else its
+   token budget;
+2. each turn is parsed with ``protocol.parse_action`` (``end_turn``); searches go to the retriever in one
+   batched ``retrieve`` call (``serve``; bounded retries; a failure is recorded on the affected trajectories,
+   which get an empty information block and go on);
+3. the observation (``protocol.information_block`` or ``protocol.INVALID_NOTICE``) is tokenized on its own
+   (no special tokens) and appended with ``gen_mask = 0``.
+
+Scheduling. With the HF backend (a cross-turn KV cache) the default is **per-row turn scheduling**
+(``agent/scheduler.py``): a row whose turn ends is served at once - its searches batched with those of the
+rows whose turns end at the same decode step - its observation is prefilled on its cached keys/values and it
+rejoins decoding at the next step, without waiting for the slowest row. ``per_row=False`` (and the vLLM
+backend) run **turn-synchronously**: all active rows generate a turn, then all of the turn's searches go in
+ONE batched call. Greedy trajectories are identical under both (tested).
 
 Exactness: ``completion_ids`` are exactly the sampled ids plus the injected ids; generated
 ids are never decoded and re-encoded (decoding is only used to find stop strings, parse the
@@ -35,18 +41,13 @@ injected text: Search-R1's invalid notice itself contains ``<answer> and </answe
 
 Stop reasons: ``answer``, ``eos``, ``max_turns``, ``length``, ``error`` (prompt alone over budget).
 
-Cost: with the HF backend each trajectory's KV cache is kept across turns (``KVStore``): a
-turn feeds only the tokens not yet cached (the last sampled token plus the injected ids) on
-top of the cached keys/values, so earlier turns are never re-read. Rows are laid out so that
-padding is only ever on the left (``resume_inputs``): the rows of a batch share one chunk
-width W (the longest uncached tail), and a row with a shorter tail re-feeds its last few
-cached tokens instead of padding inside its sequence. The vLLM backend gets full contexts
-(vLLM's prefix caching does the same job there).
+Cost: with the HF backend each trajectory's KV cache is kept across turns (``hf_backend.KVStore``): a turn
+feeds only the tokens not yet cached (the last sampled token plus the injected ids). The vLLM backend gets full
+contexts (vLLM's prefix caching does the same job there).
 
-Several processes (``hindsearch.hindsight.sync``): with the HF backend a rollout is one lockstep
-region: every forward is announced, and a rank whose rollouts finish earlier runs pad-token forwards
-until every rank is done, so ranks run the same number of forwards through a sharded policy (FSDP,
-or ZeRO-3 with ``ds3_gather_for_generation = false``). A single process runs exactly as before.
+Several processes (``hindsearch.hindsight.sync``): a backend with a ``lockstep()`` region (the HF backend) runs
+the whole rollout in it: every forward is announced, and a rank whose rollouts finish earlier runs pad-token
+forwards until every rank is done. A single process runs exactly as before.
 """
 
 from __future__ import annotations

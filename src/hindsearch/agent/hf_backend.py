@@ -1,8 +1,9 @@
 """Turn generation with a transformers causal LM (the reference ``Backend``; CPU or GPU).
 
-One (resumed) prefill, then cached decode steps with our own sampling loop, so the sampled ids, their log-probs
-and the seed are exact. Each row stops at the first stop string (checked on the decoded tail of its new ids), at
-an EOS id, or at its token budget.
+One (resumed) prefill, then cached decode steps (``hindsearch.compute.decode_steps``: our own sampling loop, so
+the sampled ids, their log-probs and the seed are exact). Each row stops by ``compute.stop_reason``: an EOS id,
+else a stop string in its decoded tail, else its token budget. ``prefill`` is also the rejoin prefill of the
+per-row scheduler (``agent/scheduler.py``).
 
 Cost: with a ``KVStore`` each trajectory's KV cache is kept across turns: a turn feeds only the tokens not yet
 cached (the last sampled token plus the injected ids) on top of the cached keys/values, so earlier turns are
