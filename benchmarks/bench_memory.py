@@ -140,7 +140,8 @@ def main() -> None:
         print(f"{stage}: peak {row['peak_rss_mb']:.0f} MiB in {row['seconds']:.1f} s", file=sys.stderr, flush=True)
     print(f"\n{args.config} {' '.join(args.set)}{' --no-malloc-tune' if args.no_malloc_tune else ''}, "
           f"threads {args.threads}, sft {args.sft_steps} steps, grpo {args.grpo_steps} steps")
-    print(f"| {'stage':6} | {'stage peak RSS MiB':>18} | {'process peak MiB':>16} | {'stage wall s':>12} | {'stage CPU s':>11} |")
+    print(f"| {'stage':6} | {'stage peak RSS MiB':>18} | {'process peak MiB':>16} | {'stage wall s':>12} | "
+          f"{'stage CPU s':>11} |")
     print("|---|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['stage']:6} | {r['peak_rss_mb']:18.0f} | {r['process_peak_mb']:16.0f} | {r['seconds']:12.1f} | "

@@ -60,14 +60,16 @@ def tune_malloc() -> dict[str, int]:
     return _tuned
 
 
-def release_free_memory() -> bool:
-    """Collect Python garbage and hand the heap's free pages back to the kernel (glibc ``malloc_trim(0)``,
-    which also releases free pages inside the heap, not only at its top). Returns whether ``malloc_trim``
-    ran. Cheap (milliseconds); the main job calls it between stages, so one stage's freed activations and
-    caches do not stay resident under the next stage's peak."""
+def release_free_memory(collect: bool = True) -> bool:
+    """Hand the heap's free pages back to the kernel (glibc ``malloc_trim(0)``, which also releases free pages
+    inside the heap, not only at its top), after a full Python garbage collection with ``collect``. Returns
+    whether ``malloc_trim`` ran. The main job calls it between stages (with ``collect``), so one stage's freed
+    activations and caches do not stay resident under the next stage's peak. ``gc.collect()`` can take a
+    second in a large process (a test session): per optimizer step, pass ``collect=False``."""
     import gc
 
-    gc.collect()
+    if collect:
+        gc.collect()
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -80,13 +82,13 @@ def release_free_memory() -> bool:
 
 def release_memory_callback() -> Any:
     """A ``TrainerCallback`` that hands freed heap pages back to the kernel after every optimizer step
-    (``hindsearch.memory.release_free_memory``): the next step's rollouts and update do not start on top
-    of the last step's freed activations."""
+    (``release_free_memory(collect=False)``: no garbage collection, which costs up to a second per call in a
+    large process): the next step's rollouts and update do not start on top of the last step's freed activations."""
     from transformers import TrainerCallback
 
     class Release(TrainerCallback):
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            release_free_memory()
+            release_free_memory(collect=False)
 
     return Release()
 

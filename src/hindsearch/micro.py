@@ -291,7 +291,8 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
                 model.train()
 
     out = run_steps(model, spec.pretrain_steps, batches.__getitem__, step, opt, sched, max_grad_norm=1.0, seed=seed,
-                    desc="micro pretrain", progress=progress, callbacks=[CopyCurve()])
+                    desc="micro pretrain", progress=progress, callbacks=[CopyCurve()],
+                    release_memory=False)  # a few-MB model: nothing to hand back
     return {"loss": out["loss"], "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
 

@@ -44,12 +44,14 @@ class _Batches(torch.utils.data.Dataset):
 def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
               optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int, desc: str,
               progress: bool = True, metrics_path: str | Path | None = None,
-              callbacks: Sequence[Any] = ()) -> dict[str, Any]:
+              callbacks: Sequence[Any] = (), release_memory: bool = True) -> dict[str, Any]:
     """Train ``model`` in place for ``n_steps`` optimizer steps with transformers' ``Trainer``.
 
     ``make_batch(i)``: step ``i``'s batch (any object; tensors in a dict are moved to the device).
     ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per part;
-    returns the step's loss (detached). Returns ``{"loss": [per step], "steps", "seconds"}``.
+    returns the step's loss (detached). ``release_memory``: hand freed heap pages back to the kernel after every
+    step (``hindsearch.memory.release_memory_callback``; for big models, where a step's activations are GBs).
+    Returns ``{"loss": [per step], "steps", "seconds"}``.
     """
     from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
 
@@ -104,21 +106,22 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
         )
         trainer = StepTrainer(model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
                               data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
-                              callbacks=[Metrics(), release_memory_callback(), *callbacks])
+                              callbacks=[Metrics(), *([release_memory_callback()] if release_memory else []),
+                                         *callbacks])
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         if progress:
             trainer.add_callback(Bar())
         trainer.train()
         del trainer
-        gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the trainable weights) until collected
+        gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected
     model.eval()
     return {"loss": losses, "steps": n_steps, "seconds": time.time() - t0}
 
 
 def warmup_cosine(step: int, n_warm: int, total: int) -> float:
     """LR multiplier of step ``step`` (0-based): linear warm-up ``(step + 1) / n_warm`` over ``n_warm`` steps,
-    then cosine decay from 1 to 0 over the remaining ``total - n_warm`` steps (``torch.optim.lr_scheduler.LambdaLR``)."""
+    then cosine decay from 1 to 0 over the remaining ``total - n_warm`` steps (for ``LambdaLR``)."""
     if step < n_warm:
         return (step + 1) / n_warm
     return 0.5 * (1 + math.cos(math.pi * (step - n_warm) / max(1, total - n_warm)))
