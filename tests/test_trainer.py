@@ -516,3 +516,29 @@ def test_metric_reduction_over_processes():
     assert len(summed) == 6 and len(averaged) == 7
     m = {"hind/failed": 2.0, "hind/failed_frac": 0.5}
     assert gather_metrics(m, SimpleNamespace(num_processes=1), summed_over_processes) == m
+
+
+@pytest.mark.parametrize("method", ["hindsearch", "igsd"])
+def test_micro_batches_do_not_change_the_hindsight_weight(method, world, tok, tmp_path):
+    """One SGD step with micro-batches of one rollout equals one step on the whole batch: each micro-batch's term
+    loss is weighted by its share of the step's positions (a token-mean over 2 failed rollouts must not be
+    diluted by the micro-batches of the 2 successful ones)."""
+    w, retriever = world
+    base = OVERRIDES + [f'method="{method}"', "train.steps=1", "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
+                        "hindsearch.lam=5.0", "igsd.lam=50.0", "igsd.max_positions_per_rollout=2",
+                        "igsd.max_query_tokens=4", "igsd.n_controls=1", "train.lr=0.5", 'train.trl.optim="sgd"',
+                        "train.grad_share_steps=0"]
+    deltas = {}
+    for mb in ("none", "1"):
+        extra = [] if mb == "none" else [f"train.micro_batch_size={mb}"]
+        cfg = Config.load(None, base + extra)
+        trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:2], tmp_path / f"mb-{mb}")
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer.train()
+        deltas[mb] = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+        rows = [json.loads(x) for x in (tmp_path / f"mb-{mb}" / "metrics.jsonl").read_text().splitlines()]
+        name = "hind" if method == "hindsearch" else "igsd"
+        assert rows[0][f"{name}/loss"] != 0.0, rows[0]  # the term really contributed
+    full, micro = deltas["none"], deltas["1"]
+    assert full.norm() > 0
+    assert (micro - full).norm() / full.norm() < 1e-4, float((micro - full).norm() / full.norm())

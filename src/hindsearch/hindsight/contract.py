@@ -66,6 +66,10 @@ class AuxTerm(Protocol):
     """Short name used as the metrics prefix and tensor-key prefix (``hind``, ``igsd``)."""
     lam: float
     """Weight of the term in ``L = L_GRPO + lam * L_aux``."""
+    aggregation: str
+    """How ``loss`` reduces over its positions (``hindsight.losses.AGGREGATIONS``); the trainer weights each
+    micro-batch's loss by its share of the step's units (``losses.micro_batch_weight``). A term without the
+    attribute is taken as ``token-mean``."""
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch: ...
 

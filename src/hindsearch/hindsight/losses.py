@@ -60,23 +60,52 @@ GATES = choices_of(IGSDConfig, "gate")
 # ---------------------------------------------------------------------------------------- aggregation
 Aggregation = Callable[[Tensor, Tensor], Tensor]
 """``(masked_loss [B, T], mask [B, T] as loss dtype) -> scalar``; masked-out entries are already 0."""
+Units = Callable[[Tensor], float]
+"""``mask [B, T] -> the number of units a reduction divides by`` (tokens, or rows with a token)."""
 AGGREGATIONS: dict[str, Aggregation] = {}
+AGG_UNITS: dict[str, Units | None] = {}
+"""Per reduction, what it averages over (None: it does not average, ``sum``)."""
 
 
-def register_aggregation(name: str) -> Callable[[Aggregation], Aggregation]:
-    """Decorator: make ``fn`` the reduction called ``name`` (a value of the terms' ``aggregation`` field)."""
+def register_aggregation(name: str, units: Units | None) -> Callable[[Aggregation], Aggregation]:
+    """Decorator: make ``fn`` the reduction called ``name`` (a value of the terms' ``aggregation`` field);
+    ``units(mask)`` counts what it averages over (``None`` for a plain sum)."""
     def add(fn: Aggregation) -> Aggregation:
         AGGREGATIONS[name] = fn
+        AGG_UNITS[name] = units
         return fn
     return add
 
 
-@register_aggregation("token-mean")
+def _tokens(mask: Tensor) -> float:
+    return float((mask > 0).sum())
+
+
+def _rows(mask: Tensor) -> float:
+    return float(((mask > 0).sum(-1) > 0).sum())
+
+
+def micro_batch_weight(mask_micro: Tensor, mask_all: Tensor, mode: str) -> float:
+    """Weight of a micro-batch's reduced loss so that the micro-batches of one optimizer step add up to the
+    reduction over the whole generation batch: ``units(micro) / units(all)`` (0 when the batch has none), 1 for
+    ``sum``. ``mask_micro [b, T]`` (the micro-batch's rows), ``mask_all [B, T]`` (every row of the step).
+
+    Without it each micro-batch's mean counts equally, so a term whose positions sit in a few rollouts (failed
+    ones) is diluted by the micro-batches that have none: its effective weight would change with
+    ``train.micro_batch_size``."""
+    units = AGG_UNITS[mode]
+    if units is None:
+        return 1.0
+    total = units(mask_all)
+    return units(mask_micro) / total if total > 0 else 0.0
+
+
+@register_aggregation("token-mean", _tokens)
 def _token_mean(masked: Tensor, m: Tensor) -> Tensor:
     return masked.sum() / m.sum().clamp(min=1.0)
 
 
-@register_aggregation("sum")
+@register_aggregation("sum", None)
 def _sum(masked: Tensor, m: Tensor) -> Tensor:
     return masked.sum()
 
@@ -86,12 +115,12 @@ def _seq_mean(row: Tensor, m: Tensor) -> Tensor:
     return (row * has).sum() / has.sum().clamp(min=1.0)
 
 
-@register_aggregation("seq-mean-token-mean")
+@register_aggregation("seq-mean-token-mean", _rows)
 def _seq_mean_token_mean(masked: Tensor, m: Tensor) -> Tensor:
     return _seq_mean(masked.sum(-1) / m.sum(-1).clamp(min=1.0), m)
 
 
-@register_aggregation("seq-mean-token-sum")
+@register_aggregation("seq-mean-token-sum", _rows)
 def _seq_mean_token_sum(masked: Tensor, m: Tensor) -> Tensor:
     return _seq_mean(masked.sum(-1), m)
 

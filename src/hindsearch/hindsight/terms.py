@@ -69,7 +69,7 @@ class HindSearchTerm:
     name = "hind"
 
     def __init__(self, cfg: Any, judge: Any = None):
-        self.cfg, self.lam = cfg, cfg.lam
+        self.cfg, self.lam, self.aggregation = cfg, cfg.lam, cfg.aggregation
         self.needs_ema = cfg.teacher == "ema"
         self.ema_decay = cfg.ema_decay
         self._judge = judge
@@ -197,6 +197,7 @@ class IGSDTerm:
 
     def __init__(self, cfg: Any, corpus: Any = None, seed: int = 0):
         self.cfg, self.lam, self.corpus, self.seed = cfg, cfg.lam, corpus, seed
+        self.aggregation = cfg.aggregation
         self.needs_ema = cfg.teacher == "ema"
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:

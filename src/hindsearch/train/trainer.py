@@ -187,6 +187,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self.engine = engine
         self.terms = list(terms)
         self.aux_ctx = aux_ctx
+        self._step_positions: dict[str, torch.Tensor] = {}  # per term: its [B, T] positions of the generation batch
         self.run_dir = Path(run_dir) if run_dir else None
         self.rollout_seed = rollout_seed
         self._last_trajs: list[Trajectory] = []
@@ -318,6 +319,8 @@ class HindsearchGRPOTrainer(GRPOTrainer):
                 if v.shape[0] != B:
                     raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
                 out[aux_key(term.name, k)] = v.to(device)
+            # the step's positions of the term, row by row: micro-batches weight their loss by their share of them
+            self._step_positions[term.name] = term.positions(term_inputs(out, term.name), T).cpu()
             metrics.update({f"{term.name}/{k}": float(v) for k, v in batch.metrics.items()})
             aux_samples[term.name] = batch.samples
         self.record_metrics(metrics, summed=summed_over_processes)
@@ -357,14 +360,14 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             for term in self.terms:
                 need |= term.positions(term_inputs(inputs, term.name), C).to(need.device)
             logits, idx = selected_logits(hidden, lm_head, C, need)
-            norm = self.current_gradient_accumulation_steps if self.model.training else 1.0
             grpo_loss = loss
             weighted: list[tuple[str, torch.Tensor]] = []
             metrics: dict[str, float] = {}
             for term in self.terms:
                 term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
-                loss = loss + term.lam * term_loss / norm
-                weighted.append((term.name, term.lam * term_loss / norm))
+                w = self._micro_batch_weight(term, inputs, need.shape[1])
+                loss = loss + term.lam * term_loss * w
+                weighted.append((term.name, term.lam * term_loss * w))
                 metrics[f"{term.name}/loss"] = float(term_loss.detach())
                 metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
             if self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0:
@@ -376,6 +379,16 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             )
         self.record_metrics({"loss/total": float(loss.detach())})
         return loss
+
+    def _micro_batch_weight(self, term: Any, inputs: dict[str, Any], C: int) -> float:
+        """This micro-batch's share of the term's units over the optimizer step (``losses.micro_batch_weight``);
+        1 outside training (one batch)."""
+        from hindsearch.hindsight.losses import micro_batch_weight
+
+        if not self.model.training or term.name not in self._step_positions:
+            return 1.0
+        mine = term.positions(term_inputs(inputs, term.name), C).cpu()
+        return micro_batch_weight(mine, self._step_positions[term.name], getattr(term, "aggregation", "token-mean"))
 
     # ------------------------------------------------------------------ metrics (TRL's _metrics)
     def _append_metrics(self, metrics: Mapping[str, float]) -> None:
