@@ -53,11 +53,12 @@ def main() -> None:
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.train.cli import find_config
-    from hindsearch.train.run import build_trainer, ensure_on_disk, load_records, preflight, resolve_data
+    from hindsearch.setup import load_records, resolve_data
+    from hindsearch.train.run import build_trainer, ensure_on_disk, preflight
 
-    from hindsearch.micro import resolve_alias
+    from hindsearch.models import resolve_model
 
-    cfg = resolve_alias(Config.load(find_config(args.config), args.set))
+    cfg = resolve_model(Config.load(find_config(args.config), args.set))
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         preflight(replace(copy.deepcopy(cfg), method=m))

@@ -19,7 +19,7 @@ script goes on; the exit code is 1 when any cell failed):
    (in a child process, so its memory is returned and a crash stays there): generated tokens per second.
    One action turn (``--throughput-turns``) at the preset's per-turn budget, sampled, seed 0;
 2. ``step grpo`` / ``step hindsearch`` / ``step igsd``: ``--steps`` real training steps assembled by the
-   project's own ``train.run`` (``preflight``, ``resolve_data``, ``load_policy``, ``build_trainer``) from
+   project's own ``train.run`` (``preflight``, ``build_trainer``) and ``setup`` (``resolve_data``; ``load_policy``) from
    the presets ``configs/qwen2.5-3b-instruct-<method>.toml`` with their shapes (rollouts of up to
    ``max_total_tokens``, ``max_new_tokens_per_turn``, ``max_turns``, ``num_generations``, KL reference,
    gradient checkpointing, the LM judge, IGSD's verification), on the generated fictional world with
@@ -516,7 +516,7 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
 def load_data(cfg: Any) -> tuple[list[Any], Any]:
     """Training records and the retriever, through the project's ``resolve_data`` (world + index on first use)."""
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.train.run import load_records, resolve_data
+    from hindsearch.setup import load_records, resolve_data
 
     paths = resolve_data(cfg)
     train, _ = load_records(cfg, paths)

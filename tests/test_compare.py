@@ -109,7 +109,7 @@ def test_dev_curve_joins_base_periodic_and_final_evals(tmp_path):
 def tiny_preset(tmp_path_factory):
     """A preset on a 60-entity world with a tiny micro model (built here) and a tiny warm-up."""
     from hindsearch.data.world import ensure_world
-    from hindsearch.micro import MicroSpec, ensure_micro
+    from hindsearch.models.micro import MicroSpec, ensure_micro
 
     d = tmp_path_factory.mktemp("cmp")
     world = ensure_world(d / "world", seed=0, n_entities=60)

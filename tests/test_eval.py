@@ -166,3 +166,27 @@ def test_cli_eval(world, index_dir, tmp_path, capsys):
     bad[bad.index("--data") + 1] = "no-equals-sign"
     assert main(bad) == 1
     assert "--data item 'no-equals-sign' must be name=path" in capsys.readouterr().err
+
+
+def test_cli_eval_resolves_the_micro_alias_like_train(world, index_dir, model, tok, tmp_path, monkeypatch, capsys):
+    """``hindsearch eval --config configs/micro.toml`` goes through the one setup path: ``model.name = "micro"``
+    becomes its world's micro model folder (``models.resolve_model``), not a hub id named "micro"."""
+    from pathlib import Path
+
+    import hindsearch.models.micro as micro
+    from hindsearch.cli import main
+
+    folder = tmp_path / "micro-model"
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    seen = []
+    monkeypatch.setattr(micro, "micro_model_path", lambda data_cfg, *a, **k: seen.append(data_cfg) or folder)
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:2]))
+    preset = Path(__file__).resolve().parents[1] / "configs" / "micro.toml"
+    args = ["eval", "--config", str(preset), "--index", str(index_dir), "--data", f"world={path}", "--limit", "2",
+            "--out", str(tmp_path / "out"), "--set", "rollout.max_new_tokens_per_turn=8", "--set", "rollout.max_turns=1",
+            "--no-progress"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert len(seen) == 1 and seen[0].world_seed == 0
+    assert json.loads((tmp_path / "out" / "summary.json").read_text())["benchmarks"]["world"]["n"] == 2

@@ -10,7 +10,8 @@ import torch
 from hindsearch.agent import protocol
 from hindsearch.config import Config, DataConfig, ModelConfig
 from hindsearch.data.world import generate_world, write_world
-from hindsearch.micro import PROTOCOL_TAGS, MicroSpec, copy_rows, ensure_micro, resolve_alias, world_texts
+from hindsearch.models import resolve_model
+from hindsearch.models.micro import PROTOCOL_TAGS, MicroSpec, copy_rows, ensure_micro, world_texts
 from hindsearch.models import load_policy
 
 SPEC = MicroSpec(vocab_size=800, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -73,10 +74,10 @@ def test_micro_alias_resolves(tmp_path, monkeypatch):
     monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path / "cache"))
     cfg = Config.load(None, ['model.name="micro"', f'data.world_dir="{(tmp_path / "w").as_posix()}"',
                              "data.world_entities=40"])
-    import hindsearch.micro as m
+    import hindsearch.models.micro as m
 
     monkeypatch.setattr(m, "MicroSpec", lambda: SPEC)
-    resolve_alias(cfg)
+    resolve_model(cfg)
     assert (tmp_path / "cache" / "models").as_posix() in cfg.model.name
     assert (tmp_path / "w" / "corpus.jsonl").exists()
     model, tok = load_policy(ModelConfig(name=cfg.model.name, device="cpu"))

@@ -97,16 +97,13 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
         if Path(path, "config.json").exists():
             return path
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.train.run import load_records, resolve_data
+    from hindsearch.setup import prepare
     from hindsearch.train.warmup import ensure_warmup
 
-    paths = resolve_data(cfg)
-    train, _ = load_records(cfg, paths)
-    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    setup = prepare(cfg)
     model, tok = load_policy(cfg.model)
     t0 = time.time()
-    wdir = ensure_warmup(cfg, model, tok, retriever, train, cache_dir() / "warmup")
+    wdir = ensure_warmup(cfg, model, tok, setup.retriever, setup.train, cache_dir() / "warmup")
     log(f"shared warm-up checkpoint: {wdir} ({time.time() - t0:.0f}s)")
     rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed}))
     return str(wdir)
@@ -115,7 +112,7 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
 def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:
     """``[(name, records, index_dir)]``: the world test split and, with ``mini``, the seven mini benchmarks."""
     from hindsearch.data.qa import load_qa
-    from hindsearch.train.run import resolve_data
+    from hindsearch.setup import resolve_data
 
     paths = resolve_data(cfg)
     test_path = Path(cfg.data.test) if cfg.data.test else Path(paths["world"]) / "test.jsonl"
@@ -140,18 +137,16 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
     """Greedy evaluation of ``run_dir/final`` on every set (each with its own retriever)."""
     from dataclasses import replace
 
-    from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
+    from hindsearch.setup import eval_engine
 
     model, tok = load_policy(replace(cfg.model, name=str(run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}
     for name, records, index_dir in sets:
         retriever = load_retriever(cfg.retrieval, index_dir)
-        engine = RolloutEngine(model, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
-                               backend=HFBackend(model, tok))
+        engine = eval_engine(cfg, model, tok, retriever)
         res = evaluate(engine, {name: records}, out_dir=run_dir / "eval" / f"test-{name}", batch_size=cfg.eval.batch_size)
         out.update(eval_numbers(res, [name]))
     return out
@@ -182,10 +177,11 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     (out_dir / "compare.json").write_text(json.dumps(
         {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
-    from hindsearch.micro import MICRO_ALIAS, resolve_alias
+    from hindsearch.models import resolve_model
+    from hindsearch.models.micro import MICRO_ALIAS
 
     alias = base_cfg.model.name == MICRO_ALIAS
-    resolve_alias(base_cfg)  # the micro model is built (cached) before the warm-up
+    resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
     init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
@@ -327,9 +323,9 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
         run_train(None, resume=rd)
     elif state == "new":
         run_train(cfg)
-    from hindsearch.micro import resolve_alias
+    from hindsearch.models import resolve_model
 
-    sets = eval_sets(resolve_alias(Config.load(config, base_ov)), mini, test_limit, mini_limit or cfg.eval.limit)
+    sets = eval_sets(resolve_model(Config.load(config, base_ov)), mini, test_limit, mini_limit or cfg.eval.limit)
     numbers = evaluate_run(rd, cfg, sets)
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers,
            "step_s": median_step_time(rd), "init_model": init, "train_seconds": time.time() - t0}

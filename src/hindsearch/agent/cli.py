@@ -83,8 +83,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
-    from hindsearch.models import load_policy
-    from hindsearch.retrieval.factory import load_index, load_retriever
+    from hindsearch.models import load_policy, resolve_model
+    from hindsearch.retrieval.factory import load_index
+    from hindsearch.setup import open_retriever, resolve_data
 
     out = Path(args.out)
     if out.exists() and not out.is_dir():
@@ -101,6 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.retriever_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retriever_url)}"]
     cfg = Config.load(args.config, overrides)
+    resolve_model(cfg)  # e.g. --config configs/micro.toml: model.name "micro" is its world's micro model
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]
@@ -113,14 +115,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.index:
         retriever = load_index(args.index)
     elif cfg.retrieval.kind == "remote" or cfg.retrieval.index_dir:
-        retriever = load_retriever(cfg.retrieval)
-    else:
-        from hindsearch.data.world import ensure_world_for
-        from hindsearch.retrieval.factory import ensure_index
-
-        world = Path(ensure_world_for(cfg.data))
-        retriever = load_retriever(cfg.retrieval, ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}",
-                                                               kind=cfg.retrieval.kind))
+        retriever = open_retriever(cfg, {"index_dir": cfg.retrieval.index_dir})
+    else:  # the world's index, built when missing, as train resolves it
+        retriever = open_retriever(cfg, resolve_data(cfg))
     model, tok = load_policy(cfg.model)
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
     res = evaluate(engine, datasets, out_dir=args.out, batch_size=args.batch_size or cfg.eval.batch_size,

@@ -37,19 +37,13 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result."""
     from dataclasses import replace
 
-    from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
-    from hindsearch.micro import resolve_alias
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.train.run import load_records, resolve_data
+    from hindsearch.setup import eval_engine, prepare
     from hindsearch.train.warmup import ensure_warmup, select_records
 
-    resolve_alias(cfg)
-    paths = resolve_data(cfg)
-    train, _ = load_records(cfg, paths)
-    retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+    setup = prepare(cfg)
+    train, retriever = setup.train, setup.retriever
     if checkpoint is None:
         model, tok = load_policy(cfg.model)
         if cfg.warmup.enabled:
@@ -58,8 +52,7 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
             checkpoint = cfg.model.name
     model, tok = load_policy(replace(cfg.model, name=str(checkpoint), gguf_file=None))
     model.eval()
-    engine = RolloutEngine(model, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
-                           backend=HFBackend(model, tok))
+    engine = eval_engine(cfg, model, tok, retriever)
     recs = select_records(train, questions, cfg.train.seed + 7)
     import torch
 

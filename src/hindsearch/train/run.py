@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config import Config, ConfigError
+from hindsearch.setup import eval_engine, prepare
 
 STAGES = ("base", "warmup", "rl")
 STAGE_NAMES = {"base": "base model", "warmup": "after warm-up", "rl": "after RL"}
@@ -86,41 +87,6 @@ def build_judge(cfg: Config) -> Any:
 
 
 # ---------------------------------------------------------------- data
-def resolve_data(cfg: Config) -> dict[str, Any]:
-    """Paths of train/dev data and the index; builds the world and its index on first use."""
-    world = None
-    needs_index = cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None
-    if cfg.data.train is None or cfg.data.dev is None or needs_index:
-        from hindsearch.data.world import ensure_world_for
-
-        world = Path(ensure_world_for(cfg.data))
-    index_dir = cfg.retrieval.index_dir
-    if needs_index:
-        from hindsearch.retrieval.factory import ensure_index
-
-        index_dir = ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind)
-    return {
-        "world": world,
-        "train": Path(cfg.data.train) if cfg.data.train else world / "train.jsonl",
-        "dev": Path(cfg.data.dev) if cfg.data.dev else world / "dev.jsonl",
-        "index_dir": index_dir,
-    }
-
-
-def load_records(cfg: Config, paths: dict[str, Any]) -> tuple[list[Any], list[Any]]:
-    from hindsearch.data.qa import load_qa
-
-    train = load_qa(paths["train"])
-    if cfg.data.max_train_questions:
-        train = train[: cfg.data.max_train_questions]
-    dev = load_qa(paths["dev"])
-    if cfg.train.eval_limit:
-        dev = dev[: cfg.train.eval_limit]
-    if not train:
-        raise ValueError(f"{paths['train']}: no training questions")
-    return train, dev
-
-
 # ---------------------------------------------------------------- trainer
 # GRPOConfig fields that our own keys set: a [train.trl] entry for one of them is overridden (with a warning).
 OWNED_GRPO_FIELDS = {
@@ -344,9 +310,9 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     if cfg is None:
         raise ValueError("run_train needs a config or a run folder to resume")
     preflight(cfg)
-    from hindsearch.micro import resolve_alias
+    from hindsearch.models import resolve_model
 
-    resolve_alias(cfg)  # model.name = "micro" -> the world's micro model folder (built and cached on first use)
+    resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
     run_dir = Path(resume) if resume is not None else Path(cfg.out)
     if run_dir.exists() and not run_dir.is_dir():
         raise NotADirectoryError(f"--out {run_dir}: is a file, not a run folder")
@@ -375,19 +341,15 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
         truncate_jsonl(run_dir / "dev_curve.jsonl", done)
         log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
 
-    from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.retrieval.factory import load_retriever
 
     from hindsearch.memory import StageMemory, format_memory_table
 
     mem = StageMemory()  # peak RSS and wall time per stage, into summary.json
     log(f"[1/5] data and index ({cfg.retrieval.kind})")
     with mem.stage("data"):
-        paths = resolve_data(cfg)
-        train_records, dev = load_records(cfg, paths)
-        retriever = load_retriever(cfg.retrieval, paths["index_dir"])
+        setup = prepare(cfg)
+        paths, train_records, dev, retriever = setup.paths, setup.train, setup.dev, setup.retriever
     log(f"      {len(train_records)} train questions ({paths['train']}), {len(dev)} dev ({paths['dev']})")
 
     log(f"[2/5] policy {cfg.model.name}")
@@ -397,8 +359,7 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
     timings: dict[str, float] = {}
 
     def make_engine(m: Any) -> Any:
-        return RolloutEngine(m, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
-                             backend=HFBackend(m, tok))
+        return eval_engine(cfg, m, tok, retriever)
 
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
 

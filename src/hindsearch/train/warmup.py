@@ -425,13 +425,19 @@ def cmd_sft(args: Any) -> int:
     from hindsearch.config import Config
 
     cfg = Config.load(args.config, args.set)
-    from hindsearch.micro import resolve_alias
+    from hindsearch.models import resolve_model
 
-    resolve_alias(cfg)  # model.name = "micro" -> the world's micro model folder
     demos = args.demos or cfg.warmup.demos
     if demos and not Path(demos).exists():
         raise FileNotFoundError(f"demonstrations file not found: {demos}")
-    records, retriever = ([], None) if demos else _train_data(cfg)
+    if demos:
+        resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder
+        records, retriever = [], None
+    else:
+        from hindsearch.setup import prepare
+
+        setup = prepare(cfg)  # model name, data, index and retriever, as every command resolves them
+        records, retriever = setup.train, setup.retriever
     from hindsearch.models import load_policy
 
     model, tokenizer = load_policy(cfg.model)
@@ -440,25 +446,3 @@ def cmd_sft(args: Any) -> int:
     print(f"warm-up: {info['num_demos']} demos, demo EM {c.get('em', 0):.3f} by hops {c.get('em_by_hops')}, "
           f"final loss {(info['sft']['loss'] or [float('nan')])[-1]:.3f}, {info['seconds']:.0f}s -> {args.out}")
     return 0
-
-
-def _train_data(cfg: Any) -> tuple[list[QARecord], Any]:
-    """Training records and retriever of a config (the world and its BM25 index built when missing)."""
-    from hindsearch.data.qa import load_qa
-
-    world = None
-    if cfg.data.train is None or (cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None):
-        from hindsearch.data.world import ensure_world_for
-
-        world = Path(ensure_world_for(cfg.data))
-    records = load_qa(cfg.data.train) if cfg.data.train else load_qa(world / "train.jsonl")
-    if cfg.data.max_train_questions:
-        records = records[: cfg.data.max_train_questions]
-    from hindsearch.retrieval.factory import ensure_index, load_retriever
-
-    index_dir = cfg.retrieval.index_dir
-    if index_dir is None and cfg.retrieval.kind != "remote":
-        assert world is not None
-        index_dir = ensure_index(world / "corpus.jsonl", world / f"index-{cfg.retrieval.kind}", kind=cfg.retrieval.kind,
-                                 encoder=cfg.retrieval.encoder)
-    return records, load_retriever(cfg.retrieval, index_dir)

@@ -36,7 +36,7 @@ warm-up the model repeats the question as its query in 90 of 100 dev questions a
 (one-hop 31.3, two-hop 1.9). Rows packing several short ``x x`` episodes did not work (copy accuracy at
 chance after 800 steps); one long episode per row does.
 
-The ``micro`` alias of ``model.name`` is resolved by ``resolve_alias(cfg)`` (world built when missing,
+The ``micro`` alias of ``model.name`` is resolved by ``hindsearch.models.resolve_model(cfg)`` (world built when missing,
 model cached under ``$HINDSEARCH_CACHE/models/micro-w<world seed>-<size>-s<seed>``).
 """
 
@@ -358,11 +358,3 @@ def micro_model_path(data_cfg: Any, seed: int = 0, spec: MicroSpec | None = None
     tq = getattr(data_cfg, "world_test_questions", None)
     name = f"micro-w{data_cfg.world_seed}-{size}{f'-t{tq}' if tq else ''}-s{seed}"
     return ensure_micro(world, cache_dir() / "models" / name, seed, spec)
-
-
-def resolve_alias(cfg: Any) -> Any:
-    """Replace ``model.name = "micro"`` by the built model's folder (in place); returns ``cfg``."""
-    if cfg.model.name == MICRO_ALIAS:
-        cfg.model.name = str(micro_model_path(cfg.data))
-        cfg.model.gguf_file = None
-    return cfg
