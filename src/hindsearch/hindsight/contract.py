@@ -40,7 +40,7 @@ class AuxContext:
     retriever: Any
     """A ``hindsearch.retrieval.base.Retriever`` (the one the rollouts used)."""
     rollout_engine: Any
-    """The ``hindsearch.agent.rollout.RolloutEngine`` the trainer uses (for matched completions)."""
+    """The ``hindsearch.agent.engine.RolloutEngine`` the trainer uses (for matched completions)."""
     config: Any
     """The resolved ``hindsearch.config.Config``."""
     step: int = 0
