@@ -22,3 +22,19 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny-random model's tokenizer (SmolLM2's); a test module may define its own ``tok``."""
+    from hindsearch.models import load_tokenizer
+
+    return load_tokenizer("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    """A tiny random Llama over ``tok``; a test module may define its own ``model``."""
+    from hindsearch.models import tiny_random_model
+
+    return tiny_random_model(tok)

@@ -7,19 +7,8 @@ import torch
 
 from hindsearch import compute
 from hindsearch.agent.backend import SamplingParams
-from hindsearch.models import load_tokenizer, tiny_random_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok)
 
 
 def test_left_pad_and_positions():

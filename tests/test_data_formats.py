@@ -5,24 +5,13 @@ absent, except under ``CI=true``, where a missing folder fails (CI must always r
 """
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from hindsearch.data.corpus import CorpusError, CorpusStats, read_corpus
 from hindsearch.data.qa import TYPE_HOPS, load_qa, row_to_record
 
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data"
-
-
-def shared(rel: str) -> Path:
-    path = SHARED / rel
-    if not path.exists():
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{path} is missing; CI must run the real-data tests")
-        pytest.skip(f"{path} not present (../shared/data)")
-    return path
+from shared_data import shared  # noqa: E402 - tests dir on sys.path
 
 
 # ---------------------------------------------------------------- {title: [sentences]} corpora

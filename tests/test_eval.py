@@ -11,7 +11,6 @@ from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import RolloutConfig
 from hindsearch.data.world import generate_world
 from hindsearch.eval import canonical, column_order, evaluate, read_done
-from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever
 from hindsearch.retrieval.server import BackgroundServer, create_app
@@ -30,16 +29,6 @@ def index_dir(world, tmp_path_factory):
     d = tmp_path_factory.mktemp("world") / "index-bm25"
     build_index(world.passages, d, kind="bm25", show_progress=False)
     return d
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok)
 
 
 class QuestionScript:

@@ -11,7 +11,7 @@ from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend, KVStore
 from hindsearch.config import RolloutConfig
 from hindsearch.config import ModelConfig
-from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
+from hindsearch.models import load_policy
 from hindsearch.records import Passage, QARecord, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
 
@@ -24,16 +24,6 @@ PASSAGES = [
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok)
 
 
 @pytest.fixture(scope="module")
