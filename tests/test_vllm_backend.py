@@ -29,7 +29,7 @@ from hindsearch.agent.vllm_backend import (
 from hindsearch.config import Config, RolloutConfig
 from hindsearch.records import QARecord
 from hindsearch.train import rollout_adapter as ra
-from test_rollout import Q1, Q2, ScriptHook, model, retriever, spans_of, tok  # noqa: F401 - fixtures (tests dir on sys.path)
+from test_rollout import Q1, Q2, ScriptHook, retriever, spans_of  # noqa: F401 - fixtures (tests dir on sys.path); tok, model: conftest
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
