@@ -50,7 +50,7 @@ def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
 
     from hindsearch.hindsight.terms import at, scatter
     from hindsearch.hindsight import losses
-    from hindsearch.train.trainer import completion_logits, selected_logits
+    from hindsearch.train.aux_loss import completion_logits, selected_logits
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

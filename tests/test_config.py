@@ -11,7 +11,8 @@ import torch
 from hindsearch import cli
 from hindsearch.config import Config, ConfigError
 from hindsearch.train.cli import find_config
-from hindsearch.train.run import format_table, grpo_args, preflight, summary_row, truncate_jsonl
+from hindsearch.train.grpo_config import grpo_args
+from hindsearch.train.run import format_table, preflight, summary_row, truncate_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.glob("*.toml"))

@@ -166,7 +166,7 @@ class NaNTerm(ProbeTerm):
 
 
 def test_non_finite_loss_stops_before_backward(world, tok, tmp_path):  # noqa: F811
-    from hindsearch.train.trainer import NonFiniteLoss
+    from hindsearch.train.aux_loss import NonFiniteLoss
 
     w, retriever = world
     cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.0"])

@@ -88,7 +88,7 @@ def _two_hop(w):
 # ------------------------------------------------------------------ action mask
 def test_action_mask_covers_exactly_the_action_openers(world, tok):
     from hindsearch.train.scripted import ScriptedSearcher
-    from hindsearch.train.warmup import tokenize_demo
+    from hindsearch.train.demos import tokenize_demo
 
     w, retriever = world
     demos = [tokenize_demo(tok, d) for d in ScriptedSearcher(retriever, topk=2, p_bridge=1.0).demos(_two_hop(w)[:6])]

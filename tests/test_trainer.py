@@ -480,7 +480,7 @@ def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
     """Ranks must run the same backwards (sharded LM head): the term norms are taken before the zero check."""
     import types
 
-    from hindsearch.train.trainer import sharded_training, update_shares
+    from hindsearch.train.aux_loss import sharded_training, update_shares
 
     h = torch.randn(2, 3, 4, requires_grad=True)
     calls = []

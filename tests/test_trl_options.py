@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from hindsearch.config import Config, ConfigError
-from hindsearch.train.run import GRPO_DEFAULTS, grpo_args
+from hindsearch.train.grpo_config import GRPO_DEFAULTS, grpo_args
 from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401 - fixtures
 
 import peft  # noqa: E402 - the dev extra installs it; a missing peft fails here instead of skipping

@@ -13,8 +13,8 @@ from hindsearch.config import Config
 from hindsearch.records import Passage, QARecord, Trajectory, make_contents
 from hindsearch.rewards import exact_match
 from hindsearch.train.scripted import ScriptedSearcher, find_in_docs, scripted_ceiling
-from hindsearch.train.warmup import (collate, ensure_warmup, load_demos, segments_from_text, sft, sft_loss,
-                                     tokenize_demo)
+from hindsearch.train.demos import load_demos, segments_from_text, tokenize_demo
+from hindsearch.train.warmup import collate, ensure_warmup, sft, sft_loss
 
 SYL = ["va", "ro", "kes", "tel", "dun", "mer", "zel", "os", "trik", "bal", "lor", "quen", "dri", "sa", "mon", "fe"]
 

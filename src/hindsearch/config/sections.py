@@ -193,7 +193,7 @@ class TrainConfig:
     ``save_total_limit``, ``push_to_hub`` / ``hub_model_id``. They replace our defaults (``report_to =
     "none"``, constant LR, ``save_total_limit = 2``, ...), but a field that one of our keys sets
     (``learning_rate`` from ``train.lr``, ``max_steps`` from ``train.steps``, ...; see
-    ``train.run.OWNED_GRPO_FIELDS``) keeps our key's value, with a warning. An unknown field name is a
+    ``train.grpo_config.OWNED_GRPO_FIELDS``) keeps our key's value, with a warning. An unknown field name is a
     config error."""
 
 

@@ -36,6 +36,7 @@ from typing import Any
 
 from hindsearch.config import Config, ConfigError
 from hindsearch.setup import eval_engine, prepare
+from hindsearch.train.grpo_config import grpo_args
 
 STAGES = ("base", "warmup", "rl")
 STAGE_NAMES = {"base": "base model", "warmup": "after warm-up", "rl": "after RL"}
@@ -86,77 +87,7 @@ def build_judge(cfg: Config) -> Any:
     return make_judge(h, model, tok)
 
 
-# ---------------------------------------------------------------- data
 # ---------------------------------------------------------------- trainer
-# GRPOConfig fields that our own keys set: a [train.trl] entry for one of them is overridden (with a warning).
-OWNED_GRPO_FIELDS = {
-    "output_dir": "out", "per_device_train_batch_size": "train.micro_batch_size",
-    "gradient_accumulation_steps": "train.micro_batch_size", "steps_per_generation": "train.micro_batch_size",
-    "num_generations": "rollout.num_generations", "max_completion_length": "rollout.max_total_tokens",
-    "temperature": "rollout.temperature", "top_p": "rollout.top_p", "learning_rate": "train.lr",
-    "beta": "train.kl_coef", "epsilon": "train.epsilon", "loss_type": "train.loss_type", "max_steps": "train.steps",
-    "save_steps": "train.save_steps", "seed": "train.seed", "use_cpu": "model.device", "bf16": "model.dtype",
-    "fp16": "model.dtype", "gradient_checkpointing": "train.gradient_checkpointing", "use_vllm": "rollout.backend",
-}
-# our defaults for GRPOConfig fields no key of ours sets; [train.trl] replaces them
-GRPO_DEFAULTS = {
-    "lr_scheduler_type": "constant", "save_total_limit": 2, "logging_steps": 1, "report_to": "none",
-    "vllm_mode": "colocate", "log_completions": False, "disable_tqdm": False,
-}
-
-
-def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> Any:
-    """``GRPOConfig`` from our config: one optimizer step per generation batch of
-    ``questions_per_step * num_generations`` rollouts (split evenly over processes).
-
-    Field values: ``GRPO_DEFAULTS``, replaced by ``[train.trl]``, replaced by the fields our keys set
-    (``OWNED_GRPO_FIELDS``; a differing ``[train.trl]`` value for one of them is warned about)."""
-    import warnings
-
-    from trl import GRPOConfig
-
-    g = cfg.rollout.num_generations
-    total = cfg.train.questions_per_step * g
-    if total % num_processes:
-        raise ConfigError(f"train.questions_per_step * rollout.num_generations = {total} must be divisible by the "
-                          f"number of processes ({num_processes})")
-    from hindsearch.models import resolve_device
-
-    on_cpu = resolve_device(cfg.model.device).type == "cpu"
-    per_device = total // num_processes
-    micro = cfg.train.micro_batch_size or per_device  # rollouts per forward/backward
-    if per_device % micro:
-        raise ConfigError(f"train.micro_batch_size = {micro} must divide the rollouts per process ({per_device})")
-    ours = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=micro,
-        gradient_accumulation_steps=per_device // micro,
-        steps_per_generation=per_device // micro,
-        num_generations=g,
-        max_completion_length=cfg.rollout.max_total_tokens,
-        temperature=cfg.rollout.temperature if cfg.rollout.temperature > 0 else 1.0,
-        top_p=cfg.rollout.top_p,
-        learning_rate=cfg.train.lr,
-        beta=cfg.train.kl_coef,
-        epsilon=cfg.train.epsilon,
-        loss_type=cfg.train.loss_type,
-        max_steps=cfg.train.steps,
-        save_steps=cfg.train.save_steps,
-        seed=cfg.train.seed,
-        use_cpu=on_cpu,
-        bf16=cfg.model.dtype == "bfloat16" and not on_cpu,
-        fp16=cfg.model.dtype == "float16" and not on_cpu,
-        gradient_checkpointing=cfg.train.gradient_checkpointing,
-        use_vllm=cfg.rollout.backend == "vllm",
-    )
-    for k, v in cfg.train.trl.items():
-        if k in ours and v != ours[k]:
-            warnings.warn(f"train.trl.{k} = {v!r} is ignored: {OWNED_GRPO_FIELDS.get(k, 'our config')} sets "
-                          f"{k} = {ours[k]!r}", stacklevel=2)
-    kw = {**GRPO_DEFAULTS, "dataloader_pin_memory": not on_cpu, **cfg.train.trl, **ours}
-    return GRPOConfig(**kw)
-
-
 def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
     """TRL builds its reference model from ``config._name_or_path``: give in-memory models a folder."""
     p = getattr(model.config, "_name_or_path", "") or ""
@@ -410,7 +341,7 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
             trainer.add_callback(release_memory_callback())
             if cfg.train.eval_steps > 0 and not distributed:
                 trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
-            from hindsearch.train.trainer import NonFiniteLoss
+            from hindsearch.train.aux_loss import NonFiniteLoss
 
             try:
                 trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)

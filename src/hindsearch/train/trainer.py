@@ -64,6 +64,8 @@ from trl import GRPOTrainer
 
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
+from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, selected_logits,
+                                       sharded_training, term_inputs, update_shares)
 from hindsearch.train import vllm_glue as vg
 from hindsearch.train.callbacks import (
     EMAUpdate,
@@ -74,81 +76,6 @@ from hindsearch.train.callbacks import (
     summed_over_processes,
 )
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
-
-AUX_PREFIX = "aux:"
-
-
-class NonFiniteLoss(RuntimeError):
-    """The training loss became NaN/inf; raised before backward so the weights are still the last good ones."""
-
-
-def aux_key(term: str, key: str) -> str:
-    """Inputs-dict key of a term tensor: ``aux:<term>:<key>``."""
-    return f"{AUX_PREFIX}{term}:{key}"
-
-
-def term_inputs(inputs: dict[str, Any], term: str) -> dict[str, torch.Tensor]:
-    """The tensors a term returned from ``prepare`` (keys as it named them), sliced like ``inputs``."""
-    pre = f"{AUX_PREFIX}{term}:"
-    return {k[len(pre) :]: v for k, v in inputs.items() if k.startswith(pre)}
-
-
-def completion_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int) -> torch.Tensor:
-    """Logits predicting the completion tokens from the backbone's last hidden state (every position).
-
-    ``hidden``: [B, P + C, H] for ``input_ids = [prompt (left-padded, P), completion (C)]``;
-    returns [B, C, V] with ``out[:, t]`` predicting ``completion_ids[:, t]`` (positions ``P-1 .. P+C-2``).
-    The trainer does not use it (see ``selected_logits``); kept as the reference the tests compare with.
-    """
-    return lm_head(hidden[:, -completion_len - 1 : -1, :])
-
-
-def selected_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int,
-                    positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Logits at the selected completion positions only: ``(logits [N, V], idx [N, 2])``.
-
-    ``positions``: bool ``[B, C]`` (the union of what the terms distil); ``idx`` holds its ``(row, t)`` pairs in
-    row-major order and ``logits[n]`` predicts ``completion_ids[idx[n, 0], idx[n, 1]]``. The head runs on the
-    ``N`` gathered hidden states, so memory is ``N * V`` in the model's dtype instead of ``B * C * V``.
-    """
-    idx = positions.nonzero()  # [N, 2]
-    h = hidden[:, -completion_len - 1 : -1, :]
-    return lm_head(h[idx[:, 0], idx[:, 1]]), idx
-
-
-def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.Tensor]],
-                  hidden: Sequence[torch.Tensor]) -> dict[str, float]:
-    """Each term's share of the update: ``|d(lam L_k)/dh| / |d L_GRPO/dh|`` at the last hidden states ``h``.
-
-    ``hidden``: the backbone outputs ``[B, P + C, H]`` of the forward both losses were computed from
-    (TRL 1.16's fused LM head never builds the GRPO logits, so the last common node is the hidden
-    state, not the logits). Only the head and the losses are differentiated (``retain_graph``), not the
-    backbone. Nothing is returned when GRPO's gradient is 0 (every group with equal rewards).
-    """
-    hs = [h for h in hidden if h.requires_grad]
-    if not hs or not grpo_loss.requires_grad:
-        return {}
-
-    def gnorm(x: torch.Tensor) -> float:
-        if not x.requires_grad:
-            return 0.0
-        gs = torch.autograd.grad(x, hs, retain_graph=True, allow_unused=True)
-        return float(torch.sqrt(sum((g.float().pow(2).sum() for g in gs if g is not None), torch.tensor(0.0))))
-
-    # Every norm first, then the division: an early return on one rank's zero GRPO gradient would make
-    # ranks run different numbers of backwards through a sharded LM head (ZeRO-3 / FSDP) and hang.
-    base = gnorm(grpo_loss)
-    norms = {name: gnorm(x) for name, x in weighted}
-    return {name: v / base for name, v in norms.items()} if base > 0.0 else {}
-
-
-def sharded_training(trainer: Any) -> bool:
-    """True when the policy's parameters are sharded across processes (DeepSpeed ZeRO-3 or FSDP)."""
-    if getattr(trainer, "is_fsdp_enabled", False):
-        return True
-    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
-    return bool(getattr(trainer, "is_deepspeed_enabled", False) and plugin is not None and plugin.zero_stage == 3)
-
 
 class HindsearchGRPOTrainer(GRPOTrainer):
     """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms)."""
