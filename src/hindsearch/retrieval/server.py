@@ -137,26 +137,28 @@ def _trim_memory() -> None:
         pass
 
 
-def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None,
-               docs: bool = False) -> FastAPI:
-    """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
-    limits = (limits or ServerLimits()).validate()
-    if not 0 < default_topk <= limits.max_topk:
-        raise ValueError(f"--topk {default_topk} must be in 1..{limits.max_topk} (--max-topk)")
-    if docs:
-        app = FastAPI(title="hindsearch retrieval server")
-    else:
-        app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
-    slots = asyncio.Semaphore(limits.max_inflight)
-    big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
-    state = {"pending": 0}
+class _RetrieveService:
+    """What ``create_app``'s routes share: the retriever, the limits, the admission gates and the
+    count of requests in progress (one instance per app; its methods are the route handlers)."""
 
-    @app.get("/health")
-    def health() -> dict:
-        n = len(retriever) if hasattr(retriever, "__len__") else None
-        return {"status": "ok", "n_docs": n, "default_topk": default_topk, **asdict(limits), **(info or {})}
+    def __init__(self, retriever: Retriever, default_topk: int, limits: ServerLimits, info: dict | None) -> None:
+        self.retriever = retriever
+        self.default_topk = default_topk
+        self.limits = limits
+        self.info = info
+        self.slots = asyncio.Semaphore(limits.max_inflight)
+        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
+        self.pending = 0
 
-    async def read_body(request: Request) -> bytes | JSONResponse:
+    # health and retrieve are the route handlers: no docstrings, as FastAPI would publish them in /openapi.json
+
+    def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
+        n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
+        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits), **(self.info or {})}
+
+    async def read_body(self, request: Request) -> bytes | JSONResponse:
+        """The request body, or a 413/408 error response (too large, or not received in time)."""
+        limits = self.limits
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return _error(413, f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
@@ -172,14 +174,15 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
-    def work(body: bytes) -> bytes | JSONResponse:
+    def work(self, body: bytes) -> bytes | JSONResponse:
+        """Parse and answer one body (runs in the thread pool): the JSON bytes, or an error response."""
         hits = 0
         try:
-            queries, topk, scores = parse_request(body, default_topk, limits)
+            queries, topk, scores = parse_request(body, self.default_topk, self.limits)
             hits = len(queries) * topk
-            if isinstance(retriever, IndexedRetriever):
-                return render_ids(retriever, queries, topk, scores)
-            return JSONResponse(format_result(retriever.retrieve(queries, topk), scores))
+            if isinstance(self.retriever, IndexedRetriever):
+                return render_ids(self.retriever, queries, topk, scores)
+            return JSONResponse(format_result(self.retriever.retrieve(queries, topk), scores))
         except BadRequest as e:
             return _error(e.status, str(e))
         except Exception as e:  # a retriever bug must not take the server down
@@ -188,28 +191,36 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
             if len(body) > 1 << 20 or hits > 4096:
                 _trim_memory()
 
-    @app.post("/retrieve")
-    async def retrieve(request: Request) -> Response:
-        if state["pending"] >= limits.max_inflight + limits.max_pending:
-            return _error(503, f"server busy: {state['pending']} requests in progress; retry later")
-        state["pending"] += 1
+    async def acquire_gates(self, body_size: int) -> list[asyncio.Semaphore] | None:
+        """Wait (at most ``queue_timeout_s``) for a retrieval slot, and for the big-body slot when the
+        body is over 1 MiB: the gates now held, or None (none held) on a timeout."""
+        gates = [self.big_slot, self.slots] if body_size > 1 << 20 else [self.slots]
+        held = []
         try:
-            body = await read_body(request)
+            async with asyncio.timeout(self.limits.queue_timeout_s):
+                for gate in gates:
+                    await gate.acquire()
+                    held.append(gate)
+        except TimeoutError:
+            for gate in held:
+                gate.release()
+            return None
+        return held
+
+    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: admit (503 when full), read, wait, retrieve
+        limits = self.limits
+        if self.pending >= limits.max_inflight + limits.max_pending:
+            return _error(503, f"server busy: {self.pending} requests in progress; retry later")
+        self.pending += 1
+        try:
+            body = await self.read_body(request)
             if isinstance(body, Response):
                 return body
-            gates = [big_slot, slots] if len(body) > 1 << 20 else [slots]
-            held = []
-            try:
-                async with asyncio.timeout(limits.queue_timeout_s):
-                    for gate in gates:
-                        await gate.acquire()
-                        held.append(gate)
-            except TimeoutError:
-                for gate in held:
-                    gate.release()
+            held = await self.acquire_gates(len(body))
+            if held is None:
                 return _error(503, f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later")
             try:
-                out = await run_in_threadpool(work, body)
+                out = await run_in_threadpool(self.work, body)
             finally:
                 for gate in held:
                     gate.release()
@@ -218,8 +229,22 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
             log.info("client %s disconnected before its request was read", request.client)
             return Response(status_code=400)
         finally:
-            state["pending"] -= 1
+            self.pending -= 1
 
+
+def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None,
+               docs: bool = False) -> FastAPI:
+    """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
+    limits = (limits or ServerLimits()).validate()
+    if not 0 < default_topk <= limits.max_topk:
+        raise ValueError(f"--topk {default_topk} must be in 1..{limits.max_topk} (--max-topk)")
+    if docs:
+        app = FastAPI(title="hindsearch retrieval server")
+    else:
+        app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
+    service = _RetrieveService(retriever, default_topk, limits, info)
+    app.get("/health")(service.health)
+    app.post("/retrieve")(service.retrieve)
     return app
 
 
