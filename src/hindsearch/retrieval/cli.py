@@ -99,6 +99,14 @@ def add_faiss_flags(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    """Add ``index``, ``search`` and ``serve`` to ``sub``."""
+    register_index(sub)
+    register_search(sub)
+    register_serve(sub)
+
+
+def register_index(sub: argparse._SubParsersAction) -> None:
+    """``hindsearch index``: build an index folder from a corpus (or import a prebuilt FAISS file)."""
     p = sub.add_parser("index", help="build a BM25 or dense index from a corpus",
                        description="Build a BM25 or dense index folder from a corpus file (.jsonl, .jsonl.gz or .json). "
                                    "An existing --out is replaced only when it is an index folder or empty.")
@@ -120,6 +128,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, default=64, help="dense: passages per encoder batch")
     p.set_defaults(func=cmd_index)
 
+
+def register_search(sub: argparse._SubParsersAction) -> None:
+    """``hindsearch search``: print the top-k passages for queries (local index or a server)."""
     p = sub.add_parser("search", help="print the top-k passages for queries",
                        description="Print the top-k passages for each query, from an index folder, a prebuilt FAISS file "
                                    "with its corpus, or a retrieval server.")
@@ -133,6 +144,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=positive_float, default=10.0, help="seconds to wait for the server (--url)")
     p.set_defaults(func=cmd_search)
 
+
+def register_serve(sub: argparse._SubParsersAction) -> None:
+    """``hindsearch serve``: serve an index over HTTP; every ``ServerLimits`` bound is a flag (its default the default)."""
     lim = ServerLimits()
     p = sub.add_parser(
         "serve", help="serve an index over HTTP (Search-R1 /retrieve API)",
