@@ -63,6 +63,91 @@ def scatter(v: torch.Tensor, idx: torch.Tensor, shape: tuple[int, int]) -> torch
     return out.index_put((idx[:, 0].to(v.device), idx[:, 1].to(v.device)), v)
 
 
+def _hind_tensors(B: int, T: int, k: int) -> dict[str, torch.Tensor]:
+    """``HindSearchTerm``'s zero term tensors: mask and teacher log-probs ``[B, T]``, plus the teacher's
+    top-``k`` ids and log-probs ``[B, T, k]`` when the divergence needs them (``k > 0``)."""
+    tens = {"hind_mask": torch.zeros(B, T), "hind_lT": torch.zeros(B, T)}
+    if k:
+        tens["hind_topk_ids"] = torch.zeros(B, T, k, dtype=torch.long)
+        tens["hind_topk_logp"] = torch.zeros(B, T, k)
+    return tens
+
+
+def _hind_metrics(B: int, failed: list[int], elig: list[int], judge: Any, neutral_control: bool) -> dict[str, float]:
+    """``HindSearchTerm``'s metrics before any judge call: the failed/eligible counts, every other one at 0."""
+    met: dict[str, float] = {
+        "failed_frac": len(failed) / max(B, 1), "failed": float(len(failed)), "eligible": float(len(elig)),
+        "judge_kind_oracle": float(judge.kind == "oracle"), "critiques": 0.0, "redactions": 0.0,
+        "degenerate": 0.0, "judge_errors": 0.0, "judge_time": 0.0, "teacher_time": 0.0, "distill_tokens": 0.0,
+        "action_tokens": 0.0,
+    }
+    if neutral_control:
+        met["critique_minus_neutral"] = 0.0
+        met["frac_critique_above_neutral"] = 0.0
+    return met
+
+
+def _critique(judge: Any, trajectories: list[Trajectory], elig: list[int], met: dict[str, float],
+              samples: list[dict[str, Any]]) -> list[Any]:
+    """The judge's critiques of the rows ``elig`` (one per row, in order); counts redactions, degenerate
+    critiques, judge errors and the judge time into ``met`` and records each critique in ``samples``."""
+    t0 = time.perf_counter()
+    crits = judge.critique([trajectories[i] for i in elig])
+    if elig:
+        met["judge_time"] = time.perf_counter() - t0
+    for i, cr in zip(elig, crits):
+        met["redactions"] += cr.redactions
+        met["degenerate"] += float(cr.degenerate and cr.error is None)
+        met["judge_errors"] += float(cr.error is not None)
+        samples[i] = {"judge_kind": judge.kind, "critique": cr.text, "critique_raw": cr.raw,
+                      "critique_usable": cr.usable, "redactions": cr.redactions, "judge_error": cr.error,
+                      "judge_truncation": cr.truncation}
+    return crits
+
+
+@dataclasses.dataclass
+class _TeacherRows:
+    """The teacher's log-probs for the rows ``use`` (row ``j`` of each tensor is trajectory ``use[j]``), scored on
+    ``comps[j]``: ``lT`` of the sampled tokens, the top-k ids/log-probs (None without top-k) and the neutral-critique
+    control ``lN`` (None without ``neutral_control``)."""
+
+    use: list[int]
+    comps: list[list[int]]
+    lT: torch.Tensor
+    top_ids: torch.Tensor | None
+    top_lp: torch.Tensor | None
+    lN: torch.Tensor | None
+
+
+def _write_rows(rows: _TeacherRows, trajectories: list[Trajectory], masks: dict[int, list[int]], tokenizer: Any,
+                tens: dict[str, torch.Tensor], met: dict[str, float], samples: list[dict[str, Any]]) -> None:
+    """Write the teacher's rows into the term tensors, count the distilled and action tokens into ``met``,
+    record each row's distilled tokens (and its critique-minus-neutral gaps) in ``samples``, and summarise
+    the gaps over every row."""
+    gaps = []
+    for j, i in enumerate(rows.use):
+        tr, n = trajectories[i], len(rows.comps[j])
+        m = torch.tensor(masks[i][:n], dtype=torch.float)
+        tens["hind_mask"][i, :n] = m
+        tens["hind_lT"][i, :n] = rows.lT[j, :n]
+        if rows.top_ids is not None and rows.top_lp is not None:
+            tens["hind_topk_ids"][i, :n] = rows.top_ids[j, :n]
+            tens["hind_topk_logp"][i, :n] = rows.top_lp[j, :n]
+        on = m.bool()
+        met["distill_tokens"] += float(on.sum())
+        met["action_tokens"] += float((on & ~torch.tensor(tr.query_mask[:n], dtype=torch.bool)).sum())
+        samples[i]["distill_tokens"] = [tokenizer.decode([tr.completion_ids[t]]) for t in range(n) if on[t]]
+        samples[i]["lT"] = [round(float(x), 4) for x in rows.lT[j, :n][on]]
+        if rows.lN is not None:
+            g = (rows.lT[j, :n] - rows.lN[j, :n])[on]
+            gaps.append(g)
+            samples[i]["lT_minus_neutral"] = [round(float(x), 4) for x in g]
+    if gaps and sum(g.numel() for g in gaps):
+        g = torch.cat(gaps)
+        met["critique_minus_neutral"] = float(g.mean())
+        met["frac_critique_above_neutral"] = float((g > 1e-4).float().mean())
+
+
 class HindSearchTerm:
     """HindSearch: critique-conditioned self-distillation on the search tokens of failed rollouts."""
 
@@ -87,41 +172,22 @@ class HindSearchTerm:
         return self._judge
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
+        """Judge the failed rollouts with a distillable token, score the usable critiques' teacher log-probs
+        on those tokens, and lay them out as ``[B, T]`` term tensors with metrics and per-row samples."""
         c, B, T = self.cfg, len(trajectories), completion_len
         k = c.topk if losses.divergence(c.divergence).needs_topk else 0
-        tens = {"hind_mask": torch.zeros(B, T), "hind_lT": torch.zeros(B, T)}
-        if k:
-            tens["hind_topk_ids"] = torch.zeros(B, T, k, dtype=torch.long)
-            tens["hind_topk_logp"] = torch.zeros(B, T, k)
+        tens = _hind_tensors(B, T, k)
         judge = self.judge(ctx)
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
         masks = {i: distill_mask(trajectories[i], ctx.tokenizer, c.distill_on)[:T] for i in failed}
         elig = [i for i in failed if any(masks[i])]
-        met: dict[str, float] = {
-            "failed_frac": len(failed) / max(B, 1), "failed": float(len(failed)), "eligible": float(len(elig)),
-            "judge_kind_oracle": float(judge.kind == "oracle"), "critiques": 0.0, "redactions": 0.0,
-            "degenerate": 0.0, "judge_errors": 0.0, "judge_time": 0.0, "teacher_time": 0.0, "distill_tokens": 0.0,
-            "action_tokens": 0.0,
-        }
-        if c.neutral_control:
-            met["critique_minus_neutral"] = 0.0
-            met["frac_critique_above_neutral"] = 0.0
+        met = _hind_metrics(B, failed, elig, judge, c.neutral_control)
         samples: list[dict[str, Any]] = [{} for _ in trajectories]
         synced = sync.active()  # several processes: every rank reaches the judge and teacher regions, even idle
         if not elig and not synced:
             return AuxBatch(tens, met, samples)
-        t0 = time.perf_counter()
-        crits = judge.critique([trajectories[i] for i in elig])
-        if elig:
-            met["judge_time"] = time.perf_counter() - t0
+        crits = _critique(judge, trajectories, elig, met, samples)
         use = [i for i, cr in zip(elig, crits) if cr.usable]
-        for i, cr in zip(elig, crits):
-            met["redactions"] += cr.redactions
-            met["degenerate"] += float(cr.degenerate and cr.error is None)
-            met["judge_errors"] += float(cr.error is not None)
-            samples[i] = {"judge_kind": judge.kind, "critique": cr.text, "critique_raw": cr.raw,
-                          "critique_usable": cr.usable, "redactions": cr.redactions, "judge_error": cr.error,
-                          "judge_truncation": cr.truncation}
         met["critiques"] = float(len(use))
         if not use and not synced:
             return AuxBatch(tens, met, samples)
@@ -137,28 +203,8 @@ class HindSearchTerm:
             lN = teacher_token_logprobs(teacher, neutral, comps)[0]
         if use:
             met["teacher_time"] = time.perf_counter() - t0
-        gaps = []
-        for j, i in enumerate(use):
-            tr, n = trajectories[i], len(comps[j])
-            m = torch.tensor(masks[i][:n], dtype=torch.float)
-            tens["hind_mask"][i, :n] = m
-            tens["hind_lT"][i, :n] = lT[j, :n]
-            if k:
-                tens["hind_topk_ids"][i, :n] = top_ids[j, :n]
-                tens["hind_topk_logp"][i, :n] = top_lp[j, :n]
-            on = m.bool()
-            met["distill_tokens"] += float(on.sum())
-            met["action_tokens"] += float((on & ~torch.tensor(tr.query_mask[:n], dtype=torch.bool)).sum())
-            samples[i]["distill_tokens"] = [ctx.tokenizer.decode([tr.completion_ids[t]]) for t in range(n) if on[t]]
-            samples[i]["lT"] = [round(float(x), 4) for x in lT[j, :n][on]]
-            if lN is not None:
-                g = (lT[j, :n] - lN[j, :n])[on]
-                gaps.append(g)
-                samples[i]["lT_minus_neutral"] = [round(float(x), 4) for x in g]
-        if gaps and sum(g.numel() for g in gaps):
-            g = torch.cat(gaps)
-            met["critique_minus_neutral"] = float(g.mean())
-            met["frac_critique_above_neutral"] = float((g > 1e-4).float().mean())
+        rows = _TeacherRows(use, comps, lT, top_ids if k else None, top_lp if k else None, lN)
+        _write_rows(rows, trajectories, masks, ctx.tokenizer, tens, met, samples)
         return AuxBatch(tens, met, samples)
 
     def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
