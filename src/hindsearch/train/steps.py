@@ -41,23 +41,9 @@ class _Batches(torch.utils.data.Dataset):
         return self.make(i)
 
 
-def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
-              optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int, desc: str,
-              progress: bool = True, metrics_path: str | Path | None = None,
-              callbacks: Sequence[Any] = (), release_memory: bool = True) -> dict[str, Any]:
-    """Train ``model`` in place for ``n_steps`` optimizer steps with transformers' ``Trainer``.
-
-    ``make_batch(i)``: step ``i``'s batch (any object; tensors in a dict are moved to the device).
-    ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per part;
-    returns the step's loss (detached). ``release_memory``: hand freed heap pages back to the kernel after every
-    step (``hindsearch.memory.release_memory_callback``; for big models, where a step's activations are GBs).
-    Returns ``{"loss": [per step], "steps", "seconds"}``.
-    """
-    from transformers import PrinterCallback, ProgressCallback, Trainer, TrainerCallback, TrainingArguments
-
-    from hindsearch.memory import release_memory_callback
-
-    losses: list[float] = []
+def _step_trainer(step_fn: StepFn, losses: list[float]) -> type:
+    """A ``Trainer`` subclass whose ``training_step`` runs ``step_fn`` and appends each step's loss to ``losses``."""
+    from transformers import Trainer
 
     class StepTrainer(Trainer):
         def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: D401 - Trainer hook
@@ -66,6 +52,13 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
             loss = step_fn(model, inputs, self.accelerator.backward).detach()
             losses.append(float(loss))
             return loss
+
+    return StepTrainer
+
+
+def _progress_bar(desc: str) -> Any:
+    """The Trainer's progress bar labelled ``desc``, the step loss as postfix, and no log dict printed per step."""
+    from transformers import ProgressCallback
 
     class Bar(ProgressCallback):
         """The Trainer's bar with our label, the step loss as postfix, and no log dict printed per step."""
@@ -81,6 +74,14 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
             if self.training_bar is not None and logs and "loss" in logs:
                 self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}", refresh=False)
 
+    return Bar()
+
+
+def _metrics_writer(metrics_path: str | Path | None) -> Any:
+    """A callback appending one JSON row per logged step (step, loss, lr, grad norm, seconds since it was made)
+    to ``metrics_path`` (nothing when None)."""
+    from transformers import TrainerCallback
+
     class Metrics(TrainerCallback):
         def __init__(self) -> None:
             self.t0 = time.time()
@@ -93,25 +94,53 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
             with Path(metrics_path).open("a") as f:
                 f.write(json.dumps(row) + "\n")
 
+    return Metrics()
+
+
+def _training_args(output_dir: str, n_steps: int, seed: int, max_grad_norm: float, on_cpu: bool) -> Any:
+    """``TrainingArguments`` for ``run_steps``: one item per step in order, a log row per step, no checkpoints."""
+    from transformers import TrainingArguments
+
+    return TrainingArguments(
+        output_dir=output_dir, per_device_train_batch_size=1, max_steps=n_steps, logging_steps=1, save_strategy="no",
+        report_to="none", seed=seed, data_seed=seed, max_grad_norm=max_grad_norm,
+        train_sampling_strategy="sequential", use_cpu=on_cpu, dataloader_pin_memory=False,
+        remove_unused_columns=False, disable_tqdm=True,
+    )
+
+
+def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
+              optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int, desc: str,
+              progress: bool = True, metrics_path: str | Path | None = None,
+              callbacks: Sequence[Any] = (), release_memory: bool = True) -> dict[str, Any]:
+    """Train ``model`` in place for ``n_steps`` optimizer steps with transformers' ``Trainer``.
+
+    ``make_batch(i)``: step ``i``'s batch (any object; tensors in a dict are moved to the device).
+    ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per part;
+    returns the step's loss (detached). ``release_memory``: hand freed heap pages back to the kernel after every
+    step (``hindsearch.memory.release_memory_callback``; for big models, where a step's activations are GBs).
+    Returns ``{"loss": [per step], "steps", "seconds"}``.
+    """
+    from transformers import PrinterCallback, ProgressCallback
+
+    from hindsearch.memory import release_memory_callback
+
+    losses: list[float] = []
     if metrics_path is not None:
         Path(metrics_path).unlink(missing_ok=True)
     on_cpu = next(model.parameters()).device.type == "cpu"
     t0 = time.time()
     with tempfile.TemporaryDirectory(prefix="hindsearch-steps-") as tmp:
-        args = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=1, max_steps=n_steps, logging_steps=1, save_strategy="no",
-            report_to="none", seed=seed, data_seed=seed, max_grad_norm=max_grad_norm,
-            train_sampling_strategy="sequential", use_cpu=on_cpu, dataloader_pin_memory=False,
-            remove_unused_columns=False, disable_tqdm=True,
-        )
-        trainer = StepTrainer(model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
-                              data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
-                              callbacks=[Metrics(), *([release_memory_callback()] if release_memory else []),
-                                         *callbacks])
+        args = _training_args(tmp, n_steps, seed, max_grad_norm, on_cpu)
+        trainer = _step_trainer(step_fn, losses)(
+            model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
+            data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
+            callbacks=[_metrics_writer(metrics_path), *([release_memory_callback()] if release_memory else []),
+                       *callbacks])
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         if progress:
-            trainer.add_callback(Bar())
+            trainer.add_callback(_progress_bar(desc))
         trainer.train()
         del trainer
         gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected
