@@ -49,9 +49,12 @@ import shutil
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hindsearch.agent import protocol
+
+if TYPE_CHECKING:
+    import torch
 
 PROTOCOL_TAGS = ("<search>", "</search>", "<answer>", "</answer>", "<information>", "</information>",
                  "<think>", "</think>")
@@ -225,33 +228,12 @@ def copy_accuracy(model: Any, pool: "torch.Tensor", seq_len: int = 64, n: int = 
     return float((pred[on] == target[on]).float().mean())
 
 
-def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0,
-             progress: bool = True) -> dict[str, Any]:
-    """Pretrain ``model`` in place with transformers' ``Trainer`` (``hindsearch.train.steps``): AdamW
-    (weight decay 0.01 on every parameter), linear warm-up over 10% of the steps then cosine,
-    gradient norm clipped to 1, ``spec.pretrain_steps`` steps.
-
-    Each batch holds ``round(pretrain_copy_frac * batch)`` synthetic copy rows (``copy_rows`` over
-    the tokens that occur in ``texts``) and packed rows of ``texts`` (causal LM, all tokens); the loss is
-    the two forwards' means weighted by their share of the batch. The batches are drawn up front from one
-    seeded generator. Returns ``{"loss": [per step], "copy_acc_before", "copy_acc_after",
-    "copy_acc_curve": [[step, acc], ...]}``.
-    """
-    from functools import partial
-
+def _pretrain_batches(data: torch.Tensor, pool: torch.Tensor, spec: MicroSpec, n_text: int, n_copy: int,
+                      seed: int) -> list[dict[str, torch.Tensor]]:
+    """Every step's batch, drawn up front from one generator seeded ``seed``: ``n_text`` packed rows of
+    ``data`` (``"text"``) then ``n_copy`` copy rows over ``pool`` (``"copy_ids"``, ``"copy_labels"``), per step."""
     import torch
-    from transformers import TrainerCallback
 
-    from hindsearch.train.steps import run_steps, warmup_cosine
-
-    if not 0.0 <= spec.pretrain_copy_frac <= 1.0:
-        raise ValueError(f"MicroSpec.pretrain_copy_frac must be in [0, 1], got {spec.pretrain_copy_frac}")
-    data = pack([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], spec.pretrain_seq_len,
-                tokenizer.eos_token_id)  # [N, S]
-    pool = torch.unique(data)  # [P] token ids of the world's text
-    B = spec.pretrain_batch_size
-    n_copy = round(spec.pretrain_copy_frac * B)
-    n_text = B - n_copy
     g = torch.Generator().manual_seed(seed)
     batches: list[dict[str, torch.Tensor]] = []
     for _ in range(spec.pretrain_steps):  # the draws in the order the hand-written loop made them
@@ -261,10 +243,15 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
         if n_copy:
             batch["copy_ids"], batch["copy_labels"] = copy_rows(pool, n_copy, spec.pretrain_seq_len, g)  # [B_copy, S']
         batches.append(batch)
-    opt = torch.optim.AdamW(model.parameters(), lr=spec.pretrain_lr, weight_decay=0.01)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, n_warm=max(1, spec.pretrain_steps // 10),
-                                                           total=spec.pretrain_steps))
-    acc_before = copy_accuracy(model, pool, spec.pretrain_seq_len)
+    return batches
+
+
+def _mixed_step(spec: MicroSpec, n_text: int, n_copy: int) -> Any:
+    """The ``run_steps`` step function: the text and copy forwards' mean losses weighted by their share of
+    the batch, one backward; a non-finite loss raises ``FloatingPointError`` naming the step."""
+    import torch
+
+    B = n_text + n_copy
     steps_done = [0]
 
     def step(model: Any, batch: dict[str, torch.Tensor], backward: Any) -> torch.Tensor:
@@ -280,7 +267,14 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
         backward(loss)
         return loss.detach()
 
-    curve: list[list[float]] = []  # [step, copy accuracy]: every `every` steps and the last
+    return step
+
+
+def _copy_curve(model: Any, pool: torch.Tensor, spec: MicroSpec, curve: list[list[float]]) -> Any:
+    """A ``TrainerCallback`` appending ``[step, copy accuracy]`` to ``curve`` every ``pretrain_steps // 8``
+    steps (at least every step) and at the last step."""
+    from transformers import TrainerCallback
+
     every = max(1, spec.pretrain_steps // 8)
 
     class CopyCurve(TrainerCallback):
@@ -290,8 +284,44 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
                 curve.append([state.global_step, copy_accuracy(model, pool, spec.pretrain_seq_len)])
                 model.train()
 
-    out = run_steps(model, spec.pretrain_steps, batches.__getitem__, step, opt, sched, max_grad_norm=1.0, seed=seed,
-                    desc="micro pretrain", progress=progress, callbacks=[CopyCurve()],
+    return CopyCurve()
+
+
+def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed: int = 0,
+             progress: bool = True) -> dict[str, Any]:
+    """Pretrain ``model`` in place with transformers' ``Trainer`` (``hindsearch.train.steps``): AdamW
+    (weight decay 0.01 on every parameter), linear warm-up over 10% of the steps then cosine,
+    gradient norm clipped to 1, ``spec.pretrain_steps`` steps.
+
+    Each batch holds ``round(pretrain_copy_frac * batch)`` synthetic copy rows (``copy_rows`` over
+    the tokens that occur in ``texts``) and packed rows of ``texts`` (causal LM, all tokens); the loss is
+    the two forwards' means weighted by their share of the batch. The batches are drawn up front from one
+    seeded generator. Returns ``{"loss": [per step], "copy_acc_before", "copy_acc_after",
+    "copy_acc_curve": [[step, acc], ...]}``.
+    """
+    from functools import partial
+
+    import torch
+
+    from hindsearch.train.steps import run_steps, warmup_cosine
+
+    if not 0.0 <= spec.pretrain_copy_frac <= 1.0:
+        raise ValueError(f"MicroSpec.pretrain_copy_frac must be in [0, 1], got {spec.pretrain_copy_frac}")
+    data = pack([tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts], spec.pretrain_seq_len,
+                tokenizer.eos_token_id)  # [N, S]
+    pool = torch.unique(data)  # [P] token ids of the world's text
+    B = spec.pretrain_batch_size
+    n_copy = round(spec.pretrain_copy_frac * B)
+    n_text = B - n_copy
+    batches = _pretrain_batches(data, pool, spec, n_text, n_copy, seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=spec.pretrain_lr, weight_decay=0.01)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, n_warm=max(1, spec.pretrain_steps // 10),
+                                                           total=spec.pretrain_steps))
+    acc_before = copy_accuracy(model, pool, spec.pretrain_seq_len)
+    curve: list[list[float]] = []  # [step, copy accuracy]: every `every` steps and the last
+    out = run_steps(model, spec.pretrain_steps, batches.__getitem__, _mixed_step(spec, n_text, n_copy), opt, sched,
+                    max_grad_norm=1.0, seed=seed, desc="micro pretrain", progress=progress,
+                    callbacks=[_copy_curve(model, pool, spec, curve)],
                     release_memory=False)  # a few-MB model: nothing to hand back
     return {"loss": out["loss"], "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
