@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -152,6 +152,37 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
     return out
 
 
+def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: int | None, mini_limit: int | None,
+                    probe: int, log: Any) -> str | None:
+    """Every run's initial model (the shared warm-up, else the micro model, else None: the preset's), once the micro
+    model is built, the evaluation sets load (the mini index built) and, with ``probe``, the start is probed."""
+    from hindsearch.models import resolve_model
+    from hindsearch.models.micro import MICRO_ALIAS
+
+    alias = base_cfg.model.name == MICRO_ALIAS
+    resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
+    init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
+    eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
+    if probe > 0 and not (out_dir / "probe.json").exists():
+        from hindsearch.train.probe_cli import probe_checkpoint
+
+        probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
+    return init
+
+
+def _runs_to_do(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], log: Any) -> Iterator[tuple[str, int, Path, str]]:
+    """``(method, seed, run dir, run_state)`` of each unfinished run in order, its state read when its turn comes
+    (a finished run is logged as skipped)."""
+    for m in methods:
+        for s in seeds:
+            rd = out_dir / run_name(m, s)
+            state = run_state(rd)
+            if state == "done":
+                log(f"{rd.name}: finished, skipped")
+                continue
+            yield m, s, rd, state
+
+
 def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: str | Path, steps: int | None = None,
                 overrides: Sequence[str] = (), mini: str | None = None, test_limit: int | None = None,
                 mini_limit: int | None = None, log: Any = print, isolate: bool = True, jobs: int = 1,
@@ -177,50 +208,28 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     (out_dir / "compare.json").write_text(json.dumps(
         {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
-    from hindsearch.models import resolve_model
-    from hindsearch.models.micro import MICRO_ALIAS
-
-    alias = base_cfg.model.name == MICRO_ALIAS
-    resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
-    init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
-    eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
-    if probe > 0 and not (out_dir / "probe.json").exists():
-        from hindsearch.train.probe_cli import probe_checkpoint
-
-        probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
+    init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log)
     if isolate and jobs > 1:
-        pending = []
-        for m in methods:
-            for s in seeds:
-                rd = out_dir / run_name(m, s)
-                if run_state(rd) == "done":
-                    log(f"{rd.name}: finished, skipped")
-                    continue
-                pending.append(((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit), rd.name))
+        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit), rd.name)
+                   for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
         failed = run_parallel(pending, jobs, log=log)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
                                f"finished runs are kept.")
         return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
-    for m in methods:
-        for s in seeds:
-            rd = out_dir / run_name(m, s)
-            state = run_state(rd)
-            if state == "done":
-                log(f"{rd.name}: finished, skipped")
-                continue
-            cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
-            log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
-                f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
-            job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit)
-            if isolate:
-                code = run_isolated(_one_run, job, rd.name)
-                if code != 0:
-                    raise RuntimeError(f"{rd.name} failed (exit code {code}; its traceback is printed above). "
-                                       f"Rerun the same command to resume: finished runs are kept.")
-            else:
-                _one_run(*job)
-            write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
+    for m, s, rd, state in _runs_to_do(out_dir, methods, seeds, log):
+        cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
+        log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
+            f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
+        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit)
+        if isolate:
+            code = run_isolated(_one_run, job, rd.name)
+            if code != 0:
+                raise RuntimeError(f"{rd.name} failed (exit code {code}; its traceback is printed above). "
+                                   f"Rerun the same command to resume: finished runs are kept.")
+        else:
+            _one_run(*job)
+        write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
 
 
