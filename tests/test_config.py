@@ -12,7 +12,8 @@ from hindsearch import cli
 from hindsearch.config import Config, ConfigError
 from hindsearch.train.cli import find_config
 from hindsearch.train.grpo_config import grpo_args
-from hindsearch.train.run import format_table, preflight, summary_row, truncate_jsonl
+from hindsearch.train.dev_eval import format_table, summary_row
+from hindsearch.train.run import preflight, truncate_jsonl
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(CONFIGS.glob("*.toml"))

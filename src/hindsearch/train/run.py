@@ -36,10 +36,9 @@ from typing import Any
 
 from hindsearch.config import Config, ConfigError
 from hindsearch.setup import eval_engine, prepare
+from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
 from hindsearch.train.grpo_config import grpo_args
 
-STAGES = ("base", "warmup", "rl")
-STAGE_NAMES = {"base": "base model", "warmup": "after warm-up", "rl": "after RL"}
 
 
 # ---------------------------------------------------------------- validation (no model loads)
@@ -163,71 +162,6 @@ def truncate_jsonl(path: Path, max_step: int) -> int:
     return len(rows) - len(keep)
 
 
-# ---------------------------------------------------------------- evaluation + table
-def evaluate_dev(engine: Any, dev: list[Any], out_dir: Path, cfg: Config) -> dict[str, Any]:
-    from hindsearch.eval import evaluate
-
-    engine.model.eval()
-    return evaluate(engine, {"dev": dev}, out_dir=out_dir, batch_size=cfg.eval.batch_size, greedy=cfg.eval.greedy,
-                    seed=cfg.eval.seed)
-
-
-def dev_curve_callback(cfg: Config, trainer: Any, make_engine: Any, dev: list[Any], run_dir: Path) -> Any:
-    """A ``TrainerCallback`` that evaluates ``dev`` greedily every ``train.eval_steps`` steps.
-
-    One row per evaluation in ``RUN_DIR/dev_curve.jsonl``: ``{"step", "em", "em_1hop", "em_2hop",
-    "n", "searches", "validity", "time_s"}`` (the columns of the summary table). The policy is put back
-    in training mode afterwards; the evaluation's trajectories are not kept.
-    """
-    import tempfile
-
-    from transformers import TrainerCallback
-
-    class DevCurve(TrainerCallback):
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            step = state.global_step
-            if step % cfg.train.eval_steps or step >= cfg.train.steps:  # the final model gets the full 'rl' eval
-                return
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            t0 = time.time()
-            with tempfile.TemporaryDirectory() as tmp:
-                row = summary_row(evaluate_dev(make_engine(model), dev, Path(tmp), cfg))
-            model.train()
-            row = {"step": step, **row, "time_s": round(time.time() - t0, 2)}
-            with (run_dir / "dev_curve.jsonl").open("a") as f:
-                f.write(json.dumps(row) + "\n")
-
-    return DevCurve()
-
-
-def summary_row(res: dict[str, Any]) -> dict[str, Any]:
-    """EM overall / by hops, searches per question and validity rate from an ``evaluate`` result."""
-    r = res.get("dev", res) if isinstance(res, dict) else {}
-    if isinstance(r, dict) and "benchmarks" in res:
-        r = res["benchmarks"].get("dev", r)
-    from hindsearch.eval import bench_row
-
-    return bench_row(r) if isinstance(r, dict) else {}
-
-
-def format_table(rows: dict[str, dict[str, Any]]) -> str:
-    """Plain-text table of the stages that ran."""
-
-    def f(x: Any, pct: bool = True) -> str:
-        if x is None:
-            return "-"
-        return f"{100 * x:.1f}" if pct else f"{x:.2f}"
-
-    head = f"{'stage':<15}{'EM':>7}{'EM 1-hop':>10}{'EM 2-hop':>10}{'searches/q':>12}{'valid %':>9}{'n':>6}"
-    lines = [head, "-" * len(head)]
-    for stage in STAGES:
-        if stage in rows:
-            r = rows[stage]
-            lines.append(f"{STAGE_NAMES[stage]:<15}{f(r['em']):>7}{f(r['em_1hop']):>10}{f(r['em_2hop']):>10}"
-                         f"{f(r['searches'], False):>12}{f(r['validity']):>9}{r['n'] if r['n'] is not None else '-':>6}")
-    return "\n".join(lines)
-
-
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print) -> dict[str, Any]:
     """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``)."""
@@ -261,109 +195,156 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
 
 def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, t_start: float,
                 log: Any) -> dict[str, Any]:
+    done = _reset_logs(cfg, run_dir, resume, ckpt, log)
+    job = _Job(cfg, run_dir, log)
+    setup = job.data()
+    model = job.load()
+    job.dev_eval("base", model)
+    model = job.warmup(model, setup.retriever, setup.train)
+    ensure_on_disk(model, job.tok, run_dir / "init")
+    model = job.rl(model, setup, ckpt, done)
+    log("[5/5] dev evaluation after RL")
+    job.dev_eval("rl", model)
+    return job.finish(setup.paths, t_start)
+
+
+def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, log: Any) -> int:
+    """A new run starts with empty logs; a resumed one drops the rows past its checkpoint. Saves the resolved
+    config; returns the number of steps already done."""
     if resume is None:
         for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
             (run_dir / name).unlink(missing_ok=True)
     cfg.save(run_dir / "config.toml")
     done = checkpoint_step(ckpt) if ckpt else 0
     if ckpt is not None:
-        truncate_jsonl(run_dir / "metrics.jsonl", done)
-        truncate_jsonl(run_dir / "samples.jsonl", done)
-        truncate_jsonl(run_dir / "dev_curve.jsonl", done)
+        for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
+            truncate_jsonl(run_dir / name, done)
         log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
+    return done
 
-    from hindsearch.models import cache_dir, load_policy
 
-    from hindsearch.memory import StageMemory, format_memory_table
+class _Job:
+    """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
 
-    mem = StageMemory()  # peak RSS and wall time per stage, into summary.json
-    log(f"[1/5] data and index ({cfg.retrieval.kind})")
-    with mem.stage("data"):
-        setup = prepare(cfg)
-        paths, train_records, dev, retriever = setup.paths, setup.train, setup.dev, setup.retriever
-    log(f"      {len(train_records)} train questions ({paths['train']}), {len(dev)} dev ({paths['dev']})")
+    def __init__(self, cfg: Config, run_dir: Path, log: Any) -> None:
+        from hindsearch.memory import StageMemory
 
-    log(f"[2/5] policy {cfg.model.name}")
-    with mem.stage("load"):
-        model, tok = load_policy(cfg.model)
-    rows: dict[str, dict[str, Any]] = {}
-    timings: dict[str, float] = {}
+        self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        self.mem = StageMemory()
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.timings: dict[str, float] = {}
+        self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        self.tok: Any = None
+        self.retriever: Any = None
+        self.dev: list[Any] = []
 
-    def make_engine(m: Any) -> Any:
-        return eval_engine(cfg, m, tok, retriever)
+    def data(self) -> Any:
+        self.log(f"[1/5] data and index ({self.cfg.retrieval.kind})")
+        with self.mem.stage("data"):
+            setup = prepare(self.cfg)
+        self.retriever, self.dev = setup.retriever, setup.dev
+        self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
+                 f"{len(setup.dev)} dev ({setup.paths['dev']})")
+        return setup
 
-    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    def load(self) -> Any:
+        from hindsearch.models import load_policy
 
-    def dev_eval(stage: str, m: Any) -> None:
-        if distributed:  # sharded weights: evaluate the saved model with `hindsearch eval` instead
-            log(f"      (distributed run: dev evaluation '{stage}' skipped; run `hindsearch eval --model {run_dir}/final`)")
+        self.log(f"[2/5] policy {self.cfg.model.name}")
+        with self.mem.stage("load"):
+            model, self.tok = load_policy(self.cfg.model)
+        return model
+
+    def make_engine(self, m: Any) -> Any:
+        return eval_engine(self.cfg, m, self.tok, self.retriever)
+
+    def dev_eval(self, stage: str, m: Any) -> None:
+        if self.distributed:  # sharded weights: evaluate the saved model with `hindsearch eval` instead
+            self.log(f"      (distributed run: dev evaluation '{stage}' skipped; "
+                     f"run `hindsearch eval --model {self.run_dir}/final`)")
             return
         t0 = time.time()
-        with mem.stage(f"eval_{stage}"):
-            rows[stage] = summary_row(evaluate_dev(make_engine(m), dev, run_dir / "eval" / stage, cfg))
-        timings[f"eval_{stage}"] = time.time() - t0
-        log(f"      dev EM {STAGE_NAMES[stage]}: {rows[stage]['em']}")
+        with self.mem.stage(f"eval_{stage}"):
+            self.rows[stage] = summary_row(evaluate_dev(self.make_engine(m), self.dev,
+                                                        self.run_dir / "eval" / stage, self.cfg))
+        self.timings[f"eval_{stage}"] = time.time() - t0
+        self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
 
-    dev_eval("base", model)
-    if cfg.warmup.enabled:
-        log("[3/5] protocol warm-up (cached)")
+    def warmup(self, model: Any, retriever: Any, train_records: list[Any]) -> Any:
+        """The cached protocol warm-up; returns the policy reloaded from the warmed-up folder (or ``model``)."""
+        if not self.cfg.warmup.enabled:
+            self.log("[3/5] protocol warm-up disabled")
+            return model
+        from hindsearch.models import cache_dir, load_policy
         from hindsearch.train.warmup import ensure_warmup
 
+        self.log("[3/5] protocol warm-up (cached)")
         t0 = time.time()
-        with mem.stage("warmup"):
-            wdir = ensure_warmup(cfg, model, tok, retriever, train_records, cache_dir() / "warmup")
-            timings["warmup"] = time.time() - t0
+        with self.mem.stage("warmup"):
+            wdir = ensure_warmup(self.cfg, model, self.tok, retriever, train_records, cache_dir() / "warmup")
+            self.timings["warmup"] = time.time() - t0
             del model  # the SFT'd copy in memory: the policy is reloaded from the saved folder
             gc.collect()
-            model, tok = load_policy(replace(cfg.model, name=str(wdir), gguf_file=None))
-        log(f"      warmed-up checkpoint: {wdir}")
-        dev_eval("warmup", model)
-    else:
-        log("[3/5] protocol warm-up disabled")
-    ensure_on_disk(model, tok, run_dir / "init")
+            model, self.tok = load_policy(replace(self.cfg.model, name=str(wdir), gguf_file=None))
+        self.log(f"      warmed-up checkpoint: {wdir}")
+        self.dev_eval("warmup", model)
+        return model
 
-    log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
-        f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
-    t0 = time.time()
-    with mem.stage("rl"):
-        if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
-            final = run_dir / "final"
-            model, tok = load_policy(replace(cfg.model, name=str(final if final.is_dir() else ckpt), gguf_file=None))
-            log(f"      all {cfg.train.steps} steps already done; using {final if final.is_dir() else ckpt}")
-        elif cfg.train.steps > 0:
-            model.train()
-            trainer = build_trainer(cfg, model, tok, make_engine(model), retriever, train_records, run_dir)
-            from hindsearch.fsutil import atomic_checkpoints
+    def rl(self, model: Any, setup: Any, ckpt: Path | None, done: int) -> Any:
+        """``train.steps`` steps of the method (or the finished run's weights); returns the trained policy."""
+        cfg = self.cfg
+        self.log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
+                 f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
+        t0 = time.time()
+        with self.mem.stage("rl"):
+            if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
+                from hindsearch.models import load_policy
 
-            atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
-            from hindsearch.memory import release_memory_callback
+                final = self.run_dir / "final"
+                src = final if final.is_dir() else ckpt
+                model, self.tok = load_policy(replace(cfg.model, name=str(src), gguf_file=None))
+                self.log(f"      all {cfg.train.steps} steps already done; using {src}")
+            elif cfg.train.steps > 0:
+                model = self._train(model, setup, ckpt)
+        self.timings["rl"] = time.time() - t0
+        return model
 
-            trainer.add_callback(release_memory_callback())
-            if cfg.train.eval_steps > 0 and not distributed:
-                trainer.add_callback(dev_curve_callback(cfg, trainer, make_engine, dev, run_dir))
-            from hindsearch.train.aux_loss import NonFiniteLoss
+    def _train(self, model: Any, setup: Any, ckpt: Path | None) -> Any:
+        from hindsearch.fsutil import atomic_checkpoints
+        from hindsearch.memory import release_memory_callback
+        from hindsearch.train.aux_loss import NonFiniteLoss
 
-            try:
-                trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
-            except NonFiniteLoss as e:
-                trainer._save_checkpoint(trainer.model, trial=None)
-                raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
-                                   f"(lower train.lr or check the data)") from e
-            trainer.save_model(str(run_dir / "final"))
-            model = trainer.accelerator.unwrap_model(trainer.model)
-            del trainer  # its optimizer state (2x the trainable weights) is not needed by the last evaluation
-            gc.collect()
-    timings["rl"] = time.time() - t0
-    log("[5/5] dev evaluation after RL")
-    dev_eval("rl", model)
-    timings["total"] = time.time() - t_start
+        cfg, run_dir = self.cfg, self.run_dir
+        model.train()
+        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
+        atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
+        trainer.add_callback(release_memory_callback())
+        if cfg.train.eval_steps > 0 and not self.distributed:
+            trainer.add_callback(dev_curve_callback(cfg, trainer, self.make_engine, setup.dev, run_dir))
+        try:
+            trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
+        except NonFiniteLoss as e:
+            trainer._save_checkpoint(trainer.model, trial=None)
+            raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
+                               f"(lower train.lr or check the data)") from e
+        trainer.save_model(str(run_dir / "final"))
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        del trainer  # its optimizer state (2x the trainable weights) is not needed by the last evaluation
+        gc.collect()
+        return model
 
-    summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": rows,
-               "timings_s": timings, "memory": mem.summary(),
-               "paths": {k: str(v) for k, v in paths.items() if v is not None}}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    log("\n" + format_table(rows))
-    log("\n" + format_memory_table(summary["memory"]))
-    log(f"\noutputs: {run_dir}/ (config.toml, metrics.jsonl, samples.jsonl, checkpoints/, final/, eval/, "
-        f"summary.json); total {timings['total'] / 60:.1f} min")
-    return summary
+    def finish(self, paths: dict[str, Any], t_start: float) -> dict[str, Any]:
+        """Write ``summary.json``, print the EM and memory tables; returns the summary."""
+        from hindsearch.memory import format_memory_table
+
+        cfg, run_dir, log = self.cfg, self.run_dir, self.log
+        self.timings["total"] = time.time() - t_start
+        summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": self.rows,
+                   "timings_s": self.timings, "memory": self.mem.summary(),
+                   "paths": {k: str(v) for k, v in paths.items() if v is not None}}
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+        log("\n" + format_table(self.rows))
+        log("\n" + format_memory_table(summary["memory"]))
+        log(f"\noutputs: {run_dir}/ (config.toml, metrics.jsonl, samples.jsonl, checkpoints/, final/, eval/, "
+            f"summary.json); total {self.timings['total'] / 60:.1f} min")
+        return summary
