@@ -94,7 +94,11 @@ def child(args: argparse.Namespace) -> None:
                 trainer.args.disable_tqdm = True
                 with mem.stage(stage):
                     trainer.train()
+                logged = [r for r in trainer.state.log_history if "time/update" in r]
+                split = {k: round(sum(float(r[f"time/{k}"]) for r in logged), 2) for k in ("rollout", "update")}
     row = {"stage": stage, **mem.stages[stage], "process_peak_mb": round(hwm_mb(), 1)}
+    if stage == "grpo":
+        row.update({f"{k}_s": v for k, v in split.items()})
     print("ROW " + json.dumps(row), flush=True)
 
 
@@ -141,11 +145,11 @@ def main() -> None:
     print(f"\n{args.config} {' '.join(args.set)}{' --no-malloc-tune' if args.no_malloc_tune else ''}, "
           f"threads {args.threads}, sft {args.sft_steps} steps, grpo {args.grpo_steps} steps")
     print(f"| {'stage':6} | {'stage peak RSS MiB':>18} | {'process peak MiB':>16} | {'stage wall s':>12} | "
-          f"{'stage CPU s':>11} |")
-    print("|---|---:|---:|---:|---:|")
+          f"{'stage CPU s':>11} | {'GRPO rollout s':>14} | {'GRPO update s':>13} |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for r in rows:
         print(f"| {r['stage']:6} | {r['peak_rss_mb']:18.0f} | {r['process_peak_mb']:16.0f} | {r['seconds']:12.1f} | "
-              f"{r.get('cpu_seconds', 0.0):11.1f} |")
+              f"{r.get('cpu_seconds', 0.0):11.1f} | {r.get('rollout_s', '-'):>14} | {r.get('update_s', '-'):>13} |")
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 

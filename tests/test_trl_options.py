@@ -191,3 +191,54 @@ def test_lora_with_the_frozen_lm_judge_and_teacher(world, tok, tmp_path):  # noq
     with torch.no_grad():
         assert torch.allclose(frozen(input_ids=ids).logits, base_logits, atol=1e-5)
         assert not torch.allclose(policy(input_ids=ids).logits, base_logits, atol=1e-5)
+
+
+# ---------------------------------------------------------------- layer-wise activation checkpointing
+def test_checkpoint_every_n_layers_reaches_grpo_config_and_keeps_trl_kwargs(tmp_path):
+    on = ["train.gradient_checkpointing=true", "train.checkpoint_every_n_layers=2"]
+    args = grpo_args(Config.load(None, OVERRIDES + on), tmp_path)
+    assert args.gradient_checkpointing and args.gradient_checkpointing_kwargs == {"every_n_layers": 2}
+    # a [train.trl] dict keeps its other entries; a different every_n_layers there is overridden, with a warning
+    cfg = Config.load(None, OVERRIDES + on + ['train.trl.gradient_checkpointing_kwargs={"use_reentrant" = false, '
+                                             '"every_n_layers" = 3}'])
+    with pytest.warns(UserWarning, match=r"every_n_layers = 3 is ignored: train.checkpoint_every_n_layers"):
+        args = grpo_args(cfg, tmp_path)
+    assert args.gradient_checkpointing_kwargs == {"use_reentrant": False, "every_n_layers": 2}
+    # N = 1 (the default) and checkpointing off leave TRL's kwargs as they were
+    assert grpo_args(Config.load(None, OVERRIDES + ["train.gradient_checkpointing=true"]),
+                     tmp_path).gradient_checkpointing_kwargs in (None, {})
+    with pytest.raises(ConfigError, match="train.checkpoint_every_n_layers"):
+        Config.load(None, OVERRIDES + ["train.checkpoint_every_n_layers=0"]).validate()
+
+
+@pytest.mark.parametrize("method", ["grpo", "hindsearch+igsd"])
+def test_every_second_layer_checkpointed_through_trl_steps_with_unchanged_weights(method, world, tok,  # noqa: F811
+                                                                                 tmp_path):
+    """Two real GRPO steps with every 2nd of 4 layers checkpointed: TRL disables and re-enables checkpointing around
+    its no-grad forwards with ``args.gradient_checkpointing_kwargs`` (which held ``every_n_layers`` and made torch's
+    checkpoint raise); the same layers stay checkpointed, and the weights equal a run without checkpointing (a
+    checkpointed layer is recomputed exactly), with and without the hindsight terms (whose hidden-state capture sits
+    outside the checkpointed layers)."""
+    from hindsearch.models import tiny_random_model
+    from hindsearch.train.run import build_trainer, ensure_on_disk
+    from test_trainer import ScriptedEngine
+
+    w, retriever = world
+    weights = {}
+    for name, extra in (("plain", []), ("every2", ["train.gradient_checkpointing=true",
+                                                    "train.checkpoint_every_n_layers=2"])):
+        cfg = Config.load(None, OVERRIDES + [f'method="{method}"', "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
+                                             "igsd.max_positions_per_rollout=1", "igsd.max_query_tokens=4",
+                                             "igsd.n_controls=1"] + extra)
+        run = tmp_path / name
+        model = tiny_random_model(tok, seed=0, num_hidden_layers=4)
+        ensure_on_disk(model, tok, run / "init")
+        model.train()
+        trainer = build_trainer(cfg, model, tok, ScriptedEngine(model, tok, retriever, cfg.rollout), retriever,
+                                w.splits["train"][:4], run)
+        trainer.train()
+        flags = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in model.model.layers]
+        assert flags == ([False] * 4 if name == "plain" else [True, False, True, False]), (name, flags)
+        weights[name] = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for n, p in weights["plain"].items():
+        assert torch.allclose(p, weights["every2"][n], atol=1e-6), n

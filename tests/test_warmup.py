@@ -272,6 +272,33 @@ def test_micro_batches_give_the_same_training_and_trainer_metrics(world, tok, tm
     assert all(r["lr"] > 0 and r["grad_norm"] > 0 for r in rows)
 
 
+def test_checkpointed_warmup_trains_the_same_weights_and_keeps_the_cache_key(world, tok, tmp_path):
+    """warmup.gradient_checkpointing recomputes every N-th layer in the backward: the same weights as without it,
+    the layers are checkpointed only while SFT runs, and the warm-up cache key does not change (same weights)."""
+    from hindsearch.models import tiny_random_model
+    from hindsearch.train.warmup import warmup_key
+
+    _, recs, retriever = world
+    demos = [tokenize_demo(tok, t) for t in ScriptedSearcher(retriever, p_bridge=1.0).demos(recs[:4])]
+    plain, ckpt = (tiny_random_model(tok, seed=0, num_hidden_layers=4) for _ in range(2))
+    seen: list[list[bool]] = []
+    hook = ckpt.model.layers[0].register_forward_hook(
+        lambda *_: seen.append([bool(getattr(x, "gradient_checkpointing", False)) for x in ckpt.model.layers]))
+    a = sft(plain, tok, demos, epochs=1, lr=3e-3, batch_size=2, progress=False, micro_batch_size=1)
+    b = sft(ckpt, tok, demos, epochs=1, lr=3e-3, batch_size=2, progress=False, micro_batch_size=1,
+            checkpoint_every=2)
+    hook.remove()
+    assert seen and all(s == [True, False, True, False] for s in seen), seen[:2]
+    assert not any(getattr(x, "gradient_checkpointing", False) for x in ckpt.model.layers)  # off again after SFT
+    assert a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    for (n, p), q in zip(plain.named_parameters(), ckpt.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), n
+    base = ["model.name='tiny-random'", "warmup.num_demos=4"]
+    on = base + ["warmup.gradient_checkpointing=true", "warmup.checkpoint_every_n_layers=2"]
+    assert warmup_key(Config.load(None, base), recs) == warmup_key(Config.load(None, on), recs)
+    assert warmup_key(Config.load(None, base), recs) != warmup_key(Config.load(None, base + ["warmup.lr=1e-3"]), recs)
+
+
 def test_load_demos_roundtrip_and_errors(world, tok, tmp_path):
     _, recs, retriever = world
     texts = ScriptedSearcher(retriever, p_bridge=1.0).demos(recs[:4])

@@ -142,6 +142,11 @@ class WarmupConfig:
     micro_batch_size: int | None = bounded(None, gt=0)
     """Demonstrations per forward/backward during warm-up (gradient accumulation fills ``batch_size``; the same
     gradient as one pass, with the activations of fewer rows alive). None = the whole batch at once."""
+    gradient_checkpointing: bool = False
+    """Activation checkpointing during warm-up SFT (as ``train.gradient_checkpointing``; the same weights, less
+    memory, more compute). Not part of the warm-up's cache key."""
+    checkpoint_every_n_layers: int = bounded(1, gt=0)
+    """With ``gradient_checkpointing``: checkpoint every N-th decoder layer only (1 = all of them)."""
     p_feedback: float = bounded(0.0, ge=0.0, le=1.0)
     """Fraction of demonstrations whose prompt carries a critique that the demonstration follows (teaches reading hindsight)."""
     feedback_kinds: list[str] = choice(["critique"], FEEDBACK_KINDS)
@@ -173,7 +178,12 @@ class TrainConfig:
     save_steps: int = bounded(4, gt=0)
     """Checkpoint every N steps (and at the end)."""
     gradient_checkpointing: bool = False
-    """Trade compute for memory in the policy forward."""
+    """Trade compute for memory in the policy forward (activation checkpointing: the checkpointed decoder layers
+    keep only their inputs and are recomputed in the backward)."""
+    checkpoint_every_n_layers: int = bounded(1, gt=0)
+    """With ``gradient_checkpointing``: checkpoint every N-th decoder layer only (1 = all of them). Each
+    checkpointed layer gives back its activations for one more forward of that layer in the backward, so N = 2
+    saves about half the activation memory of N = 1 for about half its extra compute."""
     samples_per_step: int = bounded(4, ge=0)
     """Rollouts written to samples.jsonl per step."""
     eval_limit: int = bounded(50, ge=0)

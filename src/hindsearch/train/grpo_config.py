@@ -69,9 +69,39 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
         gradient_checkpointing=cfg.train.gradient_checkpointing,
         use_vllm=cfg.rollout.backend == "vllm",
     )
+    if cfg.train.gradient_checkpointing and cfg.train.checkpoint_every_n_layers > 1:
+        gc_kw = dict(cfg.train.trl.get("gradient_checkpointing_kwargs") or {})
+        if gc_kw.get("every_n_layers", cfg.train.checkpoint_every_n_layers) != cfg.train.checkpoint_every_n_layers:
+            warnings.warn(f"train.trl.gradient_checkpointing_kwargs.every_n_layers = {gc_kw['every_n_layers']!r} "
+                          f"is ignored: train.checkpoint_every_n_layers sets it to "
+                          f"{cfg.train.checkpoint_every_n_layers}", stacklevel=2)
+        ours["gradient_checkpointing_kwargs"] = {**gc_kw, "every_n_layers": cfg.train.checkpoint_every_n_layers}
     for k, v in cfg.train.trl.items():
-        if k in ours and v != ours[k]:
+        if k in ours and k != "gradient_checkpointing_kwargs" and v != ours[k]:
             warnings.warn(f"train.trl.{k} = {v!r} is ignored: {OWNED_GRPO_FIELDS.get(k, 'our config')} sets "
                           f"{k} = {ours[k]!r}", stacklevel=2)
     kw = {**GRPO_DEFAULTS, "dataloader_pin_memory": not on_cpu, **cfg.train.trl, **ours}
     return GRPOConfig(**kw)
+
+
+def route_every_n_layers(model: Any) -> None:
+    """Make ``model.gradient_checkpointing_enable(kwargs)`` honour ``kwargs["every_n_layers"]``.
+
+    transformers 5 takes ``every_n_layers`` as a keyword of ``gradient_checkpointing_enable`` and pops it from the
+    Trainer's ``gradient_checkpointing_kwargs`` itself; TRL 1.16's GRPO re-enables checkpointing after each no-grad
+    forward with ``gradient_checkpointing_enable(args.gradient_checkpointing_kwargs)``, which would hand the entry to
+    ``torch.utils.checkpoint`` ("Unexpected keyword arguments: every_n_layers"). The model instance's method is
+    wrapped (once) to move the entry to the keyword, so every enable call checkpoints the same layers."""
+    enable = model.gradient_checkpointing_enable
+    if getattr(enable, "_routes_every_n_layers", False):
+        return
+
+    def gradient_checkpointing_enable(gradient_checkpointing_kwargs: dict | None = None, **kwargs: Any) -> Any:
+        gc_kw = dict(gradient_checkpointing_kwargs or {})
+        n = gc_kw.pop("every_n_layers", None)
+        if n is not None:
+            kwargs.setdefault("every_n_layers", n)
+        return enable(gradient_checkpointing_kwargs=gc_kw or None, **kwargs)
+
+    gradient_checkpointing_enable._routes_every_n_layers = True  # type: ignore[attr-defined]
+    model.gradient_checkpointing_enable = gradient_checkpointing_enable

@@ -37,7 +37,7 @@ from typing import Any
 from hindsearch.config import Config, ConfigError
 from hindsearch.setup import eval_engine, prepare
 from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
-from hindsearch.train.grpo_config import grpo_args
+from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
 
 
@@ -117,6 +117,8 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever, rollout_engine=engine,
                      config=cfg, device=next(model.parameters()).device, ema=ema) if terms else None
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.train.gradient_checkpointing:
+        route_every_n_layers(model)
     trainer = HindsearchGRPOTrainer(
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
         tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,

@@ -19,7 +19,8 @@ import json
 import math
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,26 @@ def _training_args(output_dir: str, n_steps: int, seed: int, max_grad_norm: floa
         train_sampling_strategy="sequential", use_cpu=on_cpu, dataloader_pin_memory=False,
         remove_unused_columns=False, disable_tqdm=True,
     )
+
+
+@contextmanager
+def activation_checkpointing(model: Any, every_n_layers: int) -> Iterator[None]:
+    """Checkpoint every ``every_n_layers``-th decoder layer of ``model`` inside the block (0 = leave it as it is):
+    those layers keep only their inputs and run their forward again in the backward (the same gradients)."""
+    if not every_n_layers:
+        yield
+        return
+    kw = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)
+    if enable is not None:  # transformers >= 5.x
+        enable(activation_checkpointing_kwargs=kw, every_n_layers=every_n_layers)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    try:
+        yield
+    finally:
+        disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
+        disable()
 
 
 def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,

@@ -146,18 +146,19 @@ def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
 def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr: float, batch_size: int,
         seed: int = 0, warmup_frac: float = 0.1, max_grad_norm: float = 1.0, progress: bool = True,
         train_layers: int | None = None, micro_batch_size: int | None = None,
-        metrics_path: str | Path | None = None) -> dict[str, Any]:
+        metrics_path: str | Path | None = None, checkpoint_every: int = 0) -> dict[str, Any]:
     """Train ``model`` in place on tokenised demonstrations with transformers' ``Trainer``
     (``hindsearch.train.steps``): AdamW (no weight decay), linear warm-up over ``warmup_frac`` of the steps then
     cosine decay, gradient norm clipped to ``max_grad_norm``, the loss of ``sft_loss`` over each planned batch.
 
     ``train_layers``: train only the top N decoder layers (None = the whole model). ``micro_batch_size``: demos
     per forward/backward (None = the whole batch; the gradient is the same). ``metrics_path``: one JSONL row
-    per step. Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
+    per step. ``checkpoint_every``: activation checkpointing of every N-th decoder layer (0 = off; the same
+    weights). Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
     """
     from functools import partial
 
-    from hindsearch.train.steps import run_steps, warmup_cosine
+    from hindsearch.train.steps import activation_checkpointing, run_steps, warmup_cosine
 
     if not demos:
         raise ValueError("warm-up has no demonstrations to train on")
@@ -176,9 +177,10 @@ def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr
         return {"input_ids": ids, "attention_mask": att, "labels": lab}
 
     try:
-        out = run_steps(model, total, make_batch, partial(sft_step, micro_batch_size=micro_batch_size), opt, sched,
-                        max_grad_norm=max_grad_norm, seed=seed, desc="warm-up SFT", progress=progress,
-                        metrics_path=metrics_path)
+        with activation_checkpointing(model, checkpoint_every):
+            out = run_steps(model, total, make_batch, partial(sft_step, micro_batch_size=micro_batch_size), opt,
+                            sched, max_grad_norm=max_grad_norm, seed=seed, desc="warm-up SFT", progress=progress,
+                            metrics_path=metrics_path)
     finally:
         if train_layers is not None:
             model.requires_grad_(True)
@@ -237,7 +239,8 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
             f.write(json.dumps(t.to_dict()) + "\n")
     curve = sft(model, tokenizer, demos, epochs=w.epochs, lr=w.lr, batch_size=w.batch_size,
                 seed=cfg.train.seed, progress=progress, train_layers=w.train_layers,
-                micro_batch_size=w.micro_batch_size, metrics_path=out / "metrics.jsonl")
+                micro_batch_size=w.micro_batch_size, metrics_path=out / "metrics.jsonl",
+                checkpoint_every=w.checkpoint_every_n_layers if w.gradient_checkpointing else 0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     info.update(model=cfg.model.name, warmup=asdict(w), sft=curve, seconds=time.time() - t0)
@@ -258,6 +261,10 @@ def model_fingerprint(name: str) -> str | None:
     return hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16]
 
 
+# warm-up fields that change memory and time but not the trained weights: not part of the cache key
+MEMORY_ONLY = ("gradient_checkpointing", "checkpoint_every_n_layers")
+
+
 def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Path | None = None) -> str:
     """Cache key: hash of (model, warm-up config, rollout budget, retrieval, seed, data)."""
     h = hashlib.sha256()
@@ -265,7 +272,7 @@ def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Pa
     parts = {
         "version": CACHE_VERSION,
         "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype, model_fingerprint(cfg.model.name)],
-        "warmup": asdict(cfg.warmup),
+        "warmup": {k: v for k, v in asdict(cfg.warmup).items() if k not in MEMORY_ONLY},
         "rollout": [cfg.rollout.max_turns, cfg.rollout.max_total_tokens],
         "retrieval": [cfg.retrieval.kind, cfg.retrieval.index_dir, cfg.retrieval.url, cfg.retrieval.topk,
                       cfg.retrieval.encoder],
