@@ -48,6 +48,7 @@ def child(args: argparse.Namespace) -> None:
 
     cfg = Config.load(args.config, args.set)
     mem = StageMemory()
+    split: dict[str, float] = {}  # grpo: rollout and update seconds from the trainer's log
     stage = args.child
     if stage == "load":
         with mem.stage(stage):
@@ -95,10 +96,8 @@ def child(args: argparse.Namespace) -> None:
                 with mem.stage(stage):
                     trainer.train()
                 logged = [r for r in trainer.state.log_history if "time/update" in r]
-                split = {k: round(sum(float(r[f"time/{k}"]) for r in logged), 2) for k in ("rollout", "update")}
-    row = {"stage": stage, **mem.stages[stage], "process_peak_mb": round(hwm_mb(), 1)}
-    if stage == "grpo":
-        row.update({f"{k}_s": v for k, v in split.items()})
+                split = {f"{k}_s": round(sum(float(r[f"time/{k}"]) for r in logged), 2) for k in ("rollout", "update")}
+    row = {"stage": stage, **mem.stages[stage], "process_peak_mb": round(hwm_mb(), 1), **split}
     print("ROW " + json.dumps(row), flush=True)
 
 

@@ -69,18 +69,18 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
         gradient_checkpointing=cfg.train.gradient_checkpointing,
         use_vllm=cfg.rollout.backend == "vllm",
     )
-    if cfg.train.gradient_checkpointing and cfg.train.checkpoint_every_n_layers > 1:
-        gc_kw = dict(cfg.train.trl.get("gradient_checkpointing_kwargs") or {})
-        if gc_kw.get("every_n_layers", cfg.train.checkpoint_every_n_layers) != cfg.train.checkpoint_every_n_layers:
-            warnings.warn(f"train.trl.gradient_checkpointing_kwargs.every_n_layers = {gc_kw['every_n_layers']!r} "
-                          f"is ignored: train.checkpoint_every_n_layers sets it to "
-                          f"{cfg.train.checkpoint_every_n_layers}", stacklevel=2)
-        ours["gradient_checkpointing_kwargs"] = {**gc_kw, "every_n_layers": cfg.train.checkpoint_every_n_layers}
     for k, v in cfg.train.trl.items():
-        if k in ours and k != "gradient_checkpointing_kwargs" and v != ours[k]:
+        if k in ours and v != ours[k]:
             warnings.warn(f"train.trl.{k} = {v!r} is ignored: {OWNED_GRPO_FIELDS.get(k, 'our config')} sets "
                           f"{k} = {ours[k]!r}", stacklevel=2)
     kw = {**GRPO_DEFAULTS, "dataloader_pin_memory": not on_cpu, **cfg.train.trl, **ours}
+    n = cfg.train.checkpoint_every_n_layers
+    if cfg.train.gradient_checkpointing and n > 1:  # one entry of the dict: [train.trl]'s other entries stay
+        gc_kw = dict(kw.get("gradient_checkpointing_kwargs") or {})
+        if gc_kw.get("every_n_layers", n) != n:
+            warnings.warn(f"train.trl.gradient_checkpointing_kwargs.every_n_layers = {gc_kw['every_n_layers']!r} "
+                          f"is ignored: train.checkpoint_every_n_layers sets it to {n}", stacklevel=2)
+        kw["gradient_checkpointing_kwargs"] = {**gc_kw, "every_n_layers": n}
     return GRPOConfig(**kw)
 
 

@@ -199,27 +199,30 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
                 log: Any) -> dict[str, Any]:
     done = _reset_logs(cfg, run_dir, resume, ckpt, log)
     job = _Job(cfg, run_dir, log)
-    setup = job.data()
+    job.data()
     model = job.load()
     job.dev_eval("base", model)
-    model = job.warmup(model, setup.retriever, setup.train)
+    model = job.warmup(model)
     ensure_on_disk(model, job.tok, run_dir / "init")
-    model = job.rl(model, setup, ckpt, done)
+    model = job.rl(model, ckpt, done)
     log("[5/5] dev evaluation after RL")
     job.dev_eval("rl", model)
-    return job.finish(setup.paths, t_start)
+    return job.finish(t_start)
+
+
+STEP_LOGS = ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl")  # a run folder's per-step JSONL logs
 
 
 def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, log: Any) -> int:
     """A new run starts with empty logs; a resumed one drops the rows past its checkpoint. Saves the resolved
     config; returns the number of steps already done."""
     if resume is None:
-        for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
+        for name in STEP_LOGS:
             (run_dir / name).unlink(missing_ok=True)
     cfg.save(run_dir / "config.toml")
     done = checkpoint_step(ckpt) if ckpt else 0
     if ckpt is not None:
-        for name in ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl"):
+        for name in STEP_LOGS:
             truncate_jsonl(run_dir / name, done)
         log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
     return done
@@ -237,17 +240,14 @@ class _Job:
         self.timings: dict[str, float] = {}
         self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         self.tok: Any = None
-        self.retriever: Any = None
-        self.dev: list[Any] = []
+        self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
 
-    def data(self) -> Any:
+    def data(self) -> None:
         self.log(f"[1/5] data and index ({self.cfg.retrieval.kind})")
         with self.mem.stage("data"):
-            setup = prepare(self.cfg)
-        self.retriever, self.dev = setup.retriever, setup.dev
+            self.setup = setup = prepare(self.cfg)
         self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
                  f"{len(setup.dev)} dev ({setup.paths['dev']})")
-        return setup
 
     def load(self) -> Any:
         from hindsearch.models import load_policy
@@ -258,7 +258,7 @@ class _Job:
         return model
 
     def make_engine(self, m: Any) -> Any:
-        return eval_engine(self.cfg, m, self.tok, self.retriever)
+        return eval_engine(self.cfg, m, self.tok, self.setup.retriever)
 
     def dev_eval(self, stage: str, m: Any) -> None:
         if self.distributed:  # sharded weights: evaluate the saved model with `hindsearch eval` instead
@@ -267,12 +267,12 @@ class _Job:
             return
         t0 = time.time()
         with self.mem.stage(f"eval_{stage}"):
-            self.rows[stage] = summary_row(evaluate_dev(self.make_engine(m), self.dev,
+            self.rows[stage] = summary_row(evaluate_dev(self.make_engine(m), self.setup.dev,
                                                         self.run_dir / "eval" / stage, self.cfg))
         self.timings[f"eval_{stage}"] = time.time() - t0
         self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
 
-    def warmup(self, model: Any, retriever: Any, train_records: list[Any]) -> Any:
+    def warmup(self, model: Any) -> Any:
         """The cached protocol warm-up; returns the policy reloaded from the warmed-up folder (or ``model``)."""
         if not self.cfg.warmup.enabled:
             self.log("[3/5] protocol warm-up disabled")
@@ -283,7 +283,8 @@ class _Job:
         self.log("[3/5] protocol warm-up (cached)")
         t0 = time.time()
         with self.mem.stage("warmup"):
-            wdir = ensure_warmup(self.cfg, model, self.tok, retriever, train_records, cache_dir() / "warmup")
+            wdir = ensure_warmup(self.cfg, model, self.tok, self.setup.retriever, self.setup.train,
+                                 cache_dir() / "warmup")
             self.timings["warmup"] = time.time() - t0
             del model  # the SFT'd copy in memory: the policy is reloaded from the saved folder
             gc.collect()
@@ -292,7 +293,7 @@ class _Job:
         self.dev_eval("warmup", model)
         return model
 
-    def rl(self, model: Any, setup: Any, ckpt: Path | None, done: int) -> Any:
+    def rl(self, model: Any, ckpt: Path | None, done: int) -> Any:
         """``train.steps`` steps of the method (or the finished run's weights); returns the trained policy."""
         cfg = self.cfg
         self.log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
@@ -307,16 +308,16 @@ class _Job:
                 model, self.tok = load_policy(replace(cfg.model, name=str(src), gguf_file=None))
                 self.log(f"      all {cfg.train.steps} steps already done; using {src}")
             elif cfg.train.steps > 0:
-                model = self._train(model, setup, ckpt)
+                model = self._train(model, ckpt)
         self.timings["rl"] = time.time() - t0
         return model
 
-    def _train(self, model: Any, setup: Any, ckpt: Path | None) -> Any:
+    def _train(self, model: Any, ckpt: Path | None) -> Any:
         from hindsearch.fsutil import atomic_checkpoints
         from hindsearch.memory import release_memory_callback
         from hindsearch.train.aux_loss import NonFiniteLoss
 
-        cfg, run_dir = self.cfg, self.run_dir
+        cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
         atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
@@ -335,7 +336,7 @@ class _Job:
         gc.collect()
         return model
 
-    def finish(self, paths: dict[str, Any], t_start: float) -> dict[str, Any]:
+    def finish(self, t_start: float) -> dict[str, Any]:
         """Write ``summary.json``, print the EM and memory tables; returns the summary."""
         from hindsearch.memory import format_memory_table
 
@@ -343,7 +344,7 @@ class _Job:
         self.timings["total"] = time.time() - t_start
         summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": self.rows,
                    "timings_s": self.timings, "memory": self.mem.summary(),
-                   "paths": {k: str(v) for k, v in paths.items() if v is not None}}
+                   "paths": {k: str(v) for k, v in self.setup.paths.items() if v is not None}}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         log("\n" + format_table(self.rows))
         log("\n" + format_memory_table(summary["memory"]))

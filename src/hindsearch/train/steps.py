@@ -117,17 +117,12 @@ def activation_checkpointing(model: Any, every_n_layers: int) -> Iterator[None]:
     if not every_n_layers:
         yield
         return
-    kw = {"use_reentrant": False}
-    enable = getattr(model, "activation_checkpointing_enable", None)
-    if enable is not None:  # transformers >= 5.x
-        enable(activation_checkpointing_kwargs=kw, every_n_layers=every_n_layers)
-    else:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kw)
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False},
+                                          every_n_layers=every_n_layers)
     try:
         yield
     finally:
-        disable = getattr(model, "activation_checkpointing_disable", None) or model.gradient_checkpointing_disable
-        disable()
+        model.activation_checkpointing_disable()
 
 
 def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
