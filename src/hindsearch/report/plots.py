@@ -1,4 +1,8 @@
-"""The report's matplotlib figures, inlined as base64 PNGs (no file, no network)."""
+"""The report's matplotlib figures, inlined as base64 PNGs (no file, no network).
+
+Every label is plain text (``plain``: no mathtext, so a metric named ``loss/$x^$`` is drawn as written; a lone
+surrogate or a control character is drawn as its escape), and only ``plottable`` numbers are drawn: NaN,
+infinities and magnitudes past ``PLOT_LIMIT`` are left out (the page lists them under the plot)."""
 
 from __future__ import annotations
 
@@ -7,7 +11,11 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from hindsearch.report.runs import is_number, series
+from hindsearch.report.runs import clean, plottable, series
+
+MAX_LABEL = 60
+"""Characters of a label drawn (a longer metric name is cut with an ellipsis)."""
+
 
 def _pyplot() -> Any:
     import matplotlib
@@ -16,6 +24,20 @@ def _pyplot() -> Any:
     import matplotlib.pyplot as plt
 
     return plt
+
+
+def plain(label: Any) -> str:
+    """A label as matplotlib draws it verbatim (with ``parse_math=False``): control characters escaped, lone
+    surrogates escaped (FreeType refuses them), cut to ``MAX_LABEL`` characters."""
+    s = clean(str(label))
+    s = "".join(c if c.isprintable() or c == " " else ascii(c)[1:-1] for c in s)
+    return s if len(s) <= MAX_LABEL else s[:MAX_LABEL - 1] + "…"
+
+
+def legend(ax: Any, **kw: Any) -> None:
+    """The legend with its texts taken verbatim (no mathtext)."""
+    for t in ax.legend(**kw).get_texts():
+        t.set_parse_math(False)
 
 
 def fig_to_b64(fig: Any) -> str:
@@ -27,16 +49,17 @@ def fig_to_b64(fig: Any) -> str:
 
 def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str) -> str | None:
     """Base64 PNG of ``(label, steps, values)`` lines (None when none has a value)."""
-    data = [d for d in data if d[1]]
-    if not data:
+    pts = [(k, [(x, y) for x, y in zip(xs, ys) if plottable(x) and plottable(y)]) for k, xs, ys in data]
+    pts = [(k, xy) for k, xy in pts if xy]
+    if not pts:
         return None
     fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
-    for k, xs, ys in data:
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=k)
+    for k, xy in pts:
+        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o" if len(xy) < 30 else None, ms=3, label=plain(k))
     ax.set_title(title, fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, framealpha=0.6)
+    legend(ax, fontsize=6, framealpha=0.6)
     ax.grid(alpha=0.3)
     return fig_to_b64(fig)
 
@@ -50,17 +73,22 @@ def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     """Base64 PNG: stacked bars of the step time split (seconds) per step."""
     if not keys or not rows:
         return None
-    steps = [float(r["step"]) if is_number(r.get("step")) else float(i + 1) for i, r in enumerate(rows)]
+    from hindsearch.report.runs import step_of
+
+    steps = [step_of(r, i) for i, r in enumerate(rows)]
+    keys = [k for k in keys if any(plottable(r.get(k)) for r in rows)]
+    if not keys:
+        return None
     fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
     bottom = [0.0] * len(rows)
     for k in keys:
-        vals = [float(r[k]) if is_number(r.get(k)) else 0.0 for r in rows]
-        ax.bar(steps, vals, bottom=bottom, label=k.removeprefix("time/"))
+        vals = [float(r[k]) if plottable(r.get(k)) else 0.0 for r in rows]
+        ax.bar(steps, vals, bottom=bottom, label=plain(k.removeprefix("time/")))
         bottom = [b + v for b, v in zip(bottom, vals)]
     ax.set_title("Step time split (s)", fontsize=10)
     ax.set_xlabel("step", fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6)
+    legend(ax, fontsize=6)
     return fig_to_b64(fig)
 
 
@@ -68,6 +96,7 @@ def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, flo
              ylabel: str, zero_line: bool = False) -> str | None:
     """Base64 PNG of grouped bars: per group (x), one bar per key of ``bars`` at ``value`` with the error
     bar from ``low`` to ``high`` (``(value, low, high)``; None leaves the bar out). None when nothing to draw."""
+    bars = {k: [v if v is not None and all(plottable(x) for x in v) else None for v in vals] for k, vals in bars.items()}
     if not groups or not any(v for vals in bars.values() for v in vals):
         return None
     plt = _pyplot()
@@ -77,14 +106,15 @@ def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, flo
         xs = [g + (i - (len(bars) - 1) / 2) * width for g, v in enumerate(vals) if v is not None]
         pts = [v for v in vals if v is not None]
         if pts:
-            ax.bar(xs, [p[0] for p in pts], width, label=name,
+            ax.bar(xs, [p[0] for p in pts], width, label=plain(name),
                    yerr=[[p[0] - p[1] for p in pts], [p[2] - p[0] for p in pts]], capsize=3, error_kw={"lw": 1})
     if zero_line:
         ax.axhline(0, color="#444", lw=0.8)
-    ax.set_xticks(range(len(groups)), list(groups), fontsize=7, rotation=20 if len(groups) > 4 else 0)
+    ax.set_xticks(range(len(groups)), [plain(g) for g in groups], fontsize=7, rotation=20 if len(groups) > 4 else 0,
+                  parse_math=False)
     ax.set_title(title, fontsize=10)
     ax.set_ylabel(ylabel, fontsize=8)
     ax.tick_params(labelsize=7)
-    ax.legend(fontsize=6, framealpha=0.6)
+    legend(ax, fontsize=6, framealpha=0.6)
     ax.grid(alpha=0.3, axis="y")
     return fig_to_b64(fig)

@@ -4,9 +4,114 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+# --------------------------------------------------------------------------- values
+MAX_INT_DIGITS = 308
+"""JSON integers with more digits than this are not numbers to the report (no float holds them): they are
+read as ``OutOfRange`` text, shown as such and never plotted (Python refuses to even parse past 4,300 digits)."""
+
+PLOT_LIMIT = 1e100
+"""Numbers beyond this magnitude are shown in the tables but left out of the plots (matplotlib's axis
+arithmetic overflows near 1e308)."""
+
+MAX_BAD_SHOWN = 20
+"""Unreadable lines listed by name on the page (all of them are counted)."""
+
+
+class OutOfRange(str):
+    """A JSON integer too long for a float, kept as its leading digits and its length."""
+
+    @classmethod
+    def of(cls, digits: str) -> "OutOfRange":
+        n = len(digits.lstrip("-"))
+        return cls(f"{digits[:13]}… ({n}-digit integer, out of range)")
+
+
+def _parse_int(s: str) -> int | OutOfRange:
+    return int(s) if len(s.lstrip("-")) <= MAX_INT_DIGITS else OutOfRange.of(s)
+
+
+def parse_json(text: str) -> Any:
+    """``json.loads`` with integers past ``MAX_INT_DIGITS`` read as ``OutOfRange``; raises ``ValueError``
+    with the reason (``RecursionError`` of a deeply nested value included)."""
+    try:
+        return json.loads(text, parse_int=_parse_int)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"invalid JSON: {e.msg} (column {e.colno})") from None
+    except RecursionError:
+        raise ValueError("nested too deep to read") from None
+
+
+def clean(s: str) -> str:
+    """``s`` as text that encodes to UTF-8: a lone surrogate (from JSON ``\\ud800`` or a non-UTF-8 file name)
+    is shown as its escape ``\\ud800``."""
+    try:
+        s.encode("utf-8")
+        return s
+    except UnicodeEncodeError:
+        return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def text(v: Any) -> str:
+    """Any value read from a run folder as display text (never raises: a value too nested to print says so)."""
+    if isinstance(v, str):
+        return clean(v)
+    if isinstance(v, float) or is_number(v):
+        return show_number(v)
+    try:
+        return clean(str(v))
+    except (RecursionError, ValueError):
+        return f"({type(v).__name__} too nested to show)"
+
+
+def is_number(v: Any) -> bool:
+    """An int or float (NaN, infinities and huge ints included; bools are not numbers)."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def finite(v: Any) -> float | None:
+    """``v`` as a finite float, else None (not a number, NaN, an infinity, or an int past the float range)."""
+    if not is_number(v):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) else None
+
+
+def plottable(v: Any) -> bool:
+    """A number the plots can draw: finite and within ``PLOT_LIMIT``."""
+    f = finite(v)
+    return f is not None and abs(f) <= PLOT_LIMIT
+
+
+def show_number(v: Any, spec: str = ".4g") -> str:
+    """A number as text: ``NaN``, ``inf``, ``-inf`` as such, an out-of-range int as its length, else ``spec``."""
+    if isinstance(v, OutOfRange):
+        return str(v)
+    if not is_number(v):
+        return text(v)
+    if isinstance(v, int):
+        return str(v) if abs(v) < 10 ** 30 else f"{str(v)[:13]}… ({len(str(abs(v)))}-digit integer)"
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v):
+        return "inf" if v > 0 else "-inf"
+    return format(v, spec)
+
+
+def scaled(v: Any, scale: float, spec: str) -> str:
+    """``scale * v`` formatted with ``spec`` when finite; otherwise ``v`` shown as such (``show_number``)."""
+    f = finite(v)
+    if f is None or not math.isfinite(f * scale) or abs(f * scale) >= 1e15:
+        return show_number(v)
+    return format(f * scale, spec)
+
 
 # --------------------------------------------------------------------------- loading
 @dataclass
@@ -22,35 +127,70 @@ class Run:
     bad_lines: list[str] = field(default_factory=list)
 
 
+def _reason(e: BaseException) -> str:
+    return text(str(e))[:200]
+
+
 def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
-    """Rows of a JSONL file; unparsable lines are reported in ``bad`` as ``file:line: reason`` (not dropped silently)."""
+    """Rows of a JSONL file. A line that is not UTF-8, not JSON, too deeply nested or not an object is skipped
+    and reported in ``bad`` as ``file:line: reason`` (not dropped silently); an unreadable file as ``file: reason``."""
     rows: list[dict[str, Any]] = []
     if not path.exists():
         return rows
-    with path.open() as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                bad.append(f"{path}:{i}: {e}")
-                continue
-            if isinstance(obj, dict):
-                rows.append(obj)
-            else:
-                bad.append(f"{path}:{i}: not a JSON object")
+    try:
+        with path.open("rb") as f:
+            for i, raw in enumerate(f, 1):
+                if not raw.strip():
+                    continue
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as e:
+                    bad.append(f"{path}:{i}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                    continue
+                try:
+                    obj = parse_json(line)
+                except ValueError as e:
+                    bad.append(f"{path}:{i}: {_reason(e)}")
+                    continue
+                if isinstance(obj, dict):
+                    rows.append(obj)
+                else:
+                    bad.append(f"{path}:{i}: not a JSON object")
+    except OSError as e:
+        bad.append(f"{path}: unreadable ({type(e).__name__}: {_reason(e)})")
     return rows
+
+
+def read_text(path: Path, bad: list[str]) -> str:
+    """A text file ("" when absent); bytes that are not UTF-8 are shown as U+FFFD and reported in ``bad``."""
+    if not path.exists():
+        return ""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        bad.append(f"{path}: unreadable ({type(e).__name__}: {_reason(e)})")
+        return ""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        bad.append(f"{path}:{line}: not UTF-8 (byte 0x{data[e.start]:02x}); shown with \ufffd in its place")
+        return data.decode("utf-8", "replace")
 
 
 def read_json(path: Path, bad: list[str]) -> dict[str, Any]:
     """A JSON object file ({} when absent; a parse error or a non-object is reported in ``bad``)."""
     if not path.exists():
         return {}
+    errs: list[str] = []
+    raw = read_text(path, errs)
+    if errs:
+        bad.extend(errs)
+        return {}
     try:
-        obj = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        bad.append(f"{path}: {e}")
+        obj = parse_json(raw)
+    except ValueError as e:
+        bad.append(f"{path}: {_reason(e)}")
         return {}
     if not isinstance(obj, dict):
         bad.append(f"{path}: not a JSON object")
@@ -66,8 +206,7 @@ def load_run(path: str | Path) -> Run:
     run = Run(path=p)
     run.metrics = read_jsonl(p / "metrics.jsonl", run.bad_lines)
     run.samples = read_jsonl(p / "samples.jsonl", run.bad_lines)
-    if (p / "config.toml").exists():
-        run.config_text = (p / "config.toml").read_text()
+    run.config_text = read_text(p / "config.toml", run.bad_lines)
     run.results = read_json(p / "results.json", run.bad_lines)
     run.summary = read_json(p / "summary.json", run.bad_lines)
     return run
@@ -85,20 +224,38 @@ def sub_runs(path: Path) -> list[Path]:
 
 
 # --------------------------------------------------------------------------- metrics
-def is_number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
+def step_of(r: dict[str, Any], i: int) -> float:
+    """The x of row ``i``: its ``step`` when plottable, else the row number (1-based)."""
+    step = r.get("step")
+    return float(step) if plottable(step) else float(i + 1)
+
+
+def is_value(v: Any) -> bool:
+    """A metric value as the report shows it: a number (NaN and infinities too) or an out-of-range integer."""
+    return is_number(v) or isinstance(v, OutOfRange)
 
 
 def series(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
-    """``(steps, values)`` of a numeric metric over the rows that have it (step = ``step`` or row index + 1)."""
+    """``(steps, values)`` of a numeric metric over the rows where it is plottable (``plottable``; step =
+    ``step`` or row index + 1). The values left out are listed by ``left_out``."""
     xs, ys = [], []
     for i, r in enumerate(rows):
         v = r.get(key)
-        if is_number(v):
-            step = r.get("step", i + 1)
-            xs.append(float(step) if is_number(step) else float(i + 1))
+        if plottable(v):
+            xs.append(step_of(r, i))
             ys.append(float(v))
     return xs, ys
+
+
+def left_out(rows: list[dict[str, Any]], key: str) -> list[str]:
+    """``"<value> (step N)"`` for each value of ``key`` that is a number but not plottable (NaN, inf, past
+    ``PLOT_LIMIT``, an out-of-range integer)."""
+    out = []
+    for i, r in enumerate(rows):
+        v = r.get(key)
+        if is_value(v) and not plottable(v):
+            out.append(f"{show_number(v)} (step {show_number(r['step']) if is_value(r.get('step')) else i + 1})")
+    return out
 
 
 def metric_groups(keys: set[str]) -> dict[str, list[str]]:
@@ -136,13 +293,16 @@ def time_keys(keys: set[str]) -> list[str]:
 
 
 def summary_rows(rows: list[dict[str, Any]]) -> list[list[str]]:
-    """``[metric, first, last, median]`` of the main metrics and the step time."""
+    """``[metric, first, last, median]`` of the main metrics and the step time: first and last as logged
+    (NaN, inf or out of range shown as such), the median over the finite values."""
     cands = ("reward_mean", "em", "searches_per_rollout", "validity_rate")
     keys = [x for c in cands for x in (c, f"rollout/{c}") if any(x in r for r in rows)]
     keys += ["time/step"] if any("time/step" in r for r in rows) else []
     out = []
     for k in keys:
-        _, ys = series(rows, k)
-        if ys:
-            out.append([k, f"{ys[0]:.3g}", f"{ys[-1]:.3g}", f"{sorted(ys)[len(ys) // 2]:.3g}"])
+        vals = [r[k] for r in rows if is_value(r.get(k))]
+        if vals:
+            fin = sorted(f for f in map(finite, vals) if f is not None)
+            out.append([k, show_number(vals[0], ".3g"), show_number(vals[-1], ".3g"),
+                        format(fin[len(fin) // 2], ".3g") if fin else "-"])
     return out

@@ -4,15 +4,16 @@ critiques, per-token teacher log-probs, IGSD pairs) and a comparison's results, 
 from __future__ import annotations
 
 import base64
-import json
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from hindsearch.report.env import environment
 from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (Run, is_number, metric_groups, read_json, series, sub_runs, summary_rows,
-                                   time_keys)
+from hindsearch.report.runs import (MAX_BAD_SHOWN, Run, finite, is_number, is_value, left_out, metric_groups,
+                                   plottable, read_json, read_jsonl, scaled, series, show_number, sub_runs,
+                                   summary_rows, text, time_keys)
 
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
@@ -22,24 +23,81 @@ MAX_SAMPLES_COMPARED = 40
 """Rollouts shown per run of a comparison page (one section per (method, seed) run keeps the page a few MB)."""
 
 
+T = TypeVar("T")
+
 SHADES = 10
 """Opacity steps of the per-token colours (CSS classes ``g0..g9`` and ``r0..r9``)."""
 
 
-def metrics_view(run: Run) -> dict[str, Any]:
-    """Summary rows and plot panels (``{"title", "img"}``, img None when not recorded) of one run."""
-    from hindsearch.results import dev_curve
+def guarded(what: str, bad: list[str], fn: Callable[[], T], default: T) -> T:
+    """``fn()``, or ``default`` with ``what`` and the reason added to ``bad``: one value no part of the view
+    foresaw costs that part, never the page."""
+    try:
+        return fn()
+    except Exception as e:  # noqa: BLE001 - the page is always written; the reason is shown on it
+        bad.append(f"{what}: could not be shown ({type(e).__name__}: {text(str(e))[:200]})")
+        return default
 
-    keys = {k for r in run.metrics for k, v in r.items() if is_number(v)}
+
+def dev_points(run: Run) -> tuple[list[tuple[float, float]], list[str]]:
+    """Dev EM against step (``results.dev_curve``'s points, read tolerantly): the base evaluation (step 0),
+    ``dev_curve.jsonl`` and the evaluation after RL (at ``summary.json``'s ``steps``); the values that cannot
+    be plotted are returned as ``"<value> (step N)"``."""
+    pts: dict[float, float] = {}
+    skipped: list[str] = []
+
+    def add(step: Any, em: Any) -> None:
+        if em is None:
+            return
+        if plottable(step) and plottable(em):
+            pts[float(step)] = float(em)
+        elif is_value(em) or is_value(step):
+            skipped.append(f"{show_number(em)} (step {show_number(step)})")
+
+    dev = run.summary.get("dev")
+    dev = dev if isinstance(dev, dict) else {}
+    base, rl = dev.get("base"), dev.get("rl")
+    if isinstance(base, dict):
+        add(0, base.get("em"))
+    for row in read_jsonl(run.path / "dev_curve.jsonl", run.bad_lines):
+        add(row.get("step"), row.get("em"))
+    if isinstance(rl, dict) and run.summary.get("steps") is not None:
+        add(run.summary.get("steps"), rl.get("em"))
+    return sorted(pts.items()), skipped
+
+
+def not_plotted(parts: Sequence[tuple[str, list[str]]], limit: int = 6) -> str | None:
+    """The note under a panel naming the values left out of its plot (None when none was)."""
+    items = [f"{text(k)} = {v}" for k, vs in parts for v in vs]
+    if not items:
+        return None
+    more = f" and {len(items) - limit} more" if len(items) > limit else ""
+    return f"not plotted ({len(items)} NaN, infinite or out-of-range values): " + "; ".join(items[:limit]) + more
+
+
+def panel(title: str, plot: Callable[[], str | None], left: Sequence[tuple[str, list[str]]]) -> dict[str, Any]:
+    """One plot panel: ``{"title", "img", "error", "note"}`` (img None when nothing plottable was recorded)."""
+    errs: list[str] = []
+    img = guarded("plot", errs, plot, None)
+    return {"title": title, "img": img, "error": errs[0] if errs else None, "note": not_plotted(left)}
+
+
+def metrics_view(run: Run) -> dict[str, Any]:
+    """Summary rows and plot panels (``panel``) of one run."""
+    keys = {k for r in run.metrics for k, v in r.items() if is_value(v)}
     panels = []
     for title, ks in metric_groups(keys).items():
         data = [(k, *series(run.metrics, k)) for k in ks]
+        left = [(k, left_out(run.metrics, k)) for k in ks]
         if title.startswith("Exact match"):
-            dev = dev_curve(run.path)
-            data.append(("dev EM (greedy)", [float(s) for s, _ in dev], [v for _, v in dev]))
-        panels.append({"title": title, "img": plot_lines(data, title)})
+            dev, skipped = dev_points(run)
+            data.append(("dev EM (greedy)", [s for s, _ in dev], [v for _, v in dev]))
+            left.append(("dev EM (greedy)", skipped))
+        panels.append(panel(title, lambda data=data, title=title: plot_lines(data, title), left))
         if title.startswith("Exact match"):  # the headline: reward, EM, step time
-            panels.append({"title": "Step time split", "img": time_plot(run.metrics, time_keys(keys))})
+            tks = time_keys(keys)
+            panels.append(panel("Step time split", lambda tks=tks: time_plot(run.metrics, tks),
+                                [(k, left_out(run.metrics, k)) for k in tks]))
     return {"steps": len(run.metrics), "summary": summary_rows(run.metrics), "panels": panels}
 
 
@@ -50,11 +108,11 @@ EVAL_HEAD = ["", "EM", "1-hop EM", "2-hop EM", "n", "searches / q", "validity"]
 def eval_cells(name: str, r: dict[str, Any]) -> list[str]:
     """One row of the evaluation table from a ``bench_row`` dict (rates in %)."""
     def pct(k: str) -> str:
-        return f"{100 * r[k]:.1f}" if is_number(r.get(k)) else "-"
+        return scaled(r[k], 100, ".1f") if is_value(r.get(k)) else "-"
 
     searches = r.get("searches")
-    return [name, pct("em"), pct("em_1hop"), pct("em_2hop"), str(r.get("n", "-")),
-            f"{searches:.2f}" if is_number(searches) else "-", pct("validity")]
+    return [text(name), pct("em"), pct("em_1hop"), pct("em_2hop"), text(r.get("n", "-")),
+            scaled(searches, 1, ".2f") if is_value(searches) else "-", pct("validity")]
 
 
 def evaluation_view(run: Run) -> list[list[str]]:
@@ -83,21 +141,31 @@ def probe_view(path: Path) -> dict[str, Any] | None:
     if not p.exists():
         return None
 
+    def num(v: Any, scale: float, spec: str) -> str:
+        if not is_value(v):
+            raise TypeError(f"expected a number, got {type(v).__name__}")
+        return scaled(v, scale, spec)
+
     def row(name: str, e: dict[str, Any], usable: Any) -> list[str]:
         r, s, g = e["rerun"], e["state"], e.get("gap", {})
-        return [name, str(usable), f"{100 * r['em']:.1f}", f"{100 * r['evidence_recall']:.1f}", f"{r['searches']:.2f}",
-                f"{100 * s['search_again']:.1f}", f"{100 * s['hit_missed']:.1f}", f"{s['u_D']:.2f}",
-                f"{100 * s['em_from_state']:.1f}", f"{100 * e['p_search_two_hop']:.1f}",
-                *(f"{g[k]:+.3f}" if k in g else "-" for k in PROBE_GAPS)]
+        return [text(name), text(usable), num(r["em"], 100, ".1f"), num(r["evidence_recall"], 100, ".1f"),
+                num(r["searches"], 1, ".2f"), num(s["search_again"], 100, ".1f"), num(s["hit_missed"], 100, ".1f"),
+                num(s["u_D"], 1, ".2f"), num(s["em_from_state"], 100, ".1f"), num(e["p_search_two_hop"], 100, ".1f"),
+                *(num(g[k], 1, "+.3f") if k in g else "-" for k in PROBE_GAPS)]
 
+    bad: list[str] = []
+    res = read_json(p, bad)
+    if bad:
+        return {"error": bad[0], "head": [], "rows": [], "note": ""}
     try:
-        res = json.loads(p.read_text())
         rows = [row("student (no hint)", res["student"], res["n_failed"])]
         rows += [row(name, e, e["usable"]) for name, e in res["hints"].items()]
-        note = (f"On {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
-                f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.")
+        note = (f"On {text(res['n_failed'])} failed greedy training rollouts (of {text(res['n_questions'])}; student "
+                f"EM {num(res['student_em'], 100, '.1f')}), judge: {text(res['judge_kind'])}. Rates in %, u(D) and "
+                "gaps in nats per token.")
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        return {"error": f"{p}: unreadable ({type(e).__name__}: {e})", "head": [], "rows": [], "note": ""}
+        return {"error": f"{text(str(p))}: unreadable ({type(e).__name__}: {text(str(e))[:200]})", "head": [],
+                "rows": [], "note": ""}
     return {"error": None, "head": PROBE_HEAD, "rows": rows, "note": note}
 
 
@@ -109,9 +177,17 @@ def turns_of(sample: dict[str, Any]) -> list[dict[str, Any]] | None:
     turns = sample.get("turns")
     if not isinstance(turns, list):
         return None
-    return [{"action": str(t.get("action")), "content": str(t.get("content")),
-             "titles": [str(x) for x in t.get("doc_titles") or []], "error": t.get("error")}
+    return [{"action": text(t.get("action")), "content": text(t.get("content")),
+             "titles": texts(t.get("doc_titles")), "error": None if not t.get("error") else text(t.get("error"))}
             for t in turns if isinstance(t, dict)]
+
+
+def texts(v: Any) -> list[str]:
+    """A list field as display texts: a list item by item, a lone value of the wrong type (``doc_titles = 5``)
+    as itself, nothing as []."""
+    if v is None or v == "" or v == [] or v == {}:
+        return []
+    return [text(x) for x in v] if isinstance(v, list) else [text(v)]
 
 
 def token_colours(tokens: Sequence[str], diffs: Sequence[float]) -> list[dict[str, str]]:
@@ -120,8 +196,12 @@ def token_colours(tokens: Sequence[str], diffs: Sequence[float]) -> list[dict[st
     gives ``k`` the opacity ``0.05 + 0.6 k / (SHADES - 1)``, light enough to read the token); ``diff`` is the signed value for the tooltip."""
     out = []
     for tok, d in zip(tokens, diffs):
-        k = round(min(abs(d) / 2.0, 1.0) * (SHADES - 1))
-        out.append({"tok": str(tok), "shade": f"{'g' if d > 0 else 'r'}{k}", "diff": f"{d:+.3f}"})
+        f = finite(d)
+        if f is None:  # NaN, an infinity or an out-of-range integer: uncoloured, the value shown as such
+            out.append({"tok": text(tok), "shade": "nf", "diff": show_number(d)})
+            continue
+        k = round(min(abs(f) / 2.0, 1.0) * (SHADES - 1))
+        out.append({"tok": text(tok), "shade": f"{'g' if f > 0 else 'r'}{k}", "diff": f"{f:+.3f}"})
     return out
 
 
@@ -136,9 +216,11 @@ def token_spans(tokens: list[str], diffs: list[float]) -> str:
     return str(environment().get_template("macros.html.j2").module.token_spans(token_colours(tokens, diffs)))
 
 
-def _floats(xs: Any) -> list[float] | None:
-    if isinstance(xs, list) and all(is_number(x) for x in xs):
-        return [float(x) for x in xs]
+def _floats(xs: Any) -> list[Any] | None:
+    """A list of numbers as it was logged (NaN, infinities, out-of-range integers kept: ``token_colours`` shows
+    them uncoloured), None when it is not a list of numbers."""
+    if isinstance(xs, list) and all(is_value(x) for x in xs):
+        return xs
     return None
 
 
@@ -148,14 +230,14 @@ def hind_view(h: Any) -> dict[str, Any] | None:
     if not isinstance(h, dict):
         return None
     crit = h.get("critique")
-    extras = [[k, str(h[k])] for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation")
+    extras = [[k, text(h[k])] for k in ("judge_kind", "critique_usable", "redactions", "judge_error", "judge_truncation")
               if h.get(k) not in (None, "", [], {})]
     toks = h.get("distill_tokens")
     label, diffs = "critique teacher − neutral-feedback teacher log-prob on distilled tokens", _floats(h.get("lT_minus_neutral"))
     if diffs is None:  # runs without the neutral control: the teacher's own log-probs
         label, diffs = "teacher log-prob on distilled tokens", _floats(h.get("lT"))
-    tokens = token_colours([str(t) for t in toks], diffs) if isinstance(toks, list) and toks and diffs else None
-    return {"critique": None if crit is None else str(crit), "extras": extras, "label": label, "tokens": tokens}
+    tokens = token_colours([text(t) for t in toks], diffs) if isinstance(toks, list) and toks and diffs else None
+    return {"critique": None if crit is None else text(crit), "extras": extras, "label": label, "tokens": tokens}
 
 
 def igsd_pairs(g: Any) -> list[dict[str, Any]]:
@@ -167,10 +249,10 @@ def igsd_pairs(g: Any) -> list[dict[str, Any]]:
 def cell(v: Any) -> str | None:
     """A table cell: floats signed to 3 decimals, lists joined by ``; ``, None stays None ("not recorded")."""
     if isinstance(v, float):
-        return f"{v:+.3f}"
+        return scaled(v, 1, "+.3f")
     if isinstance(v, list):
-        return "; ".join(str(x) for x in v) or "(none)"
-    return None if v is None else str(v)
+        return "; ".join(text(x) for x in v) or "(none)"
+    return None if v is None else text(v)
 
 
 IGSD_HEAD = ["student query", "student retrieved", "teacher query", "teacher retrieved", "token S / T", "IG_S", "IG_T",
@@ -184,16 +266,16 @@ def igsd_view(g: Any) -> dict[str, Any] | None:
     rows = []
     for p in igsd_pairs(g):
         gate = p.get("gate")
-        rows.append({"open": is_number(gate) and gate > 0.5, "cells": [
+        rows.append({"open": (finite(gate) or 0.0) > 0.5, "cells": [
             cell(p.get("q_S")), cell(p.get("titles_S")), cell(p.get("q_T")), cell(p.get("titles_T")),
-            f"{p.get('student_token', '?')} / {p.get('teacher_token', '?')}",
+            f"{text(p.get('student_token', '?'))} / {text(p.get('teacher_token', '?'))}",
             cell(p.get("ig_S")), cell(p.get("ig_T")), cell(p.get("delta")), cell(gate)]})
     return {"head": IGSD_HEAD, "rows": rows}
 
 
 def sample_reward(s: dict[str, Any]) -> float:
-    r = s.get("reward")
-    return float(r) if is_number(r) else 0.0
+    """The reward as a finite float (0 when missing, not a number, NaN or infinite: such a rollout counts as failed)."""
+    return finite(s.get("reward")) or 0.0
 
 
 def sample_view(s: dict[str, Any]) -> dict[str, Any]:
@@ -201,28 +283,48 @@ def sample_view(s: dict[str, Any]) -> dict[str, Any]:
     reward = sample_reward(s)
     ok = reward > 0
     comp = s.get("completion")
-    gold = s.get("golden_answers")
-    return {"ok": ok, "reward": f"{reward:g}", "step": str(s.get("step", "?")), "question": str(s.get("question", "?")),
-            "hops": str(s.get("hops", "?")), "gold": [str(a) for a in gold] if isinstance(gold, list) else [],
-            "turns": turns_of(s), "answer": str(s.get("answer")), "stop": str(s.get("stop_reason", "")),
-            "hind": None if ok else hind_view(s.get("hind")), "igsd": igsd_view(s.get("igsd")),
-            "completion": None if comp is None else str(comp)}
+    raw = s.get("reward")
+    return {"ok": ok, "reward": show_number(raw, "g") if is_value(raw) else f"{reward:g}",
+            "step": text(s.get("step", "?")), "question": text(s.get("question", "?")), "hops": text(s.get("hops", "?")),
+            "gold": texts(s.get("golden_answers")), "turns": turns_of(s), "answer": text(s.get("answer")),
+            "stop": text(s.get("stop_reason", "")), "hind": None if ok else hind_view(s.get("hind")),
+            "igsd": igsd_view(s.get("igsd")), "completion": None if comp is None else text(comp)}
+
+
+def broken_sample(s: dict[str, Any], reason: str) -> dict[str, Any]:
+    """A rollout ``sample_view`` could not show: its step and question (as far as they show) and the reason."""
+    return {"ok": False, "reward": "?", "step": text(s.get("step", "?")), "question": text(s.get("question", "?")),
+            "hops": "?", "gold": [], "turns": [], "answer": f"(not shown: {reason})", "stop": "", "hind": None,
+            "igsd": None, "completion": None}
 
 
 def trajectories_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
     samples = run.samples[-max_samples:]
+    views = []
+    for s in reversed(samples):
+        errs: list[str] = []
+        views.append(guarded("sample", errs, lambda s=s: sample_view(s), None) or broken_sample(s, errs[0]))
     return {"total": len(run.samples), "shown": len(samples),
             "failed": sum(1 for s in samples if sample_reward(s) <= 0),
             "critiques": sum(1 for s in samples if isinstance(s.get("hind"), dict)),
-            "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples),
-            "samples": [sample_view(s) for s in reversed(samples)]}
+            "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples), "samples": views}
+
+
+NO_TRAJECTORIES = {"total": 0, "shown": 0, "failed": 0, "critiques": 0, "igsd_pairs": 0, "samples": []}
 
 
 def run_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
-    """Everything the template shows of one run: metrics, evaluation, probes, trajectories (the last ``max_samples``), config."""
-    return {"name": run.path.name, "bad_lines": run.bad_lines[:10],
-            "metrics": metrics_view(run) if run.metrics else None, "evaluation": evaluation_view(run),
-            "probe": probe_view(run.path), "trajectories": trajectories_view(run, max_samples), "config_text": run.config_text}
+    """Everything the template shows of one run: metrics, evaluation, probes, trajectories (the last
+    ``max_samples``), config, and the lines and parts that could not be read (all counted, the first
+    ``MAX_BAD_SHOWN`` named)."""
+    bad = run.bad_lines
+    view = {"name": text(run.path.name),
+            "metrics": guarded("metrics", bad, lambda: metrics_view(run), None) if run.metrics else None,
+            "evaluation": guarded("evaluation", bad, lambda: evaluation_view(run), []),
+            "probe": guarded("probe.json", bad, lambda: probe_view(run.path), None),
+            "trajectories": guarded("trajectories", bad, lambda: trajectories_view(run, max_samples), NO_TRAJECTORIES),
+            "config_text": run.config_text}
+    return {**view, "bad_count": len(bad), "bad_lines": bad[:MAX_BAD_SHOWN]}
 
 
 # --------------------------------------------------------------------------- compare dirs
@@ -232,12 +334,15 @@ def compare_plan(path: Path) -> tuple[list[str], list[int]]:
 
     plan = read_json(path / "compare.json", [])
     if isinstance(plan.get("methods"), list) and isinstance(plan.get("seeds"), list):
-        return [str(m) for m in plan["methods"]], [int(s) for s in plan["seeds"] if is_number(s)]
+        return ([m for m in plan["methods"] if isinstance(m, str)],
+                [int(s) for s in plan["seeds"] if finite(s) is not None and float(s).is_integer()])
     methods: list[str] = []
     seeds: set[int] = set()
     for d in sub_runs(path):
         r = read_json(d / "results.json", [])
-        if isinstance(r.get("method"), str) and is_number(r.get("seed")) and d.name == run_name(r["method"], int(r["seed"])):
+        seed = r.get("seed")
+        if (isinstance(r.get("method"), str) and finite(seed) is not None and float(seed).is_integer()
+                and d.name == run_name(r["method"], int(seed))):
             methods += [] if r["method"] in methods else [r["method"]]
             seeds.add(int(r["seed"]))
     methods.sort(key=lambda m: (m != "grpo", m))
@@ -247,14 +352,56 @@ def compare_plan(path: Path) -> tuple[list[str], list[int]]:
 def compare_view(path: Path) -> dict[str, Any]:
     """The comparison's results table and bars (mean ± std over seeds per method), the paired bootstrap
     against GRPO (table and bars with the 95% interval), ``curves.png`` and the probe table."""
-    from hindsearch.results import RESULTS_NOTE, aggregate, bench_names, columns, load_results, results_rows, run_name
-    from hindsearch.paired import bootstrap_rows
+    from hindsearch.results import RESULTS_NOTE, load_results
 
-    methods, seeds = compare_plan(path)
     bad: list[str] = []
-    results = load_results(path, methods, seeds, bad)
+    methods, seeds = guarded("compare.json", bad, lambda: compare_plan(path), ([], []))
+    results = [clean_result(r, bad) for r in guarded("results.json", bad, lambda: load_results(path, methods, seeds, bad), [])]
     view: dict[str, Any] = {"methods": methods, "seeds": seeds, "results": None, "bars": None, "boot": None,
-                            "boot_bars": None, "note": RESULTS_NOTE, "probe": probe_view(path), "curves": None, "bad": bad}
+                            "boot_bars": None, "note": RESULTS_NOTE, "curves": None, "bad": bad,
+                            "probe": guarded("probe.json", bad, lambda: probe_view(path), None)}
+    guarded("results table", bad, lambda: results_view(view, results, methods), None)
+    guarded("paired bootstrap", bad, lambda: bootstrap_view(view, path, methods, seeds), None)
+    if (path / "curves.png").exists():
+        view["curves"] = guarded("curves.png", bad, lambda: base64.b64encode((path / "curves.png").read_bytes()).decode(),
+                                 None)
+    return view
+
+
+def clean_result(r: dict[str, Any], bad: list[str]) -> dict[str, Any]:
+    """A run's ``results.json`` with only what the table can aggregate: ``method`` and ``seed`` as logged,
+    ``step_s`` and each benchmark's numbers when finite (a value of another type, NaN, an infinity is
+    dropped and named in ``bad``)."""
+    name = f"{text(r.get('method'))}-s{text(r.get('seed'))}/results.json"
+    out: dict[str, Any] = {"method": r.get("method")}
+    seed = r.get("seed")
+    out["seed"] = int(seed) if finite(seed) is not None and float(seed).is_integer() else math.nan  # counted only
+    step = r.get("step_s")
+    out["step_s"] = float(step) if plottable(step) else None
+    if step is not None and out["step_s"] is None:
+        bad.append(f"{name}: step_s = {text(step)} left out (not a number in range)")
+    benches = r.get("benchmarks")
+    if benches is not None and not isinstance(benches, dict):
+        bad.append(f"{name}: benchmarks is a {type(benches).__name__}, not an object; left out")
+    out["benchmarks"] = {}
+    for b, nums in (benches.items() if isinstance(benches, dict) else []):
+        if not isinstance(nums, dict):
+            bad.append(f"{name}: benchmark {text(b)} is a {type(nums).__name__}, not an object; left out")
+            continue
+        keep = {}
+        for k, v in nums.items():
+            if plottable(v):
+                keep[k] = float(v)
+            elif v is not None:
+                bad.append(f"{name}: {text(b)}.{text(k)} = {text(v)} left out (not a number in range)")
+        out["benchmarks"][b] = keep
+    return out
+
+
+def results_view(view: dict[str, Any], results: list[dict[str, Any]], methods: list[str]) -> None:
+    """Fill the comparison's results table and its bars (mean ± std over seeds per method) into ``view``."""
+    from hindsearch.results import aggregate, bench_names, columns, results_rows
+
     if results:
         agg, benches = aggregate(results, methods), bench_names(results)
         head, rows = results_rows(agg, benches)
@@ -264,12 +411,20 @@ def compare_view(path: Path) -> dict[str, Any]:
         def bar(v: Any) -> tuple[float, float, float] | None:
             return None if v is None else (100 * v[0], 100 * (v[0] - v[1]), 100 * (v[0] + v[1]))
 
-        view["bars"] = bar_plot(cols, {m: [bar(agg[m].get(c)) for c in cols] for m in methods},
-                                "EM per method (mean ± std over seeds)", "EM %")
+        view["bars"] = guarded("bars", view["bad"], lambda: bar_plot(
+            cols, {m: [bar(agg[m].get(c)) for c in cols] for m in methods}, "EM per method (mean ± std over seeds)",
+            "EM %"), None)
+
+
+def bootstrap_view(view: dict[str, Any], path: Path, methods: list[str], seeds: list[int]) -> None:
+    """Fill the paired bootstrap against GRPO (table and bars with the 95% interval) into ``view``."""
+    from hindsearch.paired import bootstrap_rows
+    from hindsearch.results import run_name
+
     try:
         boot = bootstrap_rows(lambda m, s: path / run_name(m, s), methods, seeds)
     except (ValueError, KeyError, TypeError) as e:  # a damaged test trajectories file: say so, show the rest
-        bad.append(f"paired bootstrap: unreadable test trajectories ({type(e).__name__}: {e})")
+        view["bad"].append(f"paired bootstrap: unreadable test trajectories ({type(e).__name__}: {text(str(e))[:200]})")
         boot = []
     if boot:
         keys = (("EM", "em"), ("EM 2-hop", "em_2hop"), ("evidence recall", "recall"))
@@ -277,9 +432,6 @@ def compare_view(path: Path) -> dict[str, Any]:
                         "rows": [[r["method"], str(r["seeds"]), str(r["questions"])]
                                  + [f"{100 * r[k][0]:+.1f} [{100 * r[k][1]:+.1f}, {100 * r[k][2]:+.1f}]" for _, k in keys]
                                  for r in boot]}
-        view["boot_bars"] = bar_plot([k[0] for k in keys],
-                                     {r["method"]: [tuple(100 * x for x in r[k]) for _, k in keys] for r in boot},
-                                     "each method minus GRPO (paired bootstrap, 95% interval)", "points", zero_line=True)
-    if (path / "curves.png").exists():
-        view["curves"] = base64.b64encode((path / "curves.png").read_bytes()).decode()
-    return view
+        view["boot_bars"] = guarded("bootstrap bars", view["bad"], lambda: bar_plot(
+            [k[0] for k in keys], {r["method"]: [tuple(100 * x for x in r[k]) for _, k in keys] for r in boot},
+            "each method minus GRPO (paired bootstrap, 95% interval)", "points", zero_line=True), None)

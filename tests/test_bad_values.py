@@ -1,0 +1,245 @@
+"""Bad values (issue 23, classes E and F): one bad value never aborts the report, and the loaders and the
+config refuse what they would otherwise accept without a word, naming the file, line or key.
+
+E: a run folder holding a mathtext metric name, ±1e308, NaN log-probs, integers of hundreds of digits,
+wrong types, lone surrogates or non-UTF-8 bytes still gets its page: labels drawn as plain text, such
+numbers shown as such and left out of the plots, bad lines skipped and counted with their line number.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import re
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from hindsearch.cli import main
+from hindsearch.report import render, write_report
+
+pytestmark = pytest.mark.timeout(300)
+
+SAMPLE = {"step": 1, "question": "Who?", "reward": 0.0, "golden_answers": ["x"], "answer": "y"}
+
+
+def run_folder(path: Path, metrics: bytes | None = None, samples: bytes | None = None,
+               files: dict[str, bytes] | None = None) -> Path:
+    """A run folder with the given raw file contents (a default one-row metrics.jsonl)."""
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.jsonl").write_bytes(metrics if metrics is not None else b'{"step": 1, "loss": 0.5}\n')
+    if samples is not None:
+        (path / "samples.jsonl").write_bytes(samples)
+    for name, data in (files or {}).items():
+        (path / name).write_bytes(data)
+    return path
+
+
+def jl(*rows) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+class Page(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.text: list[str] = []
+        self.imgs: list[str] = []
+        self.titles: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "img":
+            self.imgs.append(a.get("src") or "")
+        if a.get("title"):
+            self.titles.append(a["title"])
+
+    def handle_data(self, data):
+        self.text.append(data)
+
+
+def page_of(run: Path) -> tuple[str, Page]:
+    """The page ``hindsearch report`` writes for ``run`` (through the CLI: exit 0, the file written)."""
+    assert main(["report", str(run)]) == 0
+    html = (run / "report.html").read_bytes().decode("utf-8")  # strict: the page is valid UTF-8
+    p = Page()
+    p.feed(html)
+    return " ".join(" ".join(p.text).split()), p
+
+
+def plot_pixels(src: str):
+    """The pixels of an inlined PNG (matplotlib reads it back)."""
+    import matplotlib.image
+
+    return matplotlib.image.imread(io.BytesIO(base64.b64decode(src.split(",", 1)[1])), format="png")
+
+
+# --------------------------------------------------------------------------- E: the report
+def test_mathtext_metric_names_are_drawn_as_plain_text(tmp_path):
+    """matplotlib reads ``$...$`` in a legend label as mathtext: an unbalanced one raised and no page was written."""
+    run = run_folder(tmp_path / "run", jl({"step": 1, "loss/$x^$": 0.5, "loss/$\\frac{a}{$": 1.0},
+                                          {"step": 2, "loss/$x^$": 0.4, "loss/$\\frac{a}{$": 0.9}))
+    text, page = page_of(run)
+    assert len(page.imgs) == 1 and "Loss parts" in text  # the loss panel is drawn
+    from hindsearch.report.plots import plain
+
+    assert plain("loss/$x^$") == "loss/$x^$" and plain("a\x00b") == "a\\x00b"
+
+
+def test_huge_and_non_finite_metrics_are_shown_and_not_plotted(tmp_path):
+    """±1e308 broke matplotlib's axis arithmetic; NaN/Infinity and a 400-digit integer (no float holds it)
+    broke the float conversion. They are listed as such under the plot, and the finite values are plotted."""
+    big = "1" + "0" * 399
+    rows = (b'{"step": 1, "loss": 1e308, "rollout/reward_mean": 0.5}\n'
+            b'{"step": 2, "loss": -1e308, "rollout/reward_mean": NaN}\n'
+            b'{"step": 3, "loss": 0.25, "rollout/reward_mean": Infinity}\n'
+            + f'{{"step": 4, "loss": {big}, "rollout/reward_mean": 0.75, "time/step": {big}}}\n'.encode())
+    text, page = page_of(run_folder(tmp_path / "run", rows))
+    assert len(page.imgs) == 2  # reward and loss: each drawn from its finite values
+    assert "loss = 1e+308 (step 1)" in text and "loss = -1e+308 (step 2)" in text
+    assert "rollout/reward_mean = NaN (step 2)" in text and "rollout/reward_mean = inf (step 3)" in text
+    assert "(400-digit integer, out of range) (step 4)" in text
+    # the summary table shows the first and last values as logged, the median over the finite ones
+    assert re.search(r"rollout/reward_mean 0\.5 0\.75 0\.75", text), text
+    assert re.search(r"time/step 1000000000000… \(400-digit integer, out of range\)", text), text
+
+
+def test_a_5000_digit_integer_and_a_deep_line_are_skipped_or_shown(tmp_path):
+    """Python refuses to parse an integer past 4,300 digits and a value nested 100k deep: the first is shown
+    as out of range, the second is a skipped line counted with its number; the other rows stay."""
+    rows = (b'{"step": 1, "loss": ' + b"9" * 5000 + b"}\n"
+            + b'{"step": 2, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n"
+            + b'{"step": 3, "loss": 0.5}\n')
+    text, page = page_of(run_folder(tmp_path / "run", rows))
+    assert "(5000-digit integer, out of range) (step 1)" in text
+    assert "Unreadable lines: 1 skipped" in text and "metrics.jsonl:2: nested too deep to read" in text
+    assert "2 logged steps" in text and len(page.imgs) == 1
+
+
+def test_nan_teacher_log_probs_are_shown_uncoloured(tmp_path):
+    """``round(NaN)`` raised while colouring the tokens; a NaN or infinite log-prob is now an uncoloured token
+    whose tooltip says NaN, and the other tokens keep their colours."""
+    samples = (b'{"step": 1, "question": "Q", "reward": 0.0, "golden_answers": ["a"], "hind": {"critique": "c",'
+               b' "distill_tokens": ["t1", "t2", "t3", "t4"], "lT": [NaN, 1.0, Infinity, ' + b"1" * 400 + b"]}}\n")
+    html_text, page = page_of(run_folder(tmp_path / "run", samples=samples))
+    html = (tmp_path / "run" / "report.html").read_text()
+    assert page.titles[-4:] == ["NaN", "+1.000", "inf", "1111111111111… (400-digit integer, out of range)"]
+    assert html.count('class="tok nf"') == 3 and 'class="tok g4"' in html
+    from hindsearch.report import token_spans
+
+    assert 'class="tok nf" title="NaN"' in token_spans(["a"], [float("nan")])
+
+
+def test_wrong_types_show_as_they_were_logged(tmp_path):
+    """``doc_titles = 5`` (iterating an int) and other fields of the wrong type raised; they show as logged."""
+    sample = {**SAMPLE, "reward": "1", "golden_answers": "just one", "step": [1],
+              "turns": [{"action": "search", "content": {"q": 1}, "doc_titles": 5, "error": 7}, 3, "x"],
+              "hind": {"critique": 12, "distill_tokens": "abc", "lT": [1.0]}, "igsd": 5}
+    text, _ = page_of(run_folder(tmp_path / "run", samples=jl(sample, {**SAMPLE, "igsd": {"igsd_pairs": [
+        {"gate": "open", "ig_S": [1, 2], "delta": 1e308, "q_S": None}]}})))
+    assert "retrieved: 5" in text and "error: 7" in text and "{'q': 1}" in text and "gold: just one" in text
+    assert "HindSearch critique 12" in text and "2 rollouts shown" in text
+    assert "IGSD verified pairs" in text and "1e+308" in text  # the IGSD delta shown as such
+
+
+def test_lone_surrogates_in_a_question_and_a_key(tmp_path):
+    """A JSON ``\\ud800`` made the page unencodable (UnicodeEncodeError) and a metric key with one made
+    FreeType refuse the legend; both show as the escape ``\\ud800``."""
+    metrics = b'{"step": 1, "loss/\\ud800": 0.5}\n{"step": 2, "loss/\\ud800": 0.4}\n'
+    samples = b'{"step": 1, "question": "Who \\ud800 is?", "reward": 0, "\\udfff": 1, "hind": {"critique": "\\udc80"}}\n'
+    text, page = page_of(run_folder(tmp_path / "run", metrics, samples))
+    assert "Who \\ud800 is?" in text and "\\udc80" in text and len(page.imgs) == 1
+
+
+def test_non_utf8_bytes_skip_the_line_and_name_it(tmp_path):
+    """A non-UTF-8 byte in samples.jsonl or metrics.jsonl aborted the page (UnicodeDecodeError); the line
+    is skipped and named with its number, and config.toml is shown with U+FFFD in the byte's place."""
+    run = run_folder(tmp_path / "run", b'{"step": 1, "loss": 0.5}\n\xff\xfe\n{"step": 2, "loss": 0.4}\n',
+                     b'{"step": 1, "question": "caf\xe9", "reward": 0}\n' + jl({**SAMPLE, "question": "kept"}),
+                     files={"config.toml": b'method = "grpo"\nout = "r\xff"\n'})
+    text, _ = page_of(run)
+    assert "Unreadable lines: 3 skipped" in text
+    assert "metrics.jsonl:2: not UTF-8 (byte 0xff at column 1)" in text
+    assert "samples.jsonl:1: not UTF-8 (byte 0xe9" in text
+    assert "config.toml:2: not UTF-8 (byte 0xff)" in text and 'out = "r\ufffd"' in text
+    assert "2 logged steps" in text and "kept" in text
+
+
+def test_bad_summary_dev_curve_and_results_never_abort(tmp_path):
+    """summary.json and dev_curve.jsonl were read by results.dev_curve without a guard (a string step, a
+    list, NaN, non-UTF-8 all raised); results.json numbers of the wrong range broke the table's format."""
+    run = run_folder(tmp_path / "run", files={
+        "summary.json": b'{"dev": {"base": {"em": NaN}, "rl": {"em": 0.5}}, "steps": 1e400}',
+        "dev_curve.jsonl": b'{"step": "x", "em": 0.5}\n[1]\n{"step": 2, "em": 0.25}\n\xff\n',
+        "results.json": b'{"benchmarks": {"nq": {"em": 1e308, "n": ' + b"7" * 400 + b', "searches": NaN}}}'})
+    text, page = page_of(run)
+    assert "dev_curve.jsonl:2: not a JSON object" in text and "dev_curve.jsonl:4: not UTF-8" in text
+    assert "dev EM (greedy) = NaN (step 0)" in text and "dev EM (greedy) = 0.5 (step inf)" in text
+    assert re.search(r"nq 1e\+308 - - 7777777777777… \(400-digit integer, out of range\) NaN -", text), text
+    assert len(page.imgs) >= 2  # loss, and the dev EM point at step 2
+
+
+def test_unreadable_files_in_the_folder_are_named(tmp_path):
+    run = run_folder(tmp_path / "run")
+    (run / "samples.jsonl").mkdir()
+    (run / "config.toml").mkdir()
+    (run / "probe.json").write_bytes(b'{"student": {"rerun": {"em": NaN}}}')
+    text, _ = page_of(run)
+    assert "samples.jsonl: unreadable (IsADirectoryError" in text and "config.toml: unreadable" in text
+    assert "probe.json unreadable" in text
+
+
+def test_compare_folder_with_bad_values(tmp_path):
+    """A comparison whose results.json carry NaN, 1e308 or a list of benchmarks: the table keeps what is
+    finite and names what it left out; method names with mathtext are drawn verbatim."""
+    cmp = tmp_path / "cmp"
+    cmp.mkdir()
+    (cmp / "compare.json").write_text(json.dumps({"methods": ["grpo", "$x^$"], "seeds": [0, 1, float("nan")]}))
+    for m, s, res in (("grpo", 0, b'{"method": "grpo", "seed": 0, "benchmarks": {"world": {"em": 0.5}}}'),
+                      ("grpo", 1, b'{"method": "grpo", "seed": 1, "benchmarks": {"world": {"em": NaN}}, "step_s": 1e999}'),
+                      ("$x^$", 0, b'{"method": "$x^$", "seed": 0, "benchmarks": {"world": {"em": 1e308, "em_1hop": 0.25}}}'),
+                      ("$x^$", 1, b'{"method": "$x^$", "seed": "a", "benchmarks": [1]}')):
+        run_folder(cmp / f"{m}-s{s}", files={"results.json": res})
+    assert main(["report", str(cmp)]) == 0
+    text = " ".join(re.sub(r"<[^>]+>", " ", (cmp / "report.html").read_text()).split())
+    assert "grpo-s1/results.json: world.em = NaN left out" in text
+    assert "$x^$-s0/results.json: world.em = 1e+308 left out" in text
+    assert "benchmarks is a list, not an object" in text and "step_s = inf left out" in text
+    assert 'alt="EM per method' in (cmp / "report.html").read_text()  # the bars, "$x^$" among them
+    assert re.search(r"grpo 2 50\.0", text), text
+
+
+BAD_RUNS = {
+    "mathtext key": (jl({"step": 1, "loss/$\\frac{$": 1.0, "loss/$$$": 2.0}), None, {}),
+    "1e308 step": (b'{"step": 1e308, "loss": 1.0}\n{"step": -1e308, "loss": 2.0}\n', None, {}),
+    "400-digit step": (f'{{"step": {"9" * 400}, "loss": 1.0}}\n'.encode(), None, {}),
+    "1e308 time split": (jl({"step": 1, "time/a": 1e308, "time/b": 1e308}), None, {}),
+    "NaN lT_minus_neutral": (None, b'{"reward": 0, "hind": {"distill_tokens": ["a"], "lT_minus_neutral": [NaN]}}\n', {}),
+    "400-digit reward": (None, f'{{"reward": {"1" * 400}}}\n'.encode(), {}),
+    "NaN reward": (None, b'{"reward": NaN}\n', {}),
+    "doc_titles dict": (None, jl({"turns": [{"action": "search", "doc_titles": {"a": 1}}]}), {}),
+    "igsd list": (None, jl({"igsd": [1, 2]}), {}),
+    "igsd NaN gate": (None, b'{"igsd": {"igsd_pairs": [{"gate": NaN, "ig_S": Infinity}]}}\n', {}),
+    "nested 900 deep": (None, b'{"question": ' + b"[" * 900 + b"]" * 900 + b"}\n", {}),
+    "surrogate key in samples": (None, b'{"\\ud800": 1, "step": "\\udfff"}\n', {}),
+    "summary a list": (None, None, {"summary.json": b"[1]"}),
+    "summary dev a list": (None, None, {"summary.json": b'{"dev": [1], "steps": "x"}'}),
+    "summary not UTF-8": (None, None, {"summary.json": b'{"steps": "\xff"}'}),
+    "dev_curve not UTF-8": (None, None, {"dev_curve.jsonl": b'{"step": 1, "em": 0.5}\xff\n'}),
+    "probe wrong types": (None, None, {"probe.json": b'{"student": 5, "hints": []}'}),
+    "results bench a number": (None, None, {"results.json": b'{"benchmarks": {"nq": 5}}'}),
+    "results NaN": (None, None, {"results.json": b'{"benchmarks": {"nq": {"em": NaN, "em_1hop": Infinity}}}'}),
+    "control characters": (jl({"step": 1, "loss/\x00\x1b[31m": 1.0}), jl({"question": "a\x00b\x1b[2J"}), {}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_RUNS))
+def test_every_bad_value_still_writes_the_page(name, tmp_path):
+    """More cases of the same classes, one bad value each (most of them aborted the report before this
+    change; a few were already survived and stay covered): the page is written and is valid UTF-8."""
+    metrics, samples, files = BAD_RUNS[name]
+    run = run_folder(tmp_path / "run", metrics, samples, files)
+    out = write_report(run)
+    out.read_bytes().decode("utf-8")
+    assert "<h2>" in render(run)
