@@ -18,6 +18,13 @@ TEACHERS = ("frozen", "live", "ema")
 FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
 
 
+DISTILL_ON = ("query", "action", "decision", "decision_query")
+"""``hindsearch.distill_on`` (``hindsearch.hindsight.teacher.distill_weights`` reads this tuple)."""
+
+
+CRITIQUE_SOURCES = ("own", "shuffled")
+
+
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
 
 

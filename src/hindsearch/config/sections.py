@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hindsearch.config.fields import AGGREGATIONS, FEEDBACK_KINDS, TEACHERS, bounded, choice
+from hindsearch.config.fields import AGGREGATIONS, CRITIQUE_SOURCES, DISTILL_ON, FEEDBACK_KINDS, TEACHERS, bounded, choice
 
 
 @dataclass
@@ -192,6 +192,9 @@ class TrainConfig:
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = bounded(None, gt=0)
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
+    grpo_scale: float = bounded(1.0, ge=0.0)
+    """Factor on GRPO's loss (1 = the method as defined; 0 = the hindsight terms alone, the distillation-only check
+    of the mechanism: rollouts, rewards and metrics as usual, but no policy-gradient update)."""
     grad_share_steps: int = bounded(10, ge=0)
     """Every N optimizer steps (from the first), log each hindsight term's share of the update
     (``<term>/grad_share``: the norm of ``d(lambda L_term)/dh`` against ``d L_GRPO/dh`` at the last hidden state
@@ -234,10 +237,21 @@ class HindSearchConfig:
     """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
     signed_clip: float = bounded(1.0, gt=0.0)
     """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``."""
-    distill_on: str = choice("query", ("query", "action"))
-    """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``) or ``action``
-    (the query tokens plus, in every turn after an information block, the turn's first token and the
-    tokens of its ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made)."""
+    distill_on: str = choice("query", DISTILL_ON)
+    """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``); ``action`` (the query
+    tokens plus, in every turn after an information block, the turn's first token and the tokens of its
+    ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made); ``decision`` (every
+    token of each post-information turn up to and including its first action tag, and no query token: the
+    decision alone, also where the tokenizer spreads it over several tokens); ``decision_query`` (the decision
+    plus the query tokens of the post-information turns: the second query)."""
+    action_weight: float = bounded(1.0, gt=0.0)
+    """Weight of each action/decision token against a query token (1) in ``L_hind``'s reduction, for
+    ``distill_on = action`` or ``decision_query``: above 1, query tokens where teacher and student agree cannot
+    dilute the decision under a token mean."""
+    critique_source: str = choice("own", CRITIQUE_SOURCES)
+    """Whose critique the teacher reads: ``own`` (the judge's critique of this rollout) or ``shuffled`` (the
+    critique of a failed rollout of *another* question, from this step or the last steps: the control that keeps
+    the prompt shift and the extra gradient at the same positions but removes the critique's information)."""
     aggregation: str = choice("token-mean", AGGREGATIONS)
     """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
     this tuple)."""

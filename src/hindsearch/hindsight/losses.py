@@ -78,7 +78,7 @@ def register_aggregation(name: str, units: Units | None) -> Callable[[Aggregatio
 
 
 def _tokens(mask: Tensor) -> float:
-    return float((mask > 0).sum())
+    return float(mask.float().clamp(min=0.0).sum())  # the number of tokens of a 0/1 mask, the weight of a weighted one
 
 
 def _rows(mask: Tensor) -> float:
@@ -131,11 +131,16 @@ def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
     ``token-mean``: sum / number of masked tokens; ``seq-mean-token-mean``: mean over rows that
     have a masked token of each row's token mean; ``seq-mean-token-sum``: same with row sums;
     ``sum``: plain masked sum. Empty masks give an exact 0 that keeps ``loss``'s graph.
+
+    A mask with values other than 0 and 1 is a per-token weight ``w >= 0``: every reduction becomes its
+    weighted form (``token-mean`` = ``sum(w * loss) / sum(w)``, ...). On a 0/1 mask ``loss * w`` is ``loss``
+    exactly, so the result is bit-identical to the unweighted reduction.
     """
     fn = AGGREGATIONS.get(mode)
     if fn is None:
         raise ValueError(f"agg mode {mode!r} is not one of {', '.join(AGGREGATIONS)}")
-    return fn(torch.where(mask.bool(), loss, torch.zeros_like(loss)), mask.to(loss.dtype))
+    w = mask.to(loss.dtype)
+    return fn(torch.where(mask > 0, loss * w, torch.zeros_like(loss)), w)
 
 
 def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:

@@ -11,13 +11,14 @@ given ``prefix_i + continuation_i[:t]``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 from torch import Tensor
 
 from hindsearch import compute
 from hindsearch.agent import protocol
+from hindsearch.config.fields import DISTILL_ON
 
 TEACHERS = ("frozen", "live", "ema")
 
@@ -105,13 +106,76 @@ def action_mask(traj: Any, tokenizer: Any) -> list[int]:
     return out
 
 
-def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[int]:
-    """The tokens a hindsight term distils: ``query`` → ``query_mask``; ``action`` → ``query_mask`` OR ``action_mask``."""
+def _post_information_turns(traj: Any, n: int) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` completion spans of the turns that follow a search turn with an injected block."""
+    turns = list(traj.turns)
+    for prev, turn in zip(turns, turns[1:]):
+        if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
+            continue
+        s, e = turn.gen_span[0], min(turn.gen_span[1], n)
+        if e > s:
+            yield s, e
+
+
+def decision_mask(traj: Any, tokenizer: Any) -> list[int]:
+    """1 on every token of the search-again-or-answer decision, else 0.
+
+    For every turn that follows a search turn with an injected block: the turn's tokens from its first
+    generated token through the tokens overlapping its first ``<search>`` or ``<answer>`` opening tag (the
+    whole turn when it opens neither). Unlike ``action_mask`` (the first content token and the tag), this
+    covers a decision the tokenizer spreads over several tokens (``" I"`` / ``" The"`` then ``" am"`` /
+    ``" should"`` on micro). Length = ``len(completion_ids)``.
+    """
+    n = len(traj.completion_ids)
+    out = [0] * n
+    for s, e in _post_information_turns(traj, n):
+        ids = traj.completion_ids[s:e]
+        text = tokenizer.decode(ids)
+        hits = [text.find(tag) + len(tag) for tag in ACTION_TAGS if tag in text]
+        stop = min(hits) if hits else len(text)
+        prev_end = 0
+        for j in range(len(ids)):
+            if prev_end >= stop:
+                break
+            out[s + j] = 1
+            prev_end = len(tokenizer.decode(ids[: j + 1]))
+    return out
+
+
+def later_query_mask(traj: Any) -> list[int]:
+    """``query_mask`` restricted to the turns after an information block (the second query onwards)."""
+    n = len(traj.completion_ids)
+    out = [0] * n
+    for s, e in _post_information_turns(traj, n):
+        out[s:e] = [int(bool(q)) for q in traj.query_mask[s:e]]
+    return out
+
+
+def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action_weight: float = 1.0) -> list[float]:
+    """Per-token weights of a hindsight term's loss (0 = not distilled), length ``len(completion_ids)``.
+
+    ``query``: 1 on ``query_mask``. ``action``: ``query_mask`` plus ``action_mask`` (the first token and the tag of
+    each post-information turn). ``decision``: ``decision_mask`` alone (the whole decision, no query token).
+    ``decision_query``: ``decision_mask`` plus the query tokens of the post-information turns (the second query,
+    where a critique like "first find B" must also act). Decision/action tokens weigh ``action_weight``, query
+    tokens 1, so that query tokens where teacher and student agree cannot dilute the decision under a mean.
+    """
     if distill_on == "query":
-        return list(traj.query_mask)
+        return [float(bool(q)) for q in traj.query_mask]
     if distill_on == "action":
-        return [int(bool(q) or bool(a)) for q, a in zip(traj.query_mask, action_mask(traj, tokenizer))]
-    raise ValueError(f"distill_on = {distill_on!r} is not one of ('query', 'action')")
+        act, query = action_mask(traj, tokenizer), traj.query_mask
+    elif distill_on == "decision":
+        act, query = decision_mask(traj, tokenizer), [0] * len(traj.completion_ids)
+    elif distill_on == "decision_query":
+        act, query = decision_mask(traj, tokenizer), later_query_mask(traj)
+    else:
+        raise ValueError(f"distill_on = {distill_on!r} is not one of {DISTILL_ON}")
+    return [float(action_weight) if a and not q else float(bool(q)) for q, a in zip(query, act)]
+
+
+def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[int]:
+    """The tokens a hindsight term distils (0/1): ``distill_weights > 0``."""
+    return [int(w > 0) for w in distill_weights(traj, tokenizer, distill_on)]
 
 
 continuation_logprobs = compute.score_continuations

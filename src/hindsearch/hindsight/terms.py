@@ -33,7 +33,7 @@ from hindsearch.hindsight.igsd import run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
 from hindsearch.hindsight.teacher import (
     NEUTRAL_CRITIQUE,
-    distill_mask,
+    distill_weights,
     hindsearch_prompt_ids,
     select_teacher,
     teacher_token_logprobs,
@@ -41,6 +41,10 @@ from hindsearch.hindsight.teacher import (
 )
 from hindsearch.records import Trajectory
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, AuxTerm
+
+
+SHUFFLE_POOL = 64
+"""Critiques (with their question ids) the shuffled control keeps from earlier steps to draw from."""
 
 
 def mask_positions(mask: torch.Tensor, completion_len: int) -> torch.Tensor:
@@ -127,7 +131,7 @@ def _write_rows(rows: _TeacherRows, trajectories: list[Trajectory], masks: dict[
     gaps = []
     for j, i in enumerate(rows.use):
         tr, n = trajectories[i], len(rows.comps[j])
-        m = torch.tensor(masks[i][:n], dtype=torch.float)
+        m = torch.tensor(masks[i][:n], dtype=torch.float)  # per-token weights (0 = not distilled)
         tens["hind_mask"][i, :n] = m
         tens["hind_lT"][i, :n] = rows.lT[j, :n]
         if rows.top_ids is not None and rows.top_lp is not None:
@@ -158,6 +162,7 @@ class HindSearchTerm:
         self.needs_ema = cfg.teacher == "ema"
         self.ema_decay = cfg.ema_decay
         self._judge = judge
+        self._pool: list[tuple[str, str]] = []  # (question id, critique) of recent steps: the shuffled control's draw
 
     def judge(self, ctx: AuxContext) -> Any:
         """The judge injected at assembly (``make_terms(cfg, judge=...)``), else the oracle or the LM judge on the
@@ -179,22 +184,26 @@ class HindSearchTerm:
         tens = _hind_tensors(B, T, k)
         judge = self.judge(ctx)
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
-        masks = {i: distill_mask(trajectories[i], ctx.tokenizer, c.distill_on)[:T] for i in failed}
+        masks = {i: distill_weights(trajectories[i], ctx.tokenizer, c.distill_on, c.action_weight)[:T] for i in failed}
         elig = [i for i in failed if any(masks[i])]
         met = _hind_metrics(B, failed, elig, judge, c.neutral_control)
+        if c.critique_source == "shuffled":
+            met["shuffle_missing"] = 0.0
         samples: list[dict[str, Any]] = [{} for _ in trajectories]
         synced = sync.active()  # several processes: every rank reaches the judge and teacher regions, even idle
         if not elig and not synced:
             return AuxBatch(tens, met, samples)
         crits = _critique(judge, trajectories, elig, met, samples)
         use = [i for i, cr in zip(elig, crits) if cr.usable]
+        texts = {i: cr.text for i, cr in zip(elig, crits)}
+        if c.critique_source == "shuffled":
+            use, texts = self._shuffle(trajectories, use, texts, ctx.step, met, samples)
         met["critiques"] = float(len(use))
         if not use and not synced:
             return AuxBatch(tens, met, samples)
         t0 = time.perf_counter()
         teacher = select_teacher(c.teacher, ctx)
-        by_row = {i: cr for i, cr in zip(elig, crits)}
-        prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, by_row[i].text) for i in use]
+        prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, texts[i]) for i in use]
         comps = [through_last_query(trajectories[i].completion_ids, masks[i], T) for i in use]  # exact
         lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=k)
         lN = None
@@ -207,9 +216,38 @@ class HindSearchTerm:
         _write_rows(rows, trajectories, masks, ctx.tokenizer, tens, met, samples)
         return AuxBatch(tens, met, samples)
 
+    def _shuffle(self, trajectories: list[Trajectory], use: list[int], texts: dict[int, str], step: int,
+                 met: dict[str, float], samples: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]]:
+        """The shuffled-critique control: each row in ``use`` gets the usable critique of a failed rollout of
+        another question, drawn (seeded by the step) from this step's critiques and the last steps' (a pool of
+        ``SHUFFLE_POOL``); a row with none available is dropped and counted in ``shuffle_missing``."""
+        rng = random.Random(1_000_003 * step + 17)
+        pool = list(self._pool) + [(trajectories[i].qid, texts[i]) for i in use]
+        kept, shown = [], {}
+        for i in use:
+            others = [t for q, t in pool if q != trajectories[i].qid]
+            if not others:
+                met["shuffle_missing"] += 1.0
+                continue
+            shown[i] = rng.choice(others)
+            samples[i]["critique_shown"] = shown[i]
+            kept.append(i)
+        self._pool.extend((trajectories[i].qid, texts[i]) for i in use)
+        del self._pool[:-SHUFFLE_POOL]
+        return kept, shown
+
     def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
         """The distilled tokens of failed rollouts with a usable critique: ``hind_mask > 0``."""
         return mask_positions(inputs["hind_mask"], completion_len)
+
+    def unit_weights(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
+        """``[B, completion_len]`` float: each distilled token's weight in the reduction (``hind_mask``: 1 on query
+        tokens, ``action_weight`` on action/decision tokens), which micro-batches count as their units."""
+        m = inputs["hind_mask"]
+        out = torch.zeros(m.shape[0], completion_len, dtype=torch.float, device=m.device)
+        T = min(completion_len, m.shape[1])
+        out[:, :T] = m[:, :T].float().clamp(min=0.0)
+        return out
 
     def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
              inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
@@ -232,7 +270,7 @@ class HindSearchTerm:
             x.topk_ids, x.topk_logp = at(inputs["hind_topk_ids"], idx).to(dev), at(inputs["hind_topk_logp"], idx).to(dev)
         v = div.fn(x)
         L = losses.agg(scatter(v, idx, shape), scatter(mask, idx, shape), c.aggregation)
-        met = {"L_hind": float(L.detach()), **losses.gap_diagnostics(lT, lS, mask)}
+        met = {"L_hind": float(L.detach()), **losses.gap_diagnostics(lT, lS, mask > 0)}
         return L, met
 
 

@@ -123,7 +123,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
         tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
         format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay,
-        grad_share_steps=cfg.train.grad_share_steps,
+        grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
         peft_config=peft_config)
     if ctx is not None:
         if ctx.frozen is None:

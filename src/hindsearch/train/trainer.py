@@ -77,6 +77,13 @@ from hindsearch.train.callbacks import (
 )
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
 
+def _units(term: Any, inputs: dict[str, torch.Tensor], C: int) -> torch.Tensor:
+    """``[B, C]``: what a term's reduction counts per token: its ``unit_weights`` when it weights tokens, else its
+    0/1 positions."""
+    weights = getattr(term, "unit_weights", None)
+    return weights(inputs, C) if weights is not None else term.positions(inputs, C)
+
+
 class HindsearchGRPOTrainer(GRPOTrainer):
     """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms)."""
 
@@ -96,6 +103,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         rollout_seed: int = 0,
         ema_decay: float = 0.99,
         grad_share_steps: int = 10,
+        grpo_scale: float = 1.0,
         **kwargs: Any,
     ) -> None:
         from datasets import Dataset
@@ -121,6 +129,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self._vllm_attached = False
         self.ema_decay = ema_decay
         self.grad_share_steps = grad_share_steps
+        self.grpo_scale = float(grpo_scale)  # train.grpo_scale: 0 = the hindsight terms alone
         if getattr(args, "use_vllm", False):
             self._apply_vllm_fields(args, engine)
         super().__init__(
@@ -247,7 +256,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
                     raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
                 out[aux_key(term.name, k)] = v.to(device)
             # the step's positions of the term, row by row: micro-batches weight their loss by their share of them
-            self._step_positions[term.name] = term.positions(term_inputs(out, term.name), T).cpu()
+            self._step_positions[term.name] = _units(term, term_inputs(out, term.name), T).cpu()
             metrics.update({f"{term.name}/{k}": float(v) for k, v in batch.metrics.items()})
             aux_samples[term.name] = batch.samples
         self.record_metrics(metrics, summed=summed_over_processes)
@@ -275,10 +284,10 @@ class HindsearchGRPOTrainer(GRPOTrainer):
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not self.terms:
-            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
         else:
             with self._capture_hidden(model) as captured:
-                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+                loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
             hidden = torch.cat(captured, dim=0) if len(captured) > 1 else captured[0]
             completion_ids = inputs["completion_ids"]
             lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
@@ -314,7 +323,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
 
         if not self.model.training or term.name not in self._step_positions:
             return 1.0
-        mine = term.positions(term_inputs(inputs, term.name), C).cpu()
+        mine = _units(term, term_inputs(inputs, term.name), C).cpu()
         return micro_batch_weight(mine, self._step_positions[term.name], getattr(term, "aggregation", "token-mean"))
 
     # ------------------------------------------------------------------ metrics (TRL's _metrics)

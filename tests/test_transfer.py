@@ -1,0 +1,204 @@
+"""The transfer pieces of issue 21: the decision mask and per-token action weights, the weighted reduction, the
+shuffled-critique control, GRPO's loss scale (the distillation-only check) and the direction of one step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hindsearch.config import Config
+from hindsearch.hindsight import losses as L
+from hindsearch.hindsight import teacher as T
+from hindsearch.hindsight.terms import HindSearchTerm, loss_from_full_logits
+from hindsearch.models import tiny_random_model
+
+from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401  (fixtures; tests dir on sys.path)
+
+TWO_TURNS = ["rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24", "rollout.max_total_tokens=2048"]
+
+
+def _demos(world, tok, n=6):
+    from hindsearch.train.demos import tokenize_demo
+    from hindsearch.train.scripted import ScriptedSearcher
+
+    w, retriever = world
+    two = [r for r in w.splits["train"] + w.splits["dev"] + w.splits["test"] if r.hops == 2][:n]
+    return [tokenize_demo(tok, d) for d in ScriptedSearcher(retriever, topk=2, p_bridge=1.0).demos(two)]
+
+
+# ------------------------------------------------------------------ masks and weights
+def test_decision_mask_covers_each_post_information_turn_up_to_its_tag(world, tok):
+    checked = 0
+    for d in _demos(world, tok):
+        m = T.decision_mask(d, tok)
+        assert not any(m[: d.turns[0].gen_span[1]])  # nothing in the first turn
+        assert not any(v and q for v, q in zip(m, d.query_mask))  # no query token
+        for prev, turn in zip(d.turns, d.turns[1:]):
+            s, e = turn.gen_span
+            marked = [j for j in range(s, e) if m[j]]
+            assert marked == list(range(s, s + len(marked)))  # one span from the turn's first token
+            text = tok.decode(d.completion_ids[s : s + len(marked)])
+            tag = "<search>" if "<search>" in tok.decode(d.completion_ids[s:e]) else "<answer>"
+            assert text.rstrip().endswith(tag), text  # ... through the action tag, not past it
+            assert tag not in tok.decode(d.completion_ids[s : s + len(marked) - 1])
+            checked += 1
+        # the old action mask's positions are all inside the decision span
+        assert all(m[j] for j, a in enumerate(T.action_mask(d, tok)) if a)
+    assert checked >= 6
+
+
+def test_distill_weights_per_mode(world, tok):
+    d = next(x for x in _demos(world, tok) if len(x.turns) >= 3)  # search, search again, answer
+    q, act, dec = d.query_mask, T.action_mask(d, tok), T.decision_mask(d, tok)
+    later = T.later_query_mask(d)
+    first_q = [j for j in range(*d.turns[0].gen_span) if q[j]]
+    assert first_q and not any(later[j] for j in first_q) and any(later)
+    assert T.distill_weights(d, tok, "query") == [float(x) for x in q]
+    assert T.distill_weights(d, tok, "action") == [float(bool(a) or bool(b)) for a, b in zip(q, act)]
+    w = T.distill_weights(d, tok, "decision_query", action_weight=4.0)
+    assert w == [4.0 if x and not y else float(bool(y)) for x, y in zip(dec, later)]
+    assert T.distill_weights(d, tok, "decision", action_weight=3.0) == [3.0 * x for x in dec]
+    assert T.distill_mask(d, tok, "decision_query") == [int(x > 0) for x in w]
+    with pytest.raises(ValueError, match="distill_on"):
+        T.distill_weights(d, tok, "tokens")
+
+
+def test_weighted_reduction_is_the_weighted_mean_and_exact_on_binary_masks():
+    torch.manual_seed(0)
+    v = torch.randn(3, 5)
+    m = (torch.rand(3, 5) > 0.4).float()
+    for mode in L.AGGREGATIONS:  # 0/1 mask: exactly the unweighted reduction (loss * 1 is loss)
+        ref = L.AGGREGATIONS[mode](torch.where(m.bool(), v, torch.zeros_like(v)), m)
+        assert torch.equal(L.agg(v, m, mode), ref)
+    w = m * torch.tensor([1.0, 4.0, 1.0, 4.0, 1.0])
+    assert L.agg(v, w, "token-mean").item() == pytest.approx(float((v * w).sum() / w.sum()), rel=1e-6)
+    assert L.micro_batch_weight(w[:1], w, "token-mean") == pytest.approx(float(w[0].sum() / w.sum()))
+
+
+# ------------------------------------------------------------------ the shuffled-critique control
+def test_shuffled_control_shows_another_questions_critique(world, tok):
+    from types import SimpleNamespace
+
+    cfg = Config.load(None, ['hindsearch.critique_source="shuffled"', 'hindsearch.judge_kind="oracle"'])
+    term = HindSearchTerm(cfg.hindsearch)
+    trs = [SimpleNamespace(qid=q) for q in ("a", "a", "b")]
+    texts = {0: "crit a0", 1: "crit a1", 2: "crit b"}
+    met, samples = {"shuffle_missing": 0.0}, [{} for _ in trs]
+    kept, shown = term._shuffle(trs, [0, 1, 2], texts, step=0, met=met, samples=samples)
+    assert kept == [0, 1, 2] and shown[0] == shown[1] == "crit b" and shown[2] in ("crit a0", "crit a1")
+    assert samples[2]["critique_shown"] == shown[2]
+    # one question alone in a fresh term: nothing of another question to show, the rows are dropped and counted
+    lone = HindSearchTerm(cfg.hindsearch)
+    met = {"shuffle_missing": 0.0}
+    kept, _ = lone._shuffle(trs[:2], [0, 1], texts, step=0, met=met, samples=[{}, {}])
+    assert kept == [] and met["shuffle_missing"] == 2.0
+    # ... but a later step draws from the earlier steps' critiques
+    kept, shown = lone._shuffle([SimpleNamespace(qid="c")], [0], {0: "crit c"}, step=1, met=met, samples=[{}])
+    assert kept == [0] and shown[0] in ("crit a0", "crit a1")
+
+
+# ------------------------------------------------------------------ one step moves the decision toward the teacher
+def test_one_step_of_the_decision_term_moves_the_student_toward_the_teachers_token(world, tok):
+    """A constructed case: at the decision tokens of a failed rollout the teacher puts its top-k mass on
+    ``<search>``; one SGD step of ``L_hind`` (reverse KL, top-k + tail) raises the student's probability of
+    ``<search>`` there and lowers the KL."""
+    d = _demos(world, tok)[0]  # search, search again, answer: two decisions
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    cfg = Config.load(None, ['hindsearch.divergence="reverse_kl"', 'hindsearch.distill_on="decision"', "hindsearch.topk=4"])
+    term = HindSearchTerm(cfg.hindsearch)
+    w = torch.tensor(T.distill_weights(d, tok, "decision"))
+    n = len(d.completion_ids)
+    pos = w.nonzero().flatten()
+    assert len(pos) >= 2
+    search_id = tok.convert_tokens_to_ids("<search>")
+    k = 4
+    ids = torch.zeros(1, n, k, dtype=torch.long)
+    logp = torch.full((1, n, k), -30.0)
+    ids[0, :, 0] = search_id
+    logp[0, :, 0] = 0.0  # the teacher: <search> with probability ~1 at every decision token
+    ids[0, :, 1:] = torch.arange(1, k).view(1, k - 1)
+    inputs = {"hind_mask": w.view(1, n), "hind_lT": torch.zeros(1, n), "hind_topk_ids": ids, "hind_topk_logp": logp}
+    full = torch.tensor([d.prompt_ids + d.completion_ids])
+    comp = torch.tensor([d.completion_ids])
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+
+    def step_values():
+        logits = model(input_ids=full).logits[:, len(d.prompt_ids) - 1 : -1]  # [1, n, V]
+        p = torch.softmax(logits[0, pos].float(), -1)[:, search_id]
+        loss, _ = loss_from_full_logits(term, logits, comp, inputs)
+        return loss, p
+
+    loss0, p0 = step_values()
+    opt.zero_grad()
+    loss0.backward()
+    opt.step()
+    with torch.no_grad():
+        loss1, p1 = step_values()
+    assert float(loss1) < float(loss0)
+    assert bool((p1 > p0).all()), (p0, p1)
+
+
+# ------------------------------------------------------------------ GRPO's loss scale and the weighted term through the trainer
+def test_grpo_scale_zero_leaves_the_policy_to_the_hindsight_term(world, tok, tmp_path):
+    """``train.grpo_scale = 0``: a GRPO run's weights do not move (SGD, no weight decay), a HindSearch run's
+    do, through the decision term alone; the metrics still log GRPO's rewards."""
+    w, retriever = world
+    base = OVERRIDES + TWO_TURNS + ["train.steps=1", "train.kl_coef=0.0", "train.grpo_scale=0.0", "train.lr=0.5",
+                                    'train.trl.optim="sgd"', 'hindsearch.judge_kind="oracle"', "hindsearch.lam=5.0",
+                                    'hindsearch.distill_on="decision"', "train.grad_share_steps=1",
+                                    'hindsearch.divergence="reverse_kl"', "hindsearch.topk=8"]
+    moved = {}
+    for method in ("grpo", "hindsearch"):
+        cfg = Config.load(None, base + [f'method="{method}"'])
+        trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:2], tmp_path / method)
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer.train()
+        moved[method] = float(sum((p.detach() - b).abs().sum() for p, b in zip(model.parameters(), before)))
+        row = json.loads((tmp_path / method / "metrics.jsonl").read_text().splitlines()[0])
+        assert "reward" in row or any(k.startswith("rewards/") for k in row), row
+        if method == "hindsearch":
+            assert row["hind/distill_tokens"] > 0 and row["hind/action_tokens"] == row["hind/distill_tokens"]
+            assert "hind/grad_share" not in row  # no GRPO gradient to compare with
+    assert moved["grpo"] == 0.0
+    assert moved["hindsearch"] > 0.0
+
+
+def test_micro_batches_keep_the_weighted_terms_weight(world, tok, tmp_path):
+    """With ``action_weight`` the micro-batches count weights, not tokens: one SGD step with micro-batches of one
+    rollout equals the whole-batch step (as ``test_micro_batches_do_not_change_the_hindsight_weight`` for 0/1)."""
+    w, retriever = world
+    base = OVERRIDES + TWO_TURNS + ['method="hindsearch"', "train.steps=1", "train.kl_coef=0.0",
+                                    'hindsearch.judge_kind="oracle"', "hindsearch.lam=5.0", "train.lr=0.5",
+                                    'train.trl.optim="sgd"', "train.grad_share_steps=0",
+                                    'hindsearch.distill_on="action"', "hindsearch.action_weight=4.0",
+                                    'hindsearch.divergence="reverse_kl"', "hindsearch.topk=8"]
+    deltas = {}
+    for mb in ("none", "1"):
+        cfg = Config.load(None, base + ([] if mb == "none" else [f"train.micro_batch_size={mb}"]))
+        trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:2], tmp_path / f"mb-{mb}")
+        before = [p.detach().clone() for p in model.parameters()]
+        trainer.train()
+        deltas[mb] = torch.cat([(p.detach() - b).flatten() for p, b in zip(model.parameters(), before)])
+        row = json.loads((tmp_path / f"mb-{mb}" / "metrics.jsonl").read_text().splitlines()[0])
+        assert row["hind/loss"] != 0.0 and row["hind/distill_tokens"] > row["hind/action_tokens"] > 0, row
+    full, micro = deltas["none"], deltas["1"]
+    assert full.norm() > 0
+    assert (micro - full).norm() / full.norm() < 1e-4, float((micro - full).norm() / full.norm())
+
+
+def test_micro_batch_share_counts_weights_not_tokens():
+    """Rows of different composition: a micro-batch's share of a weighted term is its share of the weight (6/10),
+    not of the tokens (3/4); a term without ``unit_weights`` still counts its positions."""
+    from types import SimpleNamespace
+
+    from hindsearch.train.trainer import _units
+
+    cfg = Config.load(None, ['hindsearch.distill_on="action"', "hindsearch.action_weight=4.0"])
+    term = HindSearchTerm(cfg.hindsearch)
+    inputs = {"hind_mask": torch.tensor([[1.0, 1.0, 4.0], [4.0, 0.0, 0.0]])}
+    units = _units(term, inputs, 3)
+    assert L.micro_batch_weight(units[:1], units, "token-mean") == pytest.approx(0.6)
+    plain = SimpleNamespace(positions=lambda x, C: x["hind_mask"] > 0)
+    assert L.micro_batch_weight(_units(plain, inputs, 3)[:1], _units(plain, inputs, 3), "token-mean") == pytest.approx(0.75)
