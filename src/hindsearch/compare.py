@@ -16,7 +16,9 @@ Protocol (only the method differs between runs):
 Resumable: finished runs (``done.json``) are skipped; an interrupted run resumes from its last
 checkpoint (``run_train(resume=...)``); a run trained but not yet evaluated is only evaluated.
 
-Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``.
+Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``;
+``hindsearch-shuffled`` = ``hindsearch`` whose teacher reads the critique of another question
+(``hindsearch.critique_source = shuffled``); ``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
 """
 
 from __future__ import annotations
@@ -35,7 +37,9 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "grpo": ["method=grpo"],
     "hindsearch": ["method=hindsearch", "hindsearch.judge_sees_gold=true"],
     "hindsearch-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false"],
+    "hindsearch-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.critique_source=shuffled"],
     "igsd": ["method=igsd"],
+    "igsd-nogate": ["method=igsd", "igsd.gate=none"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],
 }
 
@@ -373,7 +377,8 @@ def register(sub: Any) -> None:
     c.add_argument("--config", default="tiny-cpu",
                    help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
     c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
-                   help="comma list of grpo, hindsearch, hindsearch-nogold, igsd, hindsearch+igsd")
+                   help="comma list of grpo, hindsearch, hindsearch-nogold, hindsearch-shuffled, igsd, igsd-nogate, "
+                        "hindsearch+igsd")
     c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
     c.add_argument("--steps", type=positive_int, default=None,
                    help="RL steps per run (default: the preset's train.steps)")

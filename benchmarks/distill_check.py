@@ -1,0 +1,203 @@
+"""The distillation-only check of HindSearch's mechanism (issue 21, part 1): can the term alone move the student?
+
+From one starting checkpoint (the preset's shared warm-up), each arm trains with GRPO's loss scaled to 0
+(``train.grpo_scale = 0``) and the HindSearch term alone, and every ``--every`` steps the checkpoint is measured on
+**held-out** states: the starting checkpoint's greedy failures on the *test* split's two-hop questions, cut right
+after their first information block (the same states for every arm, seed and step, so the curves are paired).
+
+Arms (``--arms``):
+* ``gold``     - the oracle critique with the gold answer (the method);
+* ``nogold``   - the critique without gold (carries no information: the clean control);
+* ``shuffled`` - the gold critique of *another* question (``hindsearch.critique_source = shuffled``): the same
+  prompt shift and the same extra gradient at the same positions, without this question's information.
+
+Per checkpoint (``curve.jsonl``, one row per arm, seed and step; the table at the end):
+* ``p_search``   - sampled P(search again) from the held-out states (``--samples`` per state, temperature 1);
+* ``greedy_search_again``, ``hit_missed`` - the greedy continuation searches again / its next query retrieves the
+  evidence passage the first search missed (the bridge-query hit rate, per state);
+* ``hit_given_search`` - hit_missed among the states whose greedy continuation searched;
+* ``em_from_state`` and the greedy two-hop EM on ``--em-questions`` test two-hop questions (full rollouts).
+
+Usage (one torch thread per process; resumable: finished (arm, seed) runs and measured steps are skipped):
+
+    OMP_NUM_THREADS=1 python benchmarks/distill_check.py --config configs/micro-mech.toml \\
+        --arms gold,nogold,shuffled --seeds 0,1,2 --steps 60 --every 20 --out runs/distill-check
+
+``--set KEY=VALUE`` overrides the arms' training config (e.g. ``hindsearch.lam=2``); the defaults are the
+decision-only term at lambda 2 (``hindsearch.distill_on = decision``), the setting of the issue's pilot.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+ARMS = {
+    "gold": ["hindsearch.judge_sees_gold=true", 'hindsearch.critique_source="own"'],
+    "nogold": ["hindsearch.judge_sees_gold=false", 'hindsearch.critique_source="own"'],
+    "shuffled": ["hindsearch.judge_sees_gold=true", 'hindsearch.critique_source="shuffled"'],
+}
+DEFAULT_SET = ['method="hindsearch"', "train.grpo_scale=0.0", "hindsearch.lam=2.0", 'hindsearch.distill_on="decision"',
+               "train.eval_steps=0", "train.grad_share_steps=0", "train.trl.save_total_limit=1000"]
+
+
+def held_out_states(cfg: Any, init: str, n: int, log: Any) -> dict[str, Any]:
+    """The starting checkpoint's greedy failures on the test split's two-hop questions, cut after their first
+    information block: ``{"records": [...], "prefixes": [...], "failed": [...]}`` (at most ``n``)."""
+    import torch
+
+    from hindsearch.compare import eval_sets
+    from hindsearch.hindsight.probe import first_info_end
+    from hindsearch.models import load_policy
+    from hindsearch.retrieval.factory import load_retriever
+    from hindsearch.setup import eval_engine
+
+    _, test, index_dir = eval_sets(cfg, None, None, None)[0]
+    two = [r for r in test if r.hops == 2]
+    model, tok = load_policy(replace(cfg.model, name=init, gguf_file=None))
+    engine = eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))
+    with torch.no_grad():
+        base = engine.rollout(two, greedy=True)
+    by_id = {r.id: r for r in two}
+    failed = [t for t in base if t.failed and first_info_end(t) is not None][:n]
+    log(f"held-out states: {len(failed)} greedy two-hop failures with a first information block "
+        f"(of {len(two)} test two-hop questions; start two-hop EM {100 * statistics.fmean(t.em for t in base):.1f})")
+    return {"records": [by_id[t.qid] for t in failed], "failed": failed,
+            "prefixes": [list(t.completion_ids[: first_info_end(t)]) for t in failed],
+            "two_hop": two, "index_dir": index_dir}
+
+
+def measure(cfg: Any, checkpoint: str, st: dict[str, Any], samples: int, em_questions: int, seed: int) -> dict[str, float]:
+    """The held-out numbers of one checkpoint (see the module docstring)."""
+    import torch
+
+    from hindsearch.hindsight.probe import decision_probability, state_stats
+    from hindsearch.models import load_policy
+    from hindsearch.retrieval.factory import load_retriever
+    from hindsearch.setup import eval_engine
+
+    model, tok = load_policy(replace(cfg.model, name=checkpoint, gguf_file=None))
+    engine = eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, st["index_dir"]))
+    recs, pref, failed = st["records"], st["prefixes"], st["failed"]
+    with torch.no_grad():
+        p = decision_probability(engine, recs, pref, [None] * len(recs), samples, seed)
+        conts = engine.rollout(recs, greedy=True, prefixes=pref)
+        s = state_stats(engine, tok, [engine.prompt_ids(r.question) for r in recs], pref, conts, failed)
+        searched = [bool(c.turns) and c.turns[0].action == "search" for c in conts]
+        two = st["two_hop"][:em_questions]
+        em = statistics.fmean(t.em for t in engine.rollout(two, greedy=True)) if two else 0.0
+    hit_given = s["hit_missed"] * len(conts) / max(sum(searched), 1)
+    return {"p_search": p, "greedy_search_again": s["search_again"], "hit_missed": s["hit_missed"],
+            "hit_given_search": hit_given, "em_from_state": s["em_from_state"], "two_hop_em": em}
+
+
+def _done_rows(path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
+    rows = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                r = json.loads(line)
+                rows[(r["arm"], r["seed"], r["step"])] = r
+    return rows
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """Mean ± standard deviation over seeds, per arm and step (rates in %)."""
+    keys = ("p_search", "greedy_search_again", "hit_missed", "hit_given_search", "em_from_state", "two_hop_em")
+    head = "| arm | step | seeds | " + " | ".join(keys) + " |"
+    out = [head, "|" + "---|" * (head.count("|") - 1)]
+    groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["arm"], r["step"]), []).append(r)
+    for (arm, step), g in sorted(groups.items(), key=lambda kv: (kv[0][0] != "start", kv[0][0], kv[0][1])):
+        cells = []
+        for k in keys:
+            xs = [100 * r[k] for r in g]
+            sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
+            cells.append(f"{statistics.fmean(xs):.1f} ± {sd:.1f}" if len(xs) > 1 else f"{xs[0]:.1f}")
+        out.append(f"| {arm} | {step} | {len(g)} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    ap.add_argument("--config", default="configs/micro-mech.toml")
+    ap.add_argument("--arms", default="gold,nogold,shuffled")
+    ap.add_argument("--seeds", default="0,1,2")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--every", type=int, default=20, help="measure every N steps (checkpoints are saved at these)")
+    ap.add_argument("--states", type=int, default=64, help="held-out failed states")
+    ap.add_argument("--samples", type=int, default=4, help="samples per state for P(search again)")
+    ap.add_argument("--em-questions", type=int, default=300, help="test two-hop questions for the greedy EM")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--out", default="runs/distill-check")
+    ap.add_argument("--only-train", action="store_true", help="train the arms, measure nothing (for a parallel worker)")
+    args = ap.parse_args(argv)
+
+    from hindsearch.compare import shared_warmup
+    from hindsearch.config import Config
+    from hindsearch.models import resolve_model
+    from hindsearch.train.run import run_train
+
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    arms = [a for a in args.arms.split(",") if a]
+    bad = [a for a in arms if a not in ARMS]
+    if bad:
+        ap.error(f"--arms: unknown {bad} (choose from {', '.join(ARMS)})")
+    seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    base = Config.load(args.config)
+    resolve_model(base)
+    init = shared_warmup(base, out)
+    if init is None:
+        ap.error("the preset has no warm-up: the check starts from the shared warmed-up checkpoint")
+    curve = out / "curve.jsonl"
+    done = _done_rows(curve)
+    st = None if args.only_train else held_out_states(base, init, args.states, print)
+
+    def record(arm: str, seed: int, step: int, ckpt: str) -> None:
+        nonlocal done
+        if (arm, seed, step) in done or st is None:
+            return
+        t0 = time.time()
+        row = {"arm": arm, "seed": seed, "step": step, **measure(base, ckpt, st, args.samples, args.em_questions, seed),
+               "seconds": time.time() - t0, "checkpoint": ckpt}
+        with curve.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+        done[(arm, seed, step)] = row
+        print(f"{arm} seed {seed} step {step}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in row.items()
+                                                             if isinstance(v, float) and k != "seconds"), flush=True)
+
+    for seed in seeds:
+        record("start", seed, 0, init)
+    for arm in arms:
+        for seed in seeds:
+            rd = out / f"{arm}-s{seed}"
+            if not (rd / "final" / "config.json").exists():
+                ov = DEFAULT_SET + ARMS[arm] + args.set + [
+                    f"train.seed={seed}", f"train.steps={args.steps}", f"train.save_steps={args.every}",
+                    f'model.name="{Path(init).as_posix()}"', "warmup.enabled=false", f'out="{rd.as_posix()}"']
+                t0 = time.time()
+                if (rd / "config.toml").exists():
+                    run_train(None, resume=rd)
+                else:
+                    run_train(Config.load(args.config, ov))
+                (rd / "train_seconds.txt").write_text(f"{time.time() - t0:.0f}\n")
+            for step in range(args.every, args.steps + 1, args.every):
+                ck = rd / "checkpoints" / f"checkpoint-{step}"
+                record(arm, seed, step, str(ck if step < args.steps or ck.exists() else rd / "final"))
+    rows = list(_done_rows(curve).values())
+    md = table(rows)
+    (out / "curve.md").write_text(md + "\n")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
