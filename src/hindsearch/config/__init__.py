@@ -34,6 +34,26 @@ __all__ = [
 ]
 
 
+def read_toml(p: Path) -> dict[str, Any]:
+    """A TOML file as a dict; a file that cannot be read, is not UTF-8 or is not TOML raises ``ConfigError``
+    naming it (and the line of a byte that is not UTF-8)."""
+    try:
+        raw = p.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{p}: cannot read it ({e.strerror or type(e).__name__})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{p}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x}); a config is UTF-8 TOML") from None
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{p}: invalid TOML: {e}") from e
+    except RecursionError:
+        raise ConfigError(f"{p}: invalid TOML: nested too deep to read") from None
+
+
 @dataclass
 class Config:
     method: str = choice("grpo", METHODS)
@@ -78,10 +98,7 @@ class Config:
             p = Path(path)
             if not p.exists():
                 raise ConfigError(f"config file not found: {p}")
-            try:
-                d = tomllib.loads(p.read_text())
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"{p}: invalid TOML: {e}") from e
+            d = read_toml(p)
             src = str(p)
         cfg = cls.from_dict(d, src)
         for ov in overrides or []:
@@ -98,6 +115,8 @@ class Config:
             value = tomllib.loads(f"v = {raw}")["v"]
         except tomllib.TOMLDecodeError:
             value = raw
+        except RecursionError:
+            raise ConfigError(f"--set {key.strip()}: the value is nested too deep to read") from None
         parts = key.strip().split(".")
         if len(parts) == 1:
             _assign(self, parts[0], value, "--set")

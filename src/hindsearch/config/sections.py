@@ -53,8 +53,8 @@ class DataConfig:
     """Folder of the fictional world (built on first use when missing): corpus.jsonl, train/dev/test.jsonl."""
     world_seed: int = 0
     """Seed of the fictional-world generator."""
-    world_entities: int | None = None
-    """Number of entities of the generated world (None = generator default, ~2,000 passages)."""
+    world_entities: int | None = bounded(None, ge=40)
+    """Number of entities of the generated world (None = generator default, ~2,000 passages; at least 40)."""
     world_test_questions: int | None = bounded(None, gt=0)
     """Size of the world's test split (None = the generator default, 200). A larger test split is a
     different world (its train split differs too); the mechanism preset uses 600 for tighter intervals."""
@@ -105,8 +105,8 @@ class RolloutConfig:
     """Truncated importance sampling for vLLM rollouts: each generated token's loss is weighted by
     ``min(pi_train / pi_vllm, cap)`` (TRL's ``token_truncate`` mode, ``vllm_importance_sampling_clip_max``);
     must be >= 1. The log-prob mismatch and the ratio statistics are logged as ``vllm/*`` in metrics.jsonl."""
-    max_turns: int = bounded(4, ge=0)
-    """Maximum number of searches; after that one last turn must answer."""
+    max_turns: int = bounded(4, ge=1)
+    """Maximum number of searches (at least 1: the agent searches); after that one last turn must answer."""
     max_new_tokens_per_turn: int = bounded(128, gt=0)
     """Token budget of one model turn."""
     max_total_tokens: int = bounded(1024, gt=0)

@@ -13,9 +13,11 @@ Accepted inputs:
 * either of them gzip-compressed (``.jsonl.gz``, ``.json.gz``: wiki-18 as ``data fetch`` writes it),
   read transparently.
 
-A bad row (invalid JSON, not an object, no text, wrong types) raises ``CorpusError`` naming
-the file and line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``.
-Blank lines are ignored.
+A bad row (invalid JSON, nested too deep, an integer past Python's 4,300 digits, not an object, no
+text, wrong types, an id an earlier row already has) raises ``CorpusError`` naming the file and
+line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``. Ids are unique: evidence
+recall and the paired results are keyed by passage id, so a second passage under one id would be
+credited to the first. Blank lines are ignored.
 """
 
 from __future__ import annotations
@@ -115,6 +117,10 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
                 data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
+        except RecursionError:
+            raise CorpusError(f"{path}: invalid JSON: nested too deep to read") from None
+        except ValueError as e:  # an integer past Python's 4,300-digit limit
+            raise CorpusError(f"{path}: invalid JSON: {e}") from None
         if isinstance(data, dict) and ROW_KEYS & set(data):
             raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
                               f"sentences; this object looks like a single row (keys {sorted(data)[:5]})")
@@ -134,9 +140,17 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
             if not line.strip():
                 continue
             try:
-                yield i, None, json.loads(line)
+                obj = json.loads(line)
             except json.JSONDecodeError as e:
                 yield i, f"invalid JSON: {e.msg} (column {e.colno})", None
+                continue
+            except RecursionError:
+                yield i, "invalid JSON: nested too deep to read", None
+                continue
+            except ValueError as e:  # an integer past Python's 4,300-digit limit
+                yield i, f"invalid JSON: {e}", None
+                continue
+            yield i, None, obj
 
 
 def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:
@@ -149,17 +163,50 @@ def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:
             f"{type(value).__name__} (a .json corpus object maps titles to sentences)"), None
 
 
+class SeenIds:
+    """The passage ids read so far, small for wiki-18's 21M: canonical decimal ids (``"1"``, ``"21015324"``)
+    below ``2**28`` are bits of a bitmap (32 MiB at most), any other id is kept in a dict with its row."""
+
+    BITMAP_LIMIT = 1 << 28
+
+    def __init__(self) -> None:
+        self.bits = bytearray()
+        self.other: dict[str, int] = {}
+
+    def add(self, pid: str, row: int) -> int | None:
+        """Record ``pid`` (read at ``row``); returns the row that had it first (0 when that row is not kept: a
+        bitmap id), or None when it is new."""
+        if pid.isascii() and pid.isdigit() and (pid == "0" or pid[0] != "0") and len(pid) <= 9 \
+                and int(pid) < self.BITMAP_LIMIT:
+            k = int(pid)
+            byte, bit = k >> 3, 1 << (k & 7)
+            if byte >= len(self.bits):
+                self.bits.extend(bytes(max(byte + 1 - len(self.bits), len(self.bits))))
+            if self.bits[byte] & bit:
+                return 0
+            self.bits[byte] |= bit
+            return None
+        first = self.other.setdefault(pid, row)
+        return None if first == row else first
+
+
 def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> Iterator[Passage]:
-    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus."""
+    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus (ids unique: a repeated one is a bad row)."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus not found: {path}")
     where = "item" if _is_json_list(path) else "line"
+    seen = SeenIds()
     for n, err, obj in _rows(path):
         try:
             if err is not None:
                 raise ValueError(err)
             p = row_to_passage(obj, default_id=str(n))
+            first = seen.add(p.id, n)
+            if first is not None:
+                earlier = f"{where} {first}" if first else f"an earlier {where}"
+                raise ValueError(f"duplicate passage id {p.id[:80]!r} ({earlier} has it); ids must be unique, "
+                                 "evidence recall is keyed by id")
         except ValueError as e:
             msg = f"{path}:{n}: bad corpus {where}: {e}"
             if not skip_bad:

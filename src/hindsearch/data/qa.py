@@ -13,9 +13,12 @@ MIGRES ships them) and ``.parquet`` files, and recognises per row:
 * plain ``{question, answer}`` lists (answer str or list; TrustMargin 2Wiki, Agentic-RAG,
   MIGRES odqa).
 
-A bad row (unparsable line, empty question, missing or empty answers) raises ``QAError``
-naming the file and line (or list item / parquet row); with ``skip_bad=True`` it is skipped,
-counted in ``QAStats`` and logged. ``paragraphs_of(row)`` returns the paragraphs a
+A bad row (a line that is not UTF-8 or not JSON, nested too deep, an integer past Python's 4,300
+digits, an empty question, missing or empty answers, ``golden_answers`` given as an object or as
+NaN/Infinity) raises ``QAError`` naming the file and line (or list item / parquet row); with
+``skip_bad=True`` (``hindsearch eval --skip-bad``) it is skipped, counted in ``QAStats`` and logged.
+A file that cannot be read as a whole (a ``.json`` document that is not UTF-8 or not JSON, a fake
+or truncated parquet file) raises ``QAError`` naming the file. ``paragraphs_of(row)`` returns the paragraphs a
 self-contained multi-hop row ships with (used by ``hindsearch data mini``). ``load_hf`` reads
 a Hugging Face dataset through ``datasets`` for users with network.
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +45,31 @@ META_KEYS = ("type", "level", "answerable", "question_decomposition", "evidences
 
 class QAError(ValueError):
     """A malformed QA row or file; the message names the file and the line/item."""
+
+
+SKIP_HINT = "skip_bad=True skips bad rows; for an evaluation, hindsearch eval --skip-bad"
+"""How to skip bad rows, appended to a bad row's error (``eval`` has the flag; ``train`` reads its QA files
+strictly)."""
+
+
+ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+"""What normalising one odd row can raise: all of them are that row's error (skipped with ``skip_bad``)."""
+
+
+def json_error(e: Exception) -> str:
+    """The reason a JSON text did not parse: the decoder's message and column, Python's integer-length
+    limit, or a value nested too deep for the parser."""
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON: {e.msg} (column {e.colno})"
+    if isinstance(e, RecursionError):
+        return "invalid JSON: nested too deep to read"
+    return f"invalid JSON: {e}"
+
+
+def not_utf8(data: bytes, e: UnicodeDecodeError) -> str:
+    """Where a byte that is not UTF-8 is: ``line N: not UTF-8 (byte 0xff at column M)``."""
+    line_start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
+    return f"line {line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}); a QA file is UTF-8"
 
 
 QAStats = RowStats
@@ -73,17 +102,27 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
-        for i, row in enumerate(pq.ParquetFile(path).read().to_pylist(), 1):
+        try:
+            rows = pq.ParquetFile(path).read().to_pylist()
+        except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a bad file
+            raise QAError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        for i, row in enumerate(rows, 1):
             yield f"row {i}", None, row
         return
-    text = path.read_text(encoding="utf-8")
+    raw = path.read_bytes()
     if path.suffix == ".json":
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise QAError(f"{path}: {not_utf8(raw, e)}") from None
         try:
             data = json.loads(text)
         except json.JSONDecodeError as e:
             if e.msg != "Extra data":
                 raise QAError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
             data = None  # JSON Lines in a .json file (MIGRES)
+        except (ValueError, RecursionError) as e:
+            raise QAError(f"{path}: {json_error(e)}") from None
         if data is not None:
             if isinstance(data, dict) and isinstance(data.get("data"), list):
                 data = data["data"]
@@ -94,13 +133,20 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
             for i, row in enumerate(data, 1):
                 yield f"item {i}", None, row
             return
-    for i, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
+    for i, bline in enumerate(raw.splitlines(), 1):
+        if not bline.strip():
             continue
         try:
-            yield f"line {i}", None, json.loads(line)
-        except json.JSONDecodeError as e:
-            yield f"line {i}", f"invalid JSON: {e.msg} (column {e.colno})", None
+            line = bline.decode("utf-8")
+        except UnicodeDecodeError as e:
+            yield f"line {i}", f"not UTF-8 (byte 0x{bline[e.start]:02x} at column {e.start + 1}); a QA file is UTF-8", None
+            continue
+        try:
+            row = json.loads(line)
+        except (ValueError, RecursionError) as e:  # a 5,000-digit integer, a row nested 100k deep
+            yield f"line {i}", json_error(e), None
+            continue
+        yield f"line {i}", None, row
 
 
 def _join_sentences(sents: list[str]) -> str:
@@ -134,6 +180,8 @@ def _answers(row: dict[str, Any]) -> list[str]:
     cand: list[Any] = []
     if "golden_answers" in row:
         cand = _tolist(row["golden_answers"])
+        if isinstance(cand, dict):  # its keys would become the golds
+            raise ValueError(f"golden_answers is an object ({_short(cand)}); expected a list of strings or a string")
     elif "possible_answers" in row:
         pa = row["possible_answers"]
         cand = json.loads(pa) if isinstance(pa, str) and pa.startswith("[") else _tolist(pa)
@@ -158,7 +206,9 @@ def _answers(row: dict[str, Any]) -> list[str]:
     out: list[str] = []
     for a in cand or []:
         if isinstance(a, bool) or not isinstance(a, (str, int, float)):
-            raise ValueError(f"answer {a!r} is not a string")
+            raise ValueError(f"answer {_short(a)} is not a string")
+        if isinstance(a, float) and not math.isfinite(a):
+            raise ValueError(f"answer {a!r} is not a string or a finite number (JSON NaN/Infinity)")
         a = str(a).strip()
         if a and a not in out:
             out.append(a)
@@ -186,6 +236,15 @@ def _hops(row: dict[str, Any], evidence: list[str]) -> int | None:
     if isinstance(qtype, str) and qtype in TYPE_HOPS:
         return TYPE_HOPS[qtype]
     return len(evidence) or None
+
+
+def _short(v: Any, n: int = 60) -> str:
+    """``repr(v)`` cut to ``n`` characters (a row's value in an error message)."""
+    try:
+        r = repr(v)
+    except (RecursionError, ValueError):
+        return f"a {type(v).__name__} too nested to print"
+    return r if len(r) <= n else r[:n - 1] + "…"
 
 
 def row_to_record(row: Any, default_id: str, name: str | None = None) -> QARecord:
@@ -230,10 +289,11 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             if err is not None:
                 raise ValueError(err)
             rec = row_to_record(row, default_id=f"{path.stem}_{len(out) + stats.skipped}", name=name)
-        except ValueError as e:
-            msg = f"{path}: {where}: bad QA row: {e}"
+        except ROW_ERRORS as e:
+            why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {str(e)[:200]}"
+            msg = f"{path}: {where}: bad QA row: {why}"
             if not skip_bad:
-                raise QAError(msg + " (use skip_bad=True / --skip-bad to skip bad rows)") from None
+                raise QAError(f"{msg} ({SKIP_HINT})") from None
             stats.skip(msg)
             continue
         stats.rows += 1
@@ -241,6 +301,24 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
     if stats.skipped:
         log.warning("%s: skipped %d bad rows (first: %s)", path, stats.skipped, stats.errors[0])
     return out
+
+
+def load_qa_reporting(path: str | Path, name: str | None = None, limit: int | None = None,
+                      skip_bad: bool = False) -> list[QARecord]:
+    """``load_qa`` for a command: with ``skip_bad``, the rows skipped are counted and named on stderr
+    (the first 20, each with its line), so that a skipped row is never silent."""
+    import sys
+
+    stats = QAStats()
+    recs = load_qa(path, name=name, limit=limit, skip_bad=skip_bad, stats=stats)
+    if stats.skipped:
+        print(f"{path}: skipped {stats.skipped} bad QA row{'s' * (stats.skipped != 1)} (--skip-bad), kept "
+              f"{stats.rows}:", file=sys.stderr)
+        for msg in stats.errors:
+            print(f"  {msg}", file=sys.stderr)
+        if stats.skipped > len(stats.errors):
+            print(f"  ... and {stats.skipped - len(stats.errors)} more", file=sys.stderr)
+    return recs
 
 
 def load_hf(dataset_id: str, split: str = "test", name: str | None = None, limit: int | None = None,
