@@ -6,7 +6,10 @@ An index folder holds:
   and skipped-row count, creation time and format version;
 * ``passages.jsonl`` (``{"id", "contents"}`` rows, itself a valid wiki-18 corpus) and
   ``offsets.npy`` (int64 byte offsets, length n_docs + 1): passages are read on demand
-  through a memory map, so loading does not parse the corpus;
+  (``os.pread``, not a memory map: a store truncated under a running server cannot kill it
+  with SIGBUS; the offsets, 8 bytes a passage, are read into memory), so loading does not
+  parse the corpus; a store changed on disk after loading (size or mtime) raises
+  ``StoreChanged`` instead of returning torn rows;
 * the kind's own files (``bm25/`` for bm25s, ``faiss.index`` for dense).
 
 Every retriever returns, per query, up to k ``Passage``s with ``score`` set, best first; an
@@ -16,7 +19,7 @@ empty or whitespace-only query gets an empty list.
 from __future__ import annotations
 
 import json
-import mmap
+import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -36,8 +39,12 @@ class Retriever(Protocol):
         ...
 
 
+class StoreChanged(RuntimeError):
+    """``passages.jsonl`` changed on disk (size or mtime) after the store was loaded."""
+
+
 class PassageStore:
-    """Random access to the passages of an index folder through a memory map.
+    """Random access to the passages of an index folder (``os.pread`` on an open file; ``check()`` first).
 
     Rows are stored as compact JSON (``separators=(",", ":")``, UTF-8), which is byte for byte
     how FastAPI renders a ``{"id", "contents"}`` document, so the server can splice them.
@@ -45,17 +52,34 @@ class PassageStore:
 
     def __init__(self, index_dir: str | Path):
         d = Path(index_dir)
-        self.offsets = np.load(d / "offsets.npy", mmap_mode="r")
-        self._file = (d / "passages.jsonl").open("rb")
-        size = (d / "passages.jsonl").stat().st_size
-        self._mm = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ) if size else b""
+        self.offsets = np.load(d / "offsets.npy")
+        self.path = d / "passages.jsonl"
+        self._file = self.path.open("rb")
+        self._stamp = self._stat()
+
+    def _stat(self) -> tuple[int, int]:
+        st = os.fstat(self._file.fileno())  # the file served, even if the path was since replaced
+        return st.st_size, st.st_mtime_ns
+
+    def check(self) -> None:
+        """Raise ``StoreChanged`` when ``passages.jsonl`` was truncated or rewritten since loading."""
+        now = self._stat()
+        if now != self._stamp:
+            raise StoreChanged(f"the index's passages.jsonl changed on disk since it was loaded (size {self._stamp[0]} "
+                               f"-> {now[0]} bytes, or its mtime): its passages cannot be served; restart the server "
+                               "on a complete index")
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     def raw(self, i: int) -> bytes:
         """Row i as stored: the compact JSON of ``{"id", "contents"}`` (no newline)."""
-        return self._mm[int(self.offsets[i]) : int(self.offsets[i + 1]) - 1]
+        start, end = int(self.offsets[i]), int(self.offsets[i + 1]) - 1
+        row = os.pread(self._file.fileno(), end - start, start)
+        if len(row) != end - start:
+            self.check()
+            raise StoreChanged(f"the index's passages.jsonl is shorter than its offsets ({start + len(row)} < {end} bytes)")
+        return row
 
     def get(self, i: int, score: float | None = None) -> Passage:
         row = json.loads(self.raw(i))

@@ -6,24 +6,46 @@ Search-R1) and answers ``{"result": [[{"document": {"id", "contents"}, "score": 
 with scores or ``{"result": [[{"id", "contents"}, ...], ...]}`` without, serialised exactly as
 FastAPI serialises Search-R1's dict. ``GET /health`` reports the index and the limits.
 
+``topk`` is validated as Search-R1's pydantic model (``topk: Optional[int]``) validates it: an
+integer, an integral float (``3.0``), a numeric string (``"3"``) or a bool; then 0/false/null
+mean the server default (Search-R1's ``if not request.topk``).
+
 Bad requests never crash the server: they get a 4xx JSON ``{"error": "..."}`` (400 malformed
 JSON, too deeply nested or an over-long number; 408 a body that arrives too slowly; 413 body
 too large; 422 wrong fields/types or a limit exceeded); a retriever failure gets 500
-``{"error": ...}``. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json`` only with
-``docs=True`` (``serve --docs``).
+``{"error": ...}``; a passage store changed on disk since loading (truncated, rewritten) gets 503
+``{"error": ...}`` (passages are read with ``pread``, never through a memory map, so a truncated
+store cannot kill the server with SIGBUS). Binds 127.0.0.1 by default; ``/docs`` and
+``/openapi.json`` only with ``docs=True`` (``serve --docs``).
 
 Bounds (``ServerLimits``, all ``serve`` flags): at most ``max_queries`` queries (4,096: Search-R1
 sends a whole training batch, 512 x 5 = 2,560, in one POST) of ``max_query_chars`` each,
 ``topk <= max_topk``, ``queries x topk <= max_hits`` (the response size), a body of at most
-``max_body_bytes``. At most ``max_inflight`` requests are parsed and retrieved at once; up to
-``max_pending`` more wait for a slot (at most ``queue_timeout_s``), beyond that 503 JSON; bodies
-over 1 MiB are parsed one at a time, and a body with more JSON objects/arrays than
-``max_queries + 1024`` is refused before parsing (parsing can take ~25x the body's size). A
-connection must send its headers within ``header_timeout_s`` and its body within
-``body_timeout_s``, or it is dropped (408 for a slow body). Memory therefore stays bounded by
-about ``(max_pending + max_inflight) x max_body_bytes`` of buffered bodies, one parse of a body
-over 1 MiB (~13x its size) plus ``max_inflight`` parses of smaller bodies, and ``max_inflight``
-responses of at most ``max_hits`` passages.
+``max_body_bytes``.
+
+Admission, in three stages:
+
+1. *Receiving the body*: at most ``max_receiving`` requests at once, ``max_receiving_per_client``
+   of them from one client address (beyond that 503; uvicorn discards the rest of the body, and the
+   header timeout closes the connection if no request follows); a body must
+   arrive within ``body_timeout_s`` (408). A request holds no admission slot while its body arrives,
+   so slow uploads cannot lock other clients out.
+2. *Waiting*: once its body is in, a request takes one of ``max_inflight + max_pending`` admission
+   slots (none free: 503), and waits at most ``queue_timeout_s`` for one of ``max_inflight``
+   retrieval slots and for the unsent answers to be under ``max_unsent_bytes`` (503 when the wait
+   runs out). Bodies over 1 MiB are parsed one at a time, and a body with more JSON objects/arrays
+   (counted outside strings) than ``max_queries + 1024`` is refused before parsing (parsing can
+   take ~25x the body's size).
+3. *Answering*: the answer is written in 64 KiB pieces as the client reads it, and its bytes count
+   against ``max_unsent_bytes`` until the last piece is handed to the socket; a client that has
+   not taken its answer ``send_timeout_s`` after it first filled the socket buffer is
+   disconnected (which frees the answer). A connection must also send its request head within
+   ``header_timeout_s``.
+
+Memory therefore stays bounded by about ``(max_receiving + max_pending + max_inflight) x
+max_body_bytes`` of bodies (a body arriving holds only the bytes sent so far), one parse of a body
+over 1 MiB (~13x its size) plus ``max_inflight`` parses of smaller bodies, and ``max_unsent_bytes``
+plus ``max_inflight`` answers (each at most ``max_hits`` passages) of answers.
 """
 
 from __future__ import annotations
@@ -32,17 +54,23 @@ import asyncio
 import ctypes
 import json
 import logging
+import re
+import socket
+import struct
+import weakref
+from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
+from pydantic import TypeAdapter, ValidationError
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from hindsearch.retrieval.base import IndexedRetriever, Retriever
+from hindsearch.retrieval.base import IndexedRetriever, Retriever, StoreChanged
 from hindsearch.retrieval.limits import ServerLimits
 
 
@@ -59,11 +87,31 @@ def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
 
 
+_TOPK = TypeAdapter(Optional[int])  # Search-R1's QueryRequest.topk, validated as pydantic validates it there
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+
+
+def count_containers(body: bytes, limit: int) -> int:
+    """The JSON objects/arrays of a body, not counting ``[``/``{`` inside strings (exact for valid JSON; for a
+    broken body, at least those before the point where parsing would stop). The plain count is used when it is
+    within ``limit``: strings can only add to it."""
+    n = body.count(b"{") + body.count(b"[")
+    if n <= limit:
+        return n
+    bare = _JSON_STRING.sub(b"", body)
+    return bare.count(b"{") + bare.count(b"[")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
     """Validate a ``/retrieve`` body -> (queries, topk, return_scores); raises ``BadRequest``."""
     if len(body) > limits.max_body_bytes:
         raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
-    containers = body.count(b"{") + body.count(b"[")  # a valid body has 2 (+ any inside query text)
+    containers = count_containers(body, limits.max_queries + 1024)  # a valid body has 2
     if containers > limits.max_queries + 1024:
         raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one object "
                               'with one list of strings, like {"queries": [...], "topk": 3}')
@@ -87,13 +135,15 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
             raise BadRequest(422, f"queries[{i}] has {len(q)} characters; the limit is {limits.max_query_chars}")
     if len(queries) > limits.max_queries:
         raise BadRequest(422, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
-    topk = req.get("topk")
-    if topk is None or topk == 0 and not isinstance(topk, bool):
-        topk = default_topk
-    if isinstance(topk, bool) or not isinstance(topk, int) or topk < 0:
-        raise BadRequest(422, f"'topk' must be a non-negative integer, got {req.get('topk')!r}")
+    try:
+        topk = _TOPK.validate_python(req.get("topk"))
+    except ValidationError:
+        topk = -1
+    if topk is not None and topk < 0:
+        raise BadRequest(422, f"'topk' must be a non-negative integer, got {_short(req.get('topk'))}")
+    topk = topk or default_topk
     if topk > limits.max_topk:
-        raise BadRequest(422, f"'topk' = {topk} exceeds the limit {limits.max_topk}")
+        raise BadRequest(422, f"'topk' = {_short(topk)} exceeds the limit {limits.max_topk}")
     if len(queries) * topk > limits.max_hits:
         raise BadRequest(422, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages in one answer; "
                          f"the limit is {limits.max_hits}")
@@ -112,21 +162,28 @@ def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
     return {"result": [[p.to_search_r1() for p in ps] for ps in hits]}
 
 
-def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, return_scores: bool) -> bytes:
+def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, return_scores: bool) -> bytearray:
     """Fast path for index-backed retrievers: splice the stored compact-JSON rows into the body.
 
     Byte-identical to ``JSONResponse(format_result(...)).body`` (a test checks it): rows are
-    stored exactly as FastAPI renders a document and a float renders as its ``repr``.
+    stored exactly as FastAPI renders a document and a float renders as its ``repr``. Built in one
+    buffer (peak memory about the answer's size). Raises ``StoreChanged`` when the passage store
+    changed on disk before or while the rows were read.
     """
     store = retriever.store
-    lists = []
-    for docs, scores in retriever.retrieve_ids(queries, topk):
+    store.check()
+    out = bytearray(b'{"result":[')
+    for i, (docs, scores) in enumerate(retriever.retrieve_ids(queries, topk)):
         if return_scores:
             items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}" for d, sc in zip(docs, scores)]
         else:
             items = [store.raw(int(d)) for d in docs]
-        lists.append(b"[" + b",".join(items) + b"]")
-    return b'{"result":[' + b",".join(lists) + b"]}"
+        out += b",[" if i else b"["
+        out += b",".join(items)
+        out += b"]"
+    out += b"]}"
+    store.check()
+    return out
 
 
 def _trim_memory() -> None:
@@ -135,6 +192,38 @@ def _trim_memory() -> None:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
         pass
+
+
+class _Answer(Response):
+    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket buffer to
+    drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed over, the
+    client disconnects, or ``2 x send_timeout_s`` pass (the protocol drops a non-reading client at
+    ``send_timeout_s``; this is the fallback under another server)."""
+
+    CHUNK = 64 << 10
+
+    def __init__(self, body: bytes | bytearray, service: "_RetrieveService") -> None:
+        super().__init__(b"", media_type="application/json")
+        self.body = body
+        self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
+        self.raw_headers.append((b"content-length", str(len(body)).encode()))
+        self.timeout_s = 2 * service.limits.send_timeout_s
+        service.hold(len(body))
+        self._release = weakref.finalize(self, service.release, len(body))  # once: when sent, or if never sent
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            body, step = self.body, self.CHUNK
+            async with asyncio.timeout(self.timeout_s):
+                for i in range(0, max(len(body), 1), step):
+                    await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
+                                "more_body": i + step < len(body)})
+        except TimeoutError:
+            log.info("client %s did not take its answer within %g s", scope.get("client"), self.timeout_s)
+        finally:
+            self.body = b""
+            self._release()
 
 
 class _RetrieveService:
@@ -148,12 +237,33 @@ class _RetrieveService:
         self.info = info
         self.slots = asyncio.Semaphore(limits.max_inflight)
         self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
-        self.pending = 0
+        self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
+        self.receiving = 0  # requests whose body is arriving
+        self.receiving_from: Counter[str] = Counter()  # ... per client address
+        self.unsent = 0  # bytes of answers built and not yet handed to their sockets
+        self.room = asyncio.Event()  # set while unsent < max_unsent_bytes
+        self.room.set()
+
+    def hold(self, n: int) -> None:
+        self.unsent += n
+        if self.unsent >= self.limits.max_unsent_bytes:
+            self.room.clear()
+
+    def release(self, n: int) -> None:
+        self.unsent -= n
+        if self.unsent < self.limits.max_unsent_bytes:
+            self.room.set()
 
     # health and retrieve are the route handlers: no docstrings, as FastAPI would publish them in /openapi.json
 
     def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
         n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
+        store = getattr(self.retriever, "store", None)
+        try:
+            if store is not None and hasattr(store, "check"):
+                store.check()
+        except StoreChanged as e:
+            return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
         return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits), **(self.info or {})}
 
     async def read_body(self, request: Request) -> bytes | JSONResponse:
@@ -174,7 +284,7 @@ class _RetrieveService:
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
-    def work(self, body: bytes) -> bytes | JSONResponse:
+    def work(self, body: bytes) -> bytes | bytearray | JSONResponse:
         """Parse and answer one body (runs in the thread pool): the JSON bytes, or an error response."""
         hits = 0
         try:
@@ -182,9 +292,12 @@ class _RetrieveService:
             hits = len(queries) * topk
             if isinstance(self.retriever, IndexedRetriever):
                 return render_ids(self.retriever, queries, topk, scores)
-            return JSONResponse(format_result(self.retriever.retrieve(queries, topk), scores))
+            return JSONResponse(format_result(self.retriever.retrieve(queries, topk), scores)).body
         except BadRequest as e:
             return _error(e.status, str(e))
+        except StoreChanged as e:
+            log.error("%s", e)
+            return _error(503, str(e))
         except Exception as e:  # a retriever bug must not take the server down
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
         finally:
@@ -192,8 +305,9 @@ class _RetrieveService:
                 _trim_memory()
 
     async def acquire_gates(self, body_size: int) -> list[asyncio.Semaphore] | None:
-        """Wait (at most ``queue_timeout_s``) for a retrieval slot, and for the big-body slot when the
-        body is over 1 MiB: the gates now held, or None (none held) on a timeout."""
+        """Wait (at most ``queue_timeout_s``) for a retrieval slot, for the big-body slot when the body is over
+        1 MiB, and then for the unsent answers to be under ``max_unsent_bytes``: the gates now held, or None
+        (none held) on a timeout."""
         gates = [self.big_slot, self.slots] if body_size > 1 << 20 else [self.slots]
         held = []
         try:
@@ -201,21 +315,47 @@ class _RetrieveService:
                 for gate in gates:
                     await gate.acquire()
                     held.append(gate)
+                while self.unsent >= self.limits.max_unsent_bytes:
+                    await self.room.wait()
         except TimeoutError:
             for gate in held:
                 gate.release()
             return None
         return held
 
-    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: admit (503 when full), read, wait, retrieve
+    async def receive(self, request: Request) -> bytes | Response:
+        """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
+        address; none free: 503), or an error response."""
         limits = self.limits
+        host = request.client.host if request.client else ""
+        if self.receiving >= limits.max_receiving:
+            return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
+        if self.receiving_from[host] >= limits.max_receiving_per_client:
+            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from {host}; "
+                               f"the limit per client is {limits.max_receiving_per_client}")
+        self.receiving += 1
+        self.receiving_from[host] += 1
+        try:
+            return await self.read_body(request)
+        finally:
+            self.receiving -= 1
+            self.receiving_from[host] -= 1
+            if not self.receiving_from[host]:
+                del self.receiving_from[host]
+
+    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit (503 when full), wait, retrieve
+        limits = self.limits
+        try:
+            body = await self.receive(request)
+        except ClientDisconnect:
+            log.info("client %s disconnected before its request was read", request.client)
+            return Response(status_code=400)
+        if isinstance(body, Response):
+            return body
         if self.pending >= limits.max_inflight + limits.max_pending:
             return _error(503, f"server busy: {self.pending} requests in progress; retry later")
         self.pending += 1
         try:
-            body = await self.read_body(request)
-            if isinstance(body, Response):
-                return body
             held = await self.acquire_gates(len(body))
             if held is None:
                 return _error(503, f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later")
@@ -224,10 +364,8 @@ class _RetrieveService:
             finally:
                 for gate in held:
                     gate.release()
-            return out if isinstance(out, Response) else Response(out, media_type="application/json")
-        except ClientDisconnect:
-            log.info("client %s disconnected before its request was read", request.client)
-            return Response(status_code=400)
+            del body
+            return out if isinstance(out, Response) else _Answer(out, self)
         finally:
             self.pending -= 1
 
@@ -243,18 +381,48 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
     else:
         app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
     service = _RetrieveService(retriever, default_topk, limits, info)
+    app.state.limits = limits  # BackgroundServer reads send_timeout_s here
     app.get("/health")(service.health)
     app.post("/retrieve")(service.retrieve)
     return app
 
 
-def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a header timeout: a connection that has not sent a complete
-    request head within ``header_timeout_s`` of opening (or of its last response) is closed."""
+def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 30.0) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a header timeout and a send timeout: a connection that has not sent a
+    complete request head within ``header_timeout_s`` of opening (or of its last response) is closed; one
+    whose client has not taken its answer ``send_timeout_s`` after the answer first filled the socket's
+    write buffer (64 KiB past what the kernel holds) is aborted, which frees what it buffered."""
 
     class GuardedH11Protocol(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
         _armed_cycle: Any = None
+        _send_timer: asyncio.TimerHandle | None = None
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            if self._send_timer is None:
+                self._send_timer = self.loop.call_later(send_timeout_s, self._send_expired)
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            if self.cycle is None or self.cycle.response_complete:
+                self._disarm_send()
+
+        def _disarm_send(self) -> None:
+            if self._send_timer is not None:
+                self._send_timer.cancel()
+                self._send_timer = None
+
+        def _send_expired(self) -> None:
+            self._send_timer = None
+            if self.flow.write_paused or (self.cycle is not None and not self.cycle.response_complete):
+                log.info("dropped %s: its answer was not read within %g s", self.client, send_timeout_s)
+                sock = self.transport.get_extra_info("socket")
+                try:  # reset, so the kernel drops what it still holds for this client too
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                except (OSError, AttributeError):
+                    pass
+                self.transport.abort()
 
         def _arm(self) -> None:
             self._disarm()
@@ -282,12 +450,15 @@ def guarded_protocol(header_timeout_s: float) -> type[H11Protocol]:
                 self._disarm()  # a request head arrived
 
         def on_response_complete(self) -> None:
+            if not self.flow.write_paused:
+                self._disarm_send()
             if not self.transport.is_closing():
                 self._arm()
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._disarm_send()
             super().connection_lost(exc)
 
     return GuardedH11Protocol
@@ -316,25 +487,25 @@ def serve(
     meta = read_meta(index_dir)
     app = create_app(load_index(index_dir, device=device), default_topk=topk, limits=limits,
                      info={"kind": meta.get("kind"), "encoder": meta.get("encoder")}, docs=docs)
-    import socket
-
     try:  # fail with one line (port in use, no permission) before uvicorn logs its own traceback
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, port))
     except OSError as e:
         raise OSError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from e
-    uvicorn.run(app, host=host, port=port, log_level=log_level, http=guarded_protocol(limits.header_timeout_s))
+    uvicorn.run(app, host=host, port=port, log_level=log_level,
+                http=guarded_protocol(limits.header_timeout_s, limits.send_timeout_s))
 
 
 class BackgroundServer:
     """Serve an ASGI app with uvicorn on a free loopback port in a daemon thread (tests, notebooks).
 
-    ``url`` is ``http://127.0.0.1:PORT``; ``stop()`` shuts it down. Also a context manager.
+    ``url`` is ``http://127.0.0.1:PORT``; ``stop()`` shuts it down. Also a context manager. The send
+    timeout is the app's ``send_timeout_s`` (``create_app``'s limits), else ``send_timeout_s``.
     """
 
-    def __init__(self, app: Any, start_timeout_s: float = 20.0, header_timeout_s: float = 10.0) -> None:
-        import socket
+    def __init__(self, app: Any, start_timeout_s: float = 20.0, header_timeout_s: float = 10.0,
+                 send_timeout_s: float | None = None) -> None:
         import threading
         import time
 
@@ -343,7 +514,11 @@ class BackgroundServer:
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=guarded_protocol(header_timeout_s)))
+        if send_timeout_s is None:
+            limits = getattr(getattr(app, "state", None), "limits", None)
+            send_timeout_s = limits.send_timeout_s if limits is not None else ServerLimits().send_timeout_s
+        protocol = guarded_protocol(header_timeout_s, send_timeout_s)
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol))
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
