@@ -243,3 +243,194 @@ def test_every_bad_value_still_writes_the_page(name, tmp_path):
     out = write_report(run)
     out.read_bytes().decode("utf-8")
     assert "<h2>" in render(run)
+
+
+# --------------------------------------------------------------------------- F: validation and messages
+def one_line_error(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    for n in needles:
+        assert n in last, (n, err)
+    return last
+
+
+def write_lines(path: Path, *lines: bytes | str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join((ln.encode() if isinstance(ln, str) else ln) + b"\n" for ln in lines))
+    return path
+
+
+def test_duplicate_passage_ids_are_refused_naming_file_and_line(tmp_path, capsys):
+    """Evidence recall is keyed by passage id: a second passage under one id was indexed without a word."""
+    from hindsearch.data.corpus import CorpusError, CorpusStats, read_corpus
+
+    p = write_lines(tmp_path / "c.jsonl", '{"id": "1", "contents": "a"}', '{"id": "2", "contents": "b"}',
+                    '{"id": 1, "contents": "c"}')  # the int 1 is the id "1"
+    with pytest.raises(CorpusError, match=r"c\.jsonl:3: bad corpus line: duplicate passage id '1'"):
+        read_corpus(p)
+    q = write_lines(tmp_path / "d.jsonl", '{"id": "doc-a", "contents": "a"}', '{"contents": "b"}',
+                    '{"id": "doc-a", "contents": "c"}', '{"id": "2", "contents": "the default id of line 2"}')
+    with pytest.raises(CorpusError, match=r"d\.jsonl:3: .*duplicate passage id 'doc-a' \(line 1 has it\)"):
+        read_corpus(q)
+    stats = CorpusStats()
+    assert [x.id for x in read_corpus(q, skip_bad=True, stats=stats)] == ["doc-a", "2"]
+    assert stats.skipped == 2 and "d.jsonl:4" in stats.errors[1]
+    j = tmp_path / "e.json"
+    j.write_text(json.dumps([{"id": "007", "text": "a"}, {"id": "7", "text": "b"}, {"id": "007", "text": "c"}]))
+    with pytest.raises(CorpusError, match=r"e\.json:3: bad corpus item: duplicate passage id '007' \(item 1 has it\)"):
+        read_corpus(j)
+    assert main(["index", "--corpus", str(p), "--out", str(tmp_path / "idx")]) == 1
+    one_line_error(capsys, "c.jsonl:3", "duplicate passage id")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_seen_ids_bitmap_and_dict_agree():
+    from hindsearch.data.corpus import SeenIds
+
+    seen = SeenIds()
+    assert [seen.add(i, n) for n, i in enumerate(["0", "5", "05", "x", "268435456", "99999999999"], 1)] == [None] * 6
+    assert seen.add("5", 7) == 0 and seen.add("05", 8) == 3 and seen.add("x", 9) == 4 and seen.add("0", 10) == 0
+    assert seen.add("268435455", 11) is None and len(seen.bits) <= (1 << 25)
+
+
+@pytest.mark.parametrize("gold,reason", [
+    ('{"a": 1, "b": 2}', "golden_answers is an object"),
+    ("NaN", "is not a string or a finite number"),
+    ("[\"x\", Infinity]", "is not a string or a finite number"),
+    ("-Infinity", "is not a string or a finite number"),
+])
+def test_golden_answers_object_or_non_finite_is_refused(tmp_path, gold, reason):
+    """An object's keys became the golds, and NaN/Infinity became the gold strings "nan" and "inf"."""
+    from hindsearch.data.qa import QAError, load_qa
+
+    p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}',
+                    f'{{"question": "q2", "golden_answers": {gold}}}')
+    with pytest.raises(QAError, match=rf"qa\.jsonl: line 2: bad QA row: .*{re.escape(reason)}"):
+        load_qa(p)
+    assert [r.question for r in load_qa(p, skip_bad=True)] == ["q1"]
+
+
+def test_max_turns_zero_and_negative_world_entities_are_refused_before_config_toml(tmp_path, monkeypatch, capsys):
+    from hindsearch.config import Config, ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout\.max_turns must be >= 1, got 0"):
+        Config.load(None, ["rollout.max_turns=0"])
+    with pytest.raises(ConfigError, match=r"data\.world_entities must be >= 40, got -10"):
+        Config.load(None, ["data.world_entities=-10"])
+    assert Config.load(None, ["data.world_entities=40", "rollout.max_turns=1"]).data.world_entities == 40
+    monkeypatch.chdir(tmp_path)
+    assert main(["train", "--out", "run", "--set", "data.world_entities=-10"]) == 1
+    one_line_error(capsys, "data.world_entities must be >= 40, got -10")
+    assert not (tmp_path / "run" / "config.toml").exists()
+    (tmp_path / "c.toml").write_text("[rollout]\nmax_turns = 0\n")
+    assert main(["train", "--out", "run2", "--config", "c.toml"]) == 1
+    one_line_error(capsys, "rollout.max_turns must be >= 1, got 0")
+    assert not (tmp_path / "run2" / "config.toml").exists()
+
+
+DEEP = b'{"question": "deep", "golden_answers": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"
+LONG_ID = b'{"id": ' + b"7" * 5000 + b', "question": "long id", "golden_answers": ["a"]}'
+
+
+def test_skip_bad_skips_deep_rows_and_5000_digit_ids(tmp_path):
+    """Both were raised by the JSON parser outside the per-row handler (RecursionError, and the ValueError of
+    Python's 4,300-digit limit), so --skip-bad did not skip them and the error named no file."""
+    from hindsearch.data.corpus import CorpusError, read_corpus
+    from hindsearch.data.qa import QAError, QAStats, load_qa
+
+    p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}', DEEP, LONG_ID,
+                    '{"question": "q4", "golden_answers": ["b"]}')
+    with pytest.raises(QAError, match=r"qa\.jsonl: line 2: bad QA row: invalid JSON: nested too deep"):
+        load_qa(p)
+    stats = QAStats()
+    assert [r.question for r in load_qa(p, skip_bad=True, stats=stats)] == ["q1", "q4"]
+    assert stats.skipped == 2 and "line 3: bad QA row: invalid JSON: Exceeds the limit" in stats.errors[1]
+    c = write_lines(tmp_path / "c.jsonl", '{"id": "1", "contents": "a"}', b'{"id": ' + b"7" * 5000 + b', "contents": "b"}',
+                    b'{"id": "3", "contents": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", '{"id": "4", "contents": "d"}')
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: bad corpus line: invalid JSON: Exceeds the limit"):
+        read_corpus(c)
+    assert [x.id for x in read_corpus(c, skip_bad=True)] == ["1", "4"]
+    j = tmp_path / "qa.json"
+    j.write_bytes(b"[" + DEEP + b"]")
+    with pytest.raises(QAError, match=r"qa\.json: invalid JSON: nested too deep"):
+        load_qa(j)
+
+
+def test_odd_row_shapes_are_that_rows_error(tmp_path):
+    """A row whose fields have shapes no loader expects raised TypeError/AttributeError out of the per-row
+    handler; each is now a bad row naming its line, skipped with skip_bad."""
+    from hindsearch.data.qa import QAError, load_qa
+
+    p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}',
+                    '{"question": "q2", "answers_objects": [5]}', '{"question": "q3", "answer": "x", "supporting_facts": 5}',
+                    '{"question": "q4", "golden_answers": ["b"]}')
+    with pytest.raises(QAError, match=r"qa\.jsonl: line 2: bad QA row: AttributeError"):
+        load_qa(p)
+    assert [r.question for r in load_qa(p, skip_bad=True)] == ["q1", "q4"]
+
+
+def test_unreadable_files_name_the_file(tmp_path):
+    """Non-UTF-8 QA and TOML files, fake and truncated parquet files: the error named no file."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hindsearch.config import Config, ConfigError
+    from hindsearch.data.qa import QAError, load_qa
+
+    p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}',
+                    b'{"question": "caf\xe9", "golden_answers": ["b"]}')
+    with pytest.raises(QAError, match=r"qa\.jsonl: line 2: bad QA row: not UTF-8 \(byte 0xe9 at column 18\)"):
+        load_qa(p)
+    assert len(load_qa(p, skip_bad=True)) == 1
+    j = tmp_path / "qa.json"
+    j.write_bytes(b'[{"question": "q", "answer": "\xff"}]')
+    with pytest.raises(QAError, match=r"qa\.json: line 1: not UTF-8 \(byte 0xff"):
+        load_qa(j)
+    t = tmp_path / "c.toml"
+    t.write_bytes(b'method = "grpo"\nout = "\xff"\n')
+    with pytest.raises(ConfigError, match=r"c\.toml:2: not UTF-8 \(byte 0xff\)"):
+        Config.load(t)
+    (tmp_path / "fake.parquet").write_text('{"question": "not parquet"}')
+    with pytest.raises(QAError, match=r"fake\.parquet: not a readable parquet file"):
+        load_qa(tmp_path / "fake.parquet")
+    good = tmp_path / "good.parquet"
+    pq.write_table(pa.table({"question": ["q"] * 50, "golden_answers": [["a"]] * 50}), good)
+    (tmp_path / "cut.parquet").write_bytes(good.read_bytes()[: good.stat().st_size // 2])
+    with pytest.raises(QAError, match=r"cut\.parquet: not a readable parquet file"):
+        load_qa(tmp_path / "cut.parquet")
+
+
+@pytest.mark.parametrize("rows", [
+    [b'{"benchmark": "dev", "qid": "1", "answer": "x"}'],  # another tool's row with the two keys
+    [b"5", b'{"benchmark": "dev", "qid": "2"}'],
+    [b'{"benchmark": "dev", "qid": "1", "turns": 5}'],
+    [b'{"step": 1, "completion": "\xff"}'],
+    [b'{"benchmark": "dev", "qid": ' + b"1" * 5000 + b"}", b"{}"],
+], ids=["missing fields", "a number", "turns an int", "not UTF-8", "5000-digit qid"])
+def test_someone_elses_trajectories_jsonl_names_the_file(tmp_path, rows):
+    from hindsearch.eval import read_done
+
+    p = write_lines(tmp_path / "out" / "trajectories.jsonl", *rows)
+    with pytest.raises(ValueError, match=r"out/trajectories\.jsonl(:\d+)?: not "):
+        read_done(p)
+
+
+def test_eval_has_skip_bad_and_the_qa_error_names_it(tmp_path, capsys):
+    """The QA error told users to pass --skip-bad to eval, which had no such flag."""
+    from hindsearch.agent.cli import load_datasets
+    from hindsearch.data.qa import QAError, load_qa
+
+    p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}', "{broken",
+                    '{"question": "q3", "golden_answers": ["c"]}')
+    with pytest.raises(QAError) as e:
+        load_qa(p)
+    assert "hindsearch eval --skip-bad" in str(e.value)
+    with pytest.raises(SystemExit):
+        main(["eval", "--help"])
+    assert "--skip-bad" in capsys.readouterr().out
+    assert [r.question for r in load_datasets([("d", str(p))], None, skip_bad=True)["d"]] == ["q1", "q3"]
+    err = capsys.readouterr().err
+    assert "qa.jsonl: skipped 1 bad QA row (--skip-bad), kept 2" in err and "line 2: bad QA row: invalid JSON" in err
+    with pytest.raises(QAError, match="line 2"):
+        load_datasets([("d", str(p))], None)
