@@ -133,20 +133,30 @@ def read_done(path: Path) -> dict[tuple[str, str], Trajectory]:
     done: dict[tuple[str, str], Trajectory] = {}
     if not path.exists():
         return done
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 (byte {e.start}): not the trajectories.jsonl of an evaluation; "
+                         "give eval another --out") from None
     if lines and lines[-1] == "":
         lines.pop()
     for i, line in enumerate(lines):
         try:
             row = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines) - 1:  # torn last line: drop it, it is redone
+        except (ValueError, RecursionError) as e:
+            if i == len(lines) - 1 and isinstance(e, json.JSONDecodeError):  # torn last line: drop it, it is redone
                 path.write_text("".join(ln + "\n" for ln in lines[:i]), encoding="utf-8")
                 break
-            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e}); remove the line or the file to redo it") from e
-        if "benchmark" not in row or "qid" not in row:
-            raise ValueError(f"{path}:{i + 1}: row lacks 'benchmark' or 'qid'")
-        done[(row["benchmark"], row["qid"])] = Trajectory.from_dict(row)
+            raise ValueError(f"{path}:{i + 1}: not valid JSON ({type(e).__name__}: {str(e)[:200]}); remove the line "
+                             "or the file to redo it") from None
+        if not isinstance(row, dict) or "benchmark" not in row or "qid" not in row:
+            raise ValueError(f"{path}:{i + 1}: not an evaluation row (no 'benchmark' and 'qid'): this trajectories.jsonl "
+                             "was not written by hindsearch eval; give eval another --out")
+        try:
+            done[(row["benchmark"], row["qid"])] = Trajectory.from_dict(row)
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise ValueError(f"{path}:{i + 1}: not an evaluation row ({type(e).__name__}: {str(e)[:200]}): this "
+                             "trajectories.jsonl was not written by hindsearch eval; give eval another --out") from None
     return done
 
 

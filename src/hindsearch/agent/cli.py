@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="Search-R1-compatible retrieval server URL (default: the config's retriever)")
     p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
     p.add_argument("--limit", type=positive_int, help="questions per benchmark (default: eval.limit)")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip and count malformed QA rows (each named on stderr) instead of failing on the first")
     p.add_argument("--out", required=True, help="output folder (summary.json, results.md, trajectories.jsonl); reruns resume")
     p.add_argument("--config", help="TOML preset (default: built-in defaults)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
@@ -64,8 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_eval)
 
 
-def load_datasets(specs: list[tuple[str, str]], limit: int | None) -> dict[str, list[Any]]:
-    from hindsearch.data.qa import load_qa
+def load_datasets(specs: list[tuple[str, str]], limit: int | None, skip_bad: bool = False) -> dict[str, list[Any]]:
+    from hindsearch.data.qa import load_qa_reporting as load_qa
 
     out = {}
     for name, path in specs:
@@ -73,7 +75,7 @@ def load_datasets(specs: list[tuple[str, str]], limit: int | None) -> dict[str, 
             raise FileNotFoundError(f"--data {name}={path}: file not found")
         if Path(path).is_dir():
             raise IsADirectoryError(f"--data {name}={path}: is a folder; give a QA file (.jsonl, .json or .parquet)")
-        out[name] = load_qa(path, name=name, limit=limit)
+        out[name] = load_qa(path, name=name, limit=limit, skip_bad=skip_bad)
         if not out[name]:
             raise ValueError(f"--data {name}={path}: no questions in the file (an evaluation of 0 questions means nothing)")
     return out
@@ -111,7 +113,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         world = Path(ensure_world_for(cfg.data))
         specs = [("dev", str(world / "dev.jsonl")), ("test", str(world / "test.jsonl"))]
-    datasets = load_datasets(specs, limit)
+    datasets = load_datasets(specs, limit, args.skip_bad)
     if args.index:
         retriever = load_index(args.index)
     elif cfg.retrieval.kind == "remote" or cfg.retrieval.index_dir:
