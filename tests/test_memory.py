@@ -61,6 +61,25 @@ def test_large_freed_tensors_return_to_the_kernel_with_tuning():
     assert tuned < 32
 
 
+def rss_counter_slack_mb(peak_mb: float) -> float:
+    """How far VmRSS read at one moment can exceed VmHWM read later, for the same memory. The kernel keeps each of
+    the three counters in RSS (anon, file, shmem pages) per CPU (Linux >= 6.2), each CPU holding up to
+    max(32, 2 x CPUs) pages not yet summed into what /proc reports, and VmHWM is updated only at some events
+    (older kernels cache per thread instead, flushing every 64 faults). Two readings, each rounded to 0.1 MiB:
+    twice the per-CPU bound, or 2% of the peak where that is more, plus the rounding. A summary that reported
+    something other than the high-water mark (the end RSS, one stage's peak) is off by more on a real run."""
+    import os
+
+    cpus = os.cpu_count() or 1
+    per_reading = 3 * cpus * max(32, 2 * cpus) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return max(2 * per_reading, 0.02 * peak_mb) + 0.2
+
+
+def test_rss_counter_slack_is_small_but_covers_the_kernel_counters():
+    assert 0.2 < rss_counter_slack_mb(0.0) and rss_counter_slack_mb(1190.6) >= 1190.6 - 1190.5 + 0.2
+    assert rss_counter_slack_mb(1000.0) < 0.1 * 1000.0 or (__import__("os").cpu_count() or 1) > 64
+
+
 def test_main_job_reports_peak_rss_per_stage(tmp_path, monkeypatch):
     """run_train on a tiny world with a warm-up (micro-batched through the Trainer) and one GRPO step in micro-batches:
     summary.json and the printed summary carry every stage's peak RSS and time; the warm-up folder has a metrics row
@@ -86,7 +105,10 @@ def test_main_job_reports_peak_rss_per_stage(tmp_path, monkeypatch):
     for name, r in stages.items():
         assert r["peak_rss_mb"] >= max(r["start_rss_mb"], r["end_rss_mb"]) > 100, name
         assert r["seconds"] >= 0, name
-    assert summary["memory"]["peak_rss_mb"] >= max(r["peak_rss_mb"] for r in stages.values())
+    # the process peak (VmHWM) covers every stage's sampled peak (VmRSS), up to how far two readings of the
+    # kernel's RSS counters can disagree about the same memory
+    top = max(r["peak_rss_mb"] for r in stages.values())
+    assert summary["memory"]["peak_rss_mb"] >= top - rss_counter_slack_mb(top), (summary["memory"]["peak_rss_mb"], top)
     on_disk = json.loads((Path(summary["run_dir"]) / "summary.json").read_text())
     assert on_disk["memory"]["stages"] == stages
     assert any("peak RSS MiB" in x and "process peak" in x for x in lines)
