@@ -257,3 +257,20 @@ def test_store_rewritten_in_place_or_short_is_detected(big_index, tmp_path):
     with pytest.raises(StoreChanged):
         store2.raw(63)  # a short read, never a fault
     assert first.startswith(b'{"id":"p0"')
+
+
+def test_every_limit_is_a_serve_flag(monkeypatch, tmp_path):
+    """``hindsearch serve`` passes each ``ServerLimits`` field from its flag (defaults: the dataclass's)."""
+    import hindsearch.retrieval.server as server_mod
+    from hindsearch.cli import main
+
+    seen = {}
+    monkeypatch.setattr(server_mod, "serve", lambda index, **kw: seen.update(kw))
+    (tmp_path / "idx").mkdir()
+    assert main(["serve", "--index", str(tmp_path / "idx"), "--max-receiving", "5", "--max-receiving-per-client", "2",
+                 "--max-unsent-bytes", "1000", "--send-timeout", "2.5"]) == 0
+    want = dataclasses.replace(ServerLimits(), max_receiving=5, max_receiving_per_client=2, max_unsent_bytes=1000,
+                               send_timeout_s=2.5)
+    assert seen["limits"] == want
+    seen.clear()
+    assert main(["serve", "--index", str(tmp_path / "idx")]) == 0 and seen["limits"] == ServerLimits()

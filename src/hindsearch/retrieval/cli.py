@@ -78,7 +78,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(max_queries=args.max_queries, max_topk=args.max_topk, max_query_chars=args.max_query_chars,
                           max_body_bytes=args.max_body_bytes, max_hits=args.max_hits, max_inflight=args.max_inflight,
                           max_pending=args.max_pending, queue_timeout_s=args.queue_timeout,
-                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout)
+                          header_timeout_s=args.header_timeout, body_timeout_s=args.body_timeout,
+                          max_receiving=args.max_receiving, max_receiving_per_client=args.max_receiving_per_client,
+                          max_unsent_bytes=args.max_unsent_bytes, send_timeout_s=args.send_timeout)
     if args.topk > args.max_topk:
         raise ValueError(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
     serve(index_folder(args), host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs)
@@ -153,8 +155,8 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
         description="Serve an index folder (or a prebuilt FAISS file with its corpus, e.g. Search-R1's e5_Flat.index "
                     "with wiki-18.jsonl.gz) over HTTP with Search-R1's POST /retrieve API (and GET /health). "
                     "Requests over a limit get a 4xx JSON error; every limit below is a flag. "
-                    "Memory stays bounded by about max-pending x max-body-bytes of buffered bodies plus "
-                    "max-inflight parses and responses.")
+                    "Memory stays bounded by about (max-receiving + max-pending + max-inflight) x max-body-bytes "
+                    "of bodies, max-inflight parses, and max-unsent-bytes plus max-inflight answers.")
     p.add_argument("--index", help="index folder to serve (from `hindsearch index`); with --faiss-index, the folder "
                                    "its passages go to (default: none; give this or --faiss-index)")
     add_faiss_flags(p)
@@ -178,6 +180,14 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
                    help="seconds a connection has to send its request head before it is dropped")
     p.add_argument("--body-timeout", type=positive_float, default=lim.body_timeout_s,
                    help="seconds a request has to send its body before a 408")
+    p.add_argument("--max-receiving", type=positive_int, default=lim.max_receiving,
+                   help="requests whose body is still arriving, at once (they hold no admission slot); beyond: 503")
+    p.add_argument("--max-receiving-per-client", type=positive_int, default=lim.max_receiving_per_client,
+                   help="of those, from one client address")
+    p.add_argument("--max-unsent-bytes", type=positive_int, default=lim.max_unsent_bytes,
+                   help="bytes of answers not yet taken by their clients; beyond it requests wait (queue timeout)")
+    p.add_argument("--send-timeout", type=positive_float, default=lim.send_timeout_s,
+                   help="seconds a client has to take its answer once it fills the socket buffer, then it is reset")
     p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")
     p.add_argument("--docs", action="store_true", help="also serve /docs and /openapi.json")
     p.set_defaults(func=cmd_serve)
