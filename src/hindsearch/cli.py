@@ -144,6 +144,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+OUTPUT_ARGS = ("out", "resume")
+"""Flags naming a folder or file a command writes: their ``~`` is expanded here, once, for every command
+(``fsutil.expand_out``), so nothing writes to a literal ``./~``."""
+
+
+def expand_output_args(args: argparse.Namespace) -> None:
+    from hindsearch.fsutil import expand_out
+
+    for name in OUTPUT_ARGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, str(expand_out(value)))
+
+
 EXPECTED = (ValueError, OSError, ConnectionError, RuntimeError, LookupError)
 """Errors that carry a message meant for the user; anything else is also one line, marked unexpected."""
 
@@ -177,6 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    expand_output_args(args)
     try:
         rc = args.func(args)
     except KeyboardInterrupt:

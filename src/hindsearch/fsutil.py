@@ -1,8 +1,13 @@
 """Safe output folders: replace only what hindsearch wrote, atomic publishes, PID locks, atomic checkpoints.
 
+* ``expand_out(path)`` is the one place an output path's ``~`` is expanded (every ``--out`` and
+  ``--resume`` goes through it, in ``check_replaceable`` and in ``hindsearch.cli.main``).
 * ``check_replaceable(out, is_ours)`` refuses an ``--out`` that is a file, the current folder (or
   one above it), or a non-empty folder hindsearch did not write (``is_ours`` looks for the
   folder's marker file: ``index.json`` for an index, ``world.json`` for a world).
+  ``guard_output(out, kind)`` is the same check for the commands that write into their folder
+  (train, eval, data mini): the folder is ours when its marker ``.hindsearch-output.json`` names
+  ``kind``; ``claim_output`` writes that marker before anything else is written.
 * ``staging(out)`` yields a temporary sibling folder to build into and removes it when the build
   fails; ``publish(tmp, out)`` renames it into place (the old folder is moved aside first and
   deleted only after the rename).
@@ -10,8 +15,10 @@
   writer; a second writer gets ``FolderLocked`` naming the holder. A lock whose process is gone
   (or whose PID was reused by another process) is stale and taken over, with a message.
 * ``atomic_checkpoints(trainer)`` makes a transformers ``Trainer`` write each checkpoint into a
-  staging folder, mark it complete and rename it into place; ``complete_checkpoints(dir)`` lists
-  the checkpoints a resume may use, newest first, with the reasons others were skipped.
+  staging folder, check it is complete (``checkpoint_problem``: weights, optimizer, scheduler, RNG
+  state, trainer state, all present and readable), mark it complete with every file's size and
+  rename it into place; ``complete_checkpoints(dir)`` checks again when reading and lists the
+  checkpoints a resume may use, newest first, with the reasons others were skipped.
 """
 
 from __future__ import annotations
@@ -27,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 LOCK_NAME = ".hindsearch.lock"
+OUTPUT_MARKER = ".hindsearch-output.json"
 COMPLETE_NAME = "hindsearch-complete.json"
 STAGING_NAME = ".checkpoint-staging"
 
@@ -48,13 +56,29 @@ def _inside(path: Path, folder: Path) -> bool:
         return False
 
 
+def expand_out(path: str | Path) -> Path:
+    """An output path with ``~`` expanded: the one place this happens, so logs and checkpoints of one
+    ``--out '~/x'`` land in the same folder."""
+    return Path(os.path.expanduser(str(path)))
+
+
+def _a(what: str) -> str:
+    return ("an " if what[:1] in "aeiou" else "a ") + what
+
+
+def _has_content(folder: Path) -> bool:
+    """Whether ``folder`` holds anything but a (stale) lock file."""
+    return any(p.name != LOCK_NAME for p in folder.iterdir())
+
+
 def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str, flag: str = "--out",
-                      protect: tuple[str | Path, ...] = ()) -> None:
+                      protect: tuple[str | Path, ...] = ()) -> Path:
     """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours`` accepts.
 
     ``protect`` lists inputs (e.g. the corpus being indexed) that must not lie inside ``out``.
+    Returns ``out`` with ``~`` expanded (``expand_out``).
     """
-    out = Path(out)
+    out = expand_out(out)
     res = out.resolve()
     if out.exists() and not out.is_dir():
         raise UnsafeOutput(f"{flag} {out}: is a file, not a folder; choose a new folder for the {what}")
@@ -66,9 +90,61 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
     for p in protect:
         if _inside(Path(p).resolve(), res):
             raise UnsafeOutput(f"{flag} {out}: holds the input {p}, which replacing it would delete; choose another folder")
-    if out.is_dir() and any(out.iterdir()) and not is_ours(out):
-        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write (it is not a {what}); "
+    if out.is_dir() and _has_content(out) and not is_ours(out):
+        kind = output_kind(out)
+        if kind is not None:
+            raise UnsafeOutput(f"{flag} {out}: is a hindsearch {KIND_NAMES.get(kind, kind)}, not {_a(what)}; "
+                               f"choose a new or empty folder")
+        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write (it is not {_a(what)}); "
                            f"refusing to replace it; choose a new or empty folder")
+    return out
+
+
+KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder"}
+
+
+def read_marker(folder: str | Path) -> dict[str, Any] | None:
+    """The folder's ``OUTPUT_MARKER`` record (``{"kind": ...}``), or None."""
+    try:
+        meta = json.loads((Path(folder) / OUTPUT_MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return meta if isinstance(meta, dict) and isinstance(meta.get("kind"), str) else None
+
+
+def output_kind(folder: str | Path) -> str | None:
+    meta = read_marker(folder)
+    return meta["kind"] if meta else None
+
+
+def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str = "--out",
+                 legacy: Callable[[Path], bool] | None = None, protect: tuple[str | Path, ...] = ()) -> Path:
+    """``check_replaceable`` for a folder a command writes into: ours when its marker names ``kind``
+    (or ``legacy`` accepts a folder written before markers). Returns the expanded path."""
+    if not str(out).strip():
+        raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); give a new folder")
+
+    def is_ours(folder: Path) -> bool:
+        return output_kind(folder) == kind or (output_kind(folder) is None and legacy is not None and legacy(folder))
+
+    return check_replaceable(out, is_ours, what or KIND_NAMES.get(kind, kind), flag, protect)
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new file)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
+    tmp.replace(path)
+
+
+def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
+    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the marker)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    write_json_atomic(out / OUTPUT_MARKER, meta)
+    return meta
 
 
 def json_marker(filename: str, key: str) -> Callable[[Path], bool]:
@@ -84,10 +160,17 @@ def json_marker(filename: str, key: str) -> Callable[[Path], bool]:
     return is_ours
 
 
+def _link_target(out: str | Path) -> Path:
+    """``out``, or the path a symbolic link ``out`` points to (followed to the end)."""
+    out = expand_out(out)
+    return Path(os.path.realpath(out)) if out.is_symlink() else out
+
+
 @contextlib.contextmanager
 def staging(out: str | Path) -> Iterator[Path]:
-    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises."""
-    out = Path(out)
+    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises. When ``out``
+    is a symbolic link, the sibling is made next to the folder the link points to (see ``publish``)."""
+    out = _link_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -100,8 +183,9 @@ def staging(out: str | Path) -> Iterator[Path]:
 
 
 def publish(tmp: Path, out: str | Path) -> Path:
-    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside, then deleted."""
-    out = Path(out)
+    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside, then deleted.
+    A symbolic link ``out`` stays a link: the folder it points to is the one replaced."""
+    out = _link_target(out)
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
         out.rename(old)
@@ -241,16 +325,128 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-def checkpoint_problem(ckpt: Path) -> str | None:
-    """Why ``ckpt`` cannot be resumed from (None when it is complete)."""
-    if not (ckpt / COMPLETE_NAME).exists() and not (ckpt / "trainer_state.json").exists():
-        return "incomplete: no trainer_state.json (interrupted while saving)"
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin",
+                "pytorch_model.bin.index.json", "adapter_model.bin")
+"""The weights files a transformers/PEFT save writes (one of them; an index names its shards)."""
+TRAINING_STATE = ("optimizer.pt", "scheduler.pt")
+"""Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``) and
+``trainer_state.json`` they are what a resume needs to continue the same run."""
+
+
+def _safetensors_problem(path: Path) -> str | None:
+    """Why a .safetensors file is unreadable (None when its header parses and its size is what it says)."""
     try:
-        json.loads((ckpt / "trainer_state.json").read_text())
-    except (OSError, ValueError) as e:
-        return f"incomplete: trainer_state.json unreadable ({type(e).__name__})"
-    if not any(ckpt.glob("*.safetensors")) and not any(ckpt.glob("*.bin")) and not any(ckpt.glob("*.pt")):
-        return "incomplete: no weights file"
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                return f"{path.name} is truncated ({size} bytes)"
+            n = int.from_bytes(head, "little")
+            if n > size - 8:
+                return f"{path.name} is truncated (header of {n} bytes in a {size}-byte file)"
+            meta = json.loads(f.read(n))
+        end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return f"{path.name} is unreadable ({type(e).__name__})"
+    if 8 + n + end != size:
+        return f"{path.name} is truncated ({size} bytes, its header says {8 + n + end})"
+    return None
+
+
+def _torch_file_problem(path: Path) -> str | None:
+    """Why a ``torch.save`` file is unreadable: it is a zip archive whose directory is at its end, so a
+    truncated or empty file fails to open (its tensors are not read)."""
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            if not z.namelist():
+                return f"{path.name} is empty"
+    except (OSError, zipfile.BadZipFile, ValueError) as e:
+        return f"{path.name} is unreadable or truncated ({type(e).__name__})"
+    return None
+
+
+def _file_problem(path: Path) -> str | None:
+    if not path.is_file():
+        return f"no {path.name}"
+    if path.suffix == ".safetensors":
+        return _safetensors_problem(path)
+    if path.suffix in (".pt", ".pth", ".bin"):
+        return _torch_file_problem(path)
+    if path.suffix == ".json":
+        try:
+            json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            return f"{path.name} is unreadable ({type(e).__name__})"
+    return None
+
+
+def _weights_problem(ckpt: Path) -> str | None:
+    names = [n for n in WEIGHT_NAMES if (ckpt / n).exists()]
+    if not names:
+        return f"no weights file ({', '.join(WEIGHT_NAMES[:3])}, ...)"
+    for n in names:
+        if why := _file_problem(ckpt / n):
+            return why
+        if n.endswith(".index.json"):  # sharded weights: every shard it names
+            try:
+                shards = sorted(set(json.loads((ckpt / n).read_text())["weight_map"].values()))
+            except (OSError, ValueError, KeyError, AttributeError) as e:
+                return f"{n} is unreadable ({type(e).__name__})"
+            for shard in shards:
+                if why := _file_problem(ckpt / shard):
+                    return why
+    return None
+
+
+def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None:
+    """Why ``ckpt`` cannot be resumed from (None when it is complete).
+
+    Complete means: ``trainer_state.json`` readable, the weights readable and of the size their header
+    says (every shard of a sharded save), and, unless the save was model-only, ``optimizer.pt``,
+    ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable. The completion marker
+    written by ``atomic_checkpoints`` lists every file with its size; a file that changed size since
+    (truncated, replaced) or went missing makes the checkpoint incomplete too.
+    """
+    ckpt = Path(ckpt)
+    marker: dict[str, Any] = {}
+    if (ckpt / COMPLETE_NAME).exists():
+        try:
+            marker = json.loads((ckpt / COMPLETE_NAME).read_text())
+        except (OSError, ValueError):
+            return f"incomplete: {COMPLETE_NAME} unreadable"
+        if not isinstance(marker, dict):
+            return f"incomplete: {COMPLETE_NAME} unreadable"
+    if not (ckpt / "trainer_state.json").exists():
+        return "incomplete: no trainer_state.json (interrupted while saving)"
+    if why := _file_problem(ckpt / "trainer_state.json"):
+        return f"incomplete: {why}"
+    files = marker.get("files")
+    if isinstance(files, dict):
+        for name, size in sorted(files.items()):
+            p = ckpt / name
+            if not p.is_file():
+                return f"incomplete: {name} is missing (it was written with the checkpoint)"
+            if isinstance(size, int) and p.stat().st_size != size:
+                return f"incomplete: {name} is {p.stat().st_size} bytes, it was written with {size}"
+    if model_only is None:
+        model_only = bool(marker.get("model_only", False))
+    layout = marker.get("layout", "standard")
+    if layout == "standard":
+        if why := _weights_problem(ckpt):
+            return f"incomplete: {why}"
+        if not model_only:
+            for name in TRAINING_STATE:
+                if why := _file_problem(ckpt / name):
+                    return f"incomplete: {why}" + (" (the optimizer would restart from zero)" if name == "optimizer.pt"
+                                                  else "")
+            rng = sorted(ckpt.glob("rng_state*.pth"))
+            if not rng:
+                return "incomplete: no rng_state.pth"
+            for r in rng:
+                if why := _torch_file_problem(r):
+                    return f"incomplete: {why}"
     return None
 
 
@@ -294,8 +490,17 @@ def atomic_checkpoints(trainer: Any) -> Any:
             trainer._get_output_dir = original_dir
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
+            model_only = bool(getattr(trainer.args, "save_only_model", False))
+            layout = "sharded" if (getattr(trainer, "is_deepspeed_enabled", False)
+                                   or getattr(trainer, "is_fsdp_enabled", False)) else "standard"
             for ck in sorted(stage.iterdir()):
-                (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step}) + "\n")
+                if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
+                    raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
+                                       f"it is left in {stage} and not resumed from; check the disk "
+                                       f"(space, permissions) and resume from the previous checkpoint")
+                files = {str(f.relative_to(ck)): f.stat().st_size for f in sorted(ck.rglob("*")) if f.is_file()}
+                (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step, "model_only": model_only,
+                                                            "layout": layout, "files": files}) + "\n")
                 dest = real / ck.name
                 if dest.exists():  # a checkpoint of the same step from an earlier try: replace it
                     publish(ck, dest)

@@ -53,9 +53,26 @@ def cmd_fetch(args: argparse.Namespace) -> int:
 
 
 def cmd_mini(args: argparse.Namespace) -> int:
-    from hindsearch.data.mini import build_mini
+    from pathlib import Path
 
-    build_mini(args.shared, args.out)
+    from hindsearch.data.mini import build_mini
+    from hindsearch.fsutil import claim_output, guard_output, json_marker
+
+    if not Path(args.shared).is_dir():
+        raise FileNotFoundError(f"--shared {args.shared}: folder not found")
+    # the files are written in place: only into a new or empty folder, or an earlier mini-wiki
+    out = guard_output(args.out, "mini", "mini-wiki folder", legacy=json_marker("mini.json", "benchmarks"),
+                       protect=(args.shared,))
+    created = not out.exists()
+    claim_output(out, "mini")
+    try:
+        build_mini(args.shared, out)
+    except BaseException:
+        if created:  # a failed first build leaves nothing behind
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
     return 0
 
 
@@ -92,5 +109,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=cmd_fetch)
     m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")
     m.add_argument("--shared", required=True, help="folder of real data slices (e.g. ../shared/data)")
-    m.add_argument("--out", required=True, help="output folder")
+    m.add_argument("--out", required=True, help="output folder (new, empty, or an earlier mini-wiki)")
     m.set_defaults(func=cmd_mini)

@@ -34,6 +34,7 @@ this module never imports ``hindsearch.compare`` (which imports it to write the 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -64,12 +65,44 @@ def render(path: str | Path) -> str:
                                                                 shades=shade_css())
 
 
+REPORT_TITLES = ("<title>hindsearch run:", "<title>hindsearch comparison:")
+
+
+def _is_report(path: Path) -> bool:
+    """Whether ``path`` is a page this command wrote (its title says so)."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return any(t in head for t in REPORT_TITLES)
+
+
+def check_report_out(out_path: Path) -> None:
+    """Refuse an ``--out`` that would replace anything but an earlier report: a folder, a file of a run
+    folder (``metrics.jsonl``, ``config.toml`` ...), or any other file."""
+    if out_path.is_dir():
+        raise IsADirectoryError(f"--out {out_path}: is a folder; give the page's file name, e.g. {out_path / 'report.html'}")
+    if out_path.exists() and not _is_report(out_path):
+        raise FileExistsError(f"--out {out_path}: exists and is not a hindsearch report, so the page would overwrite "
+                              f"it; choose a new file name (an earlier report is replaced)")
+
+
 def write_report(path: str | Path, out: str | Path | None = None) -> Path:
-    """Write the page (default ``RUN_DIR/report.html``) and return its path."""
-    out_path = Path(out) if out else Path(path) / "report.html"
+    """Write the page (default ``RUN_DIR/report.html``) and return its path. The page replaces only an
+    earlier report (``check_report_out``); it is written through a temporary file and a rename."""
+    from hindsearch.fsutil import expand_out
+
+    out_path = expand_out(out) if out else expand_out(path) / "report.html"
+    check_report_out(out_path)
     text = render(path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    out_path.write_text(text, encoding="utf-8")
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
     return out_path
 
 
