@@ -43,6 +43,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last complete checkpoint (default: start a new run)")
+    p.add_argument("--allow-config-change", action="store_true",
+                   help="with --resume: use a RUN_DIR/config.toml edited since the run started in a key that changes "
+                        "training (refused otherwise); the change is recorded in the run")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train)
     q = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
@@ -67,8 +70,10 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.method or args.set or args.out:
             raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out")
-        run_train(resume=args.resume)
+        run_train(resume=args.resume, allow_config_change=args.allow_config_change)
         return 0
+    if args.allow_config_change:
+        raise ValueError("--allow-config-change goes with --resume RUN_DIR")
     overrides = list(args.set)
     if args.method:
         overrides.append(f'method="{args.method}"')

@@ -14,10 +14,15 @@ Order (everything that can fail on a bad config fails in ``preflight`` before a 
    validity rate) printed and saved to ``RUN_DIR/summary.json``.
 
 ``RUN_DIR`` holds ``config.toml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``,
-``checkpoints/``, ``eval/<stage>/`` and ``summary.json``. ``run_train(cfg, resume=RUN_DIR)`` reloads
-``RUN_DIR/config.toml`` and continues from the last complete checkpoint (checkpoints are written
-atomically; an incomplete one is skipped with a message; finished evaluations are reused, metrics
-rows past the checkpoint are dropped so no step is logged twice). ``RUN_DIR/.hindsearch.lock``
+``checkpoints/``, ``eval/<stage>/``, ``summary.json`` and the marker ``.hindsearch-output.json``
+(kind ``run``, the config the run started with, and any config change allowed on a resume). A new
+run writes only into a new or empty folder or a run folder of ours without checkpoints.
+``run_train(cfg, resume=RUN_DIR)`` reloads ``RUN_DIR/config.toml`` (an edit of a training key since
+the start is refused unless ``allow_config_change``) and continues from the last complete checkpoint
+(checkpoints are written atomically and checked complete when written and when read; an incomplete
+one is set aside with a message naming it; finished evaluations are reused; log rows past the
+checkpoint, all of them when no complete checkpoint is left, and a torn last line are dropped, so
+no step is logged twice). ``RUN_DIR/.hindsearch.lock``
 keeps a second trainer out of the folder while one runs. A non-finite loss
 saves a checkpoint of the last good weights and stops with an error.
 """
@@ -154,50 +159,179 @@ def checkpoint_step(ckpt: Path) -> int:
     return int(ckpt.name.rsplit("-", 1)[-1])
 
 
-def truncate_jsonl(path: Path, max_step: int) -> int:
-    """Drop rows whose ``step`` is past ``max_step`` (they are redone on resume). Returns rows dropped."""
+def read_jsonl_rows(path: Path, log: Any = None) -> list[dict[str, Any]]:
+    """The rows of a run log. A torn last line (a write cut by a kill) is dropped from the file, with a
+    message naming it; any other bad line is an error naming the file and line."""
+    if not path.exists():
+        return []
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); remove or repair the file to resume") from None
+    lines = text.split("\n")
+    complete = text.endswith("\n")
+    if complete:
+        lines.pop()
+    rows: list[dict[str, Any]] = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError as e:
+            if i == len(lines) - 1:  # the last line: an interrupted write
+                if log is not None:
+                    log(f"{path}: dropped a torn last line {i + 1} (a write interrupted by the stop); "
+                        f"its step is redone")
+                break
+            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e}); remove the line to resume") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{path}:{i + 1}: not a JSON object; remove the line to resume")
+        rows.append(row)
+    return rows
+
+
+def truncate_jsonl(path: Path, max_step: int, log: Any = None) -> int:
+    """Drop rows whose ``step`` is past ``max_step`` (they are redone on resume), and a torn last line.
+    Returns rows dropped. The file is replaced atomically (a crash keeps the old or the new file)."""
     if not path.exists():
         return 0
-    rows = [ln for ln in path.read_text().splitlines() if ln.strip()]
-    keep = [ln for ln in rows if json.loads(ln).get("step", 0) <= max_step]
-    path.write_text("".join(ln + "\n" for ln in keep))
+    rows = read_jsonl_rows(path, log)
+    keep = []
+    for i, r in enumerate(rows):
+        step = r.get("step", 0)
+        if not isinstance(step, (int, float)) or isinstance(step, bool):
+            raise ValueError(f"{path}: row {i + 1} has a non-numeric step {step!r}; remove the row to resume")
+        if step <= max_step:
+            keep.append(r)
+    text = "".join(json.dumps(r) + "\n" for r in keep)
+    if text.encode() != path.read_bytes():
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
     return len(rows) - len(keep)
 
 
+NOT_TRAINING = ("out", "train.save_steps", "train.eval_steps", "train.eval_limit", "train.samples_per_step",
+                "eval.", "rollout.vllm_server_host", "rollout.vllm_server_port", "rollout.vllm_server_timeout",
+                "retrieval.timeout_s", "retrieval.retries")
+"""Config keys (``eval.``: a whole section) that change no training step: where the run is, how often it saves
+and evaluates dev, what it logs and how it reaches its servers. A resume accepts changes to these (and says so)."""
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """``[(key, old value, new value)]`` of every key that differs (``None`` for a key one side lacks)."""
+    a, b = _flat(old), _flat(new)
+    return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+
+
+def affects_training(key: str) -> bool:
+    return not any(key == n or (n.endswith(".") and key.startswith(n)) for n in NOT_TRAINING)
+
+
+def _normal(d: dict[str, Any]) -> dict[str, Any]:
+    """A recorded config as the current code reads it (defaults of newer fields filled in)."""
+    try:
+        return Config.from_dict(d).to_dict()
+    except (ConfigError, ValueError, TypeError):
+        return d
+
+
+def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any) -> dict[str, Any]:
+    """Compare ``RUN_DIR/config.toml`` (as resumed) with the config the run started with (recorded in the
+    folder's marker). A change to a key that changes training is refused, naming the key and both values,
+    unless ``allow_change``: then it is used, recorded in the marker with the step it applies from, and said.
+    Returns the marker to write back."""
+    from hindsearch.fsutil import read_marker
+
+    marker = read_marker(run_dir) or {"kind": "run"}
+    started = marker.get("config")
+    now = cfg.to_dict()
+    if not isinstance(started, dict):
+        log(f"{run_dir}: no record of the config the run started with (a run folder from an older hindsearch); "
+            f"the current config.toml is recorded as the run's config from here on")
+        marker["config"] = now
+        return marker
+    changes = config_changes(_normal(started), now)
+    training = [c for c in changes if affects_training(c[0])]
+    other = [c for c in changes if not affects_training(c[0])]
+    if training and not allow_change:
+        key, a, b = training[0]
+        more = f" (and {len(training) - 1} more: {', '.join(k for k, _, _ in training[1:4])})" if len(training) > 1 else ""
+        raise ConfigError(f"{run_dir / 'config.toml'} was edited since the run started: {key} = {a!r} -> {b!r}{more}; "
+                          f"this changes the training, so the resume is refused; restore the old value, start a new "
+                          f"run with another --out, or resume with --allow-config-change to use it from here on "
+                          f"(recorded in the run)")
+    for key, a, b in training:
+        log(f"config change allowed by --allow-config-change: {key} = {a!r} -> {b!r} (recorded in {run_dir})")
+    for key, a, b in other:
+        log(f"config change: {key} = {a!r} -> {b!r} (changes no training step)")
+    if changes:
+        marker.setdefault("config_changes", []).append(
+            {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "allowed": bool(training),
+             "changes": [{"key": k, "old": a, "new": b} for k, a, b in changes]})
+        marker["config"] = now
+    return marker
+
+
 # ---------------------------------------------------------------- main job
-def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print) -> dict[str, Any]:
-    """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``)."""
+def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
+              allow_config_change: bool = False) -> dict[str, Any]:
+    """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``).
+
+    A new run writes only into a new or empty folder, or a run folder hindsearch made (its marker
+    ``.hindsearch-output.json`` says ``run``) that holds no checkpoint. A resume refuses a
+    ``config.toml`` edited since the start in a key that changes training, unless
+    ``allow_config_change`` (recorded in the run)."""
+    from hindsearch.fsutil import FolderLock, UnsafeOutput, complete_checkpoints, expand_out, guard_output, output_kind
+
     t_start = time.time()
     ckpt = None
     if resume is not None:
-        run_dir = Path(resume)
+        run_dir = expand_out(resume)
         if not (run_dir / "config.toml").exists():
             raise FileNotFoundError(f"--resume {run_dir}: no config.toml there (not a run folder)")
+        if output_kind(run_dir) not in (None, "run"):
+            raise UnsafeOutput(f"--resume {run_dir}: is a hindsearch {output_kind(run_dir)} folder, not a run folder")
         cfg = Config.load(run_dir / "config.toml")
     if cfg is None:
         raise ValueError("run_train needs a config or a run folder to resume")
+    if resume is None and not str(cfg.out).strip():
+        raise ConfigError("out = '': no run folder given (it would write into the current folder); "
+                          "set out in the config or pass --out")
     preflight(cfg)
     from hindsearch.models import resolve_model
 
     resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
-    run_dir = Path(resume) if resume is not None else Path(cfg.out)
-    if run_dir.exists() and not run_dir.is_dir():
-        raise NotADirectoryError(f"--out {run_dir}: is a file, not a run folder")
-    from hindsearch.fsutil import FolderLock, complete_checkpoints
-
-    good, torn = complete_checkpoints(run_dir / "checkpoints")
+    if resume is None:
+        run_dir = expand_out(cfg.out)
+    good, torn = complete_checkpoints(run_dir / "checkpoints") if run_dir.is_dir() else ([], [])
     if resume is None and (good or torn):
         raise FileExistsError(f"{run_dir} already holds checkpoints; use --resume {run_dir} or another --out")
+    if resume is None:  # a new run: only into a new or empty folder, or a run folder of ours
+        run_dir = guard_output(cfg.out, "run", "run folder")
+        if str(run_dir) != cfg.out:
+            cfg.out = str(run_dir)  # '~' expanded: config.toml names the folder the run is in
     rank0 = int(os.environ.get("RANK", "0")) == 0  # distributed: the first process holds the lock for all
     with FolderLock(run_dir, "run folder", log=log) if rank0 else contextlib.nullcontext():  # one trainer per folder
+        marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
         if resume is not None:
             ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
-        return _run_locked(cfg, run_dir, resume, ckpt, t_start, log)
+        return _run_locked(cfg, run_dir, resume, ckpt, t_start, log, marker if rank0 else None)
 
 
 def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, t_start: float,
-                log: Any) -> dict[str, Any]:
-    done = _reset_logs(cfg, run_dir, resume, ckpt, log)
+                log: Any, marker: dict[str, Any] | None = None) -> dict[str, Any]:
+    done = _reset_logs(cfg, run_dir, resume, ckpt, log, marker)
     job = _Job(cfg, run_dir, log)
     job.data()
     model = job.load()
@@ -213,18 +347,34 @@ def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 STEP_LOGS = ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl")  # a run folder's per-step JSONL logs
 
 
-def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, log: Any) -> int:
-    """A new run starts with empty logs; a resumed one drops the rows past its checkpoint. Saves the resolved
-    config; returns the number of steps already done."""
+def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, log: Any,
+                marker: dict[str, Any] | None = None) -> int:
+    """A new run marks its folder (recording its config) and starts with empty logs; a resumed one drops the
+    rows past its checkpoint (all step rows when no complete checkpoint is left, so no step is written twice)
+    and a torn last line. Saves the resolved config; returns the number of steps already done."""
+    from hindsearch.fsutil import claim_output, write_json_atomic
+
+    rank0 = int(os.environ.get("RANK", "0")) == 0
     if resume is None:
+        if rank0:
+            claim_output(run_dir, "run", config=cfg.to_dict())
         for name in STEP_LOGS:
             (run_dir / name).unlink(missing_ok=True)
+    elif rank0 and marker is not None:
+        from hindsearch.fsutil import OUTPUT_MARKER
+
+        write_json_atomic(run_dir / OUTPUT_MARKER, marker)
     cfg.save(run_dir / "config.toml")
     done = checkpoint_step(ckpt) if ckpt else 0
-    if ckpt is not None:
-        for name in STEP_LOGS:
-            truncate_jsonl(run_dir / name, done)
-        log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)")
+    if resume is not None:
+        dropped = {name: truncate_jsonl(run_dir / name, done, log) for name in STEP_LOGS} if rank0 else {}
+        gone = ", ".join(f"{n} rows of {name}" for name, n in dropped.items() if n)
+        if ckpt is not None:
+            log(f"resuming {run_dir} from {ckpt.name} ({done}/{cfg.train.steps} steps done)"
+                + (f"; dropped {gone} past step {done} (redone)" if gone else ""))
+        else:
+            log(f"resuming {run_dir}: no complete checkpoint, starting from step 0"
+                + (f"; dropped {gone} (redone)" if gone else ""))
     return done
 
 
@@ -240,6 +390,7 @@ class _Job:
         self.timings: dict[str, float] = {}
         self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         self.tok: Any = None
+        self.model_id: dict[str, Any] | None = None  # eval.model_identity of the policy now in memory
         self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
 
     def data(self) -> None:
@@ -253,8 +404,11 @@ class _Job:
         from hindsearch.models import load_policy
 
         self.log(f"[2/5] policy {self.cfg.model.name}")
+        from hindsearch.eval import model_identity
+
         with self.mem.stage("load"):
             model, self.tok = load_policy(self.cfg.model)
+        self.model_id = model_identity(self.cfg.model.name, self.cfg.model.gguf_file)
         return model
 
     def make_engine(self, m: Any) -> Any:
@@ -268,7 +422,8 @@ class _Job:
         t0 = time.time()
         with self.mem.stage(f"eval_{stage}"):
             self.rows[stage] = summary_row(evaluate_dev(self.make_engine(m), self.setup.dev,
-                                                        self.run_dir / "eval" / stage, self.cfg))
+                                                        self.run_dir / "eval" / stage, self.cfg, self.model_id,
+                                                        log=self.log))
         self.timings[f"eval_{stage}"] = time.time() - t0
         self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
 
@@ -289,6 +444,9 @@ class _Job:
             del model  # the SFT'd copy in memory: the policy is reloaded from the saved folder
             gc.collect()
             model, self.tok = load_policy(replace(self.cfg.model, name=str(wdir), gguf_file=None))
+        from hindsearch.eval import model_identity
+
+        self.model_id = model_identity(str(wdir))
         self.log(f"      warmed-up checkpoint: {wdir}")
         self.dev_eval("warmup", model)
         return model
@@ -299,6 +457,8 @@ class _Job:
         self.log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
                  f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
         t0 = time.time()
+        from hindsearch.eval import model_identity
+
         with self.mem.stage("rl"):
             if ckpt is not None and done >= cfg.train.steps:  # training already finished: reuse its weights
                 from hindsearch.models import load_policy
@@ -307,8 +467,10 @@ class _Job:
                 src = final if final.is_dir() else ckpt
                 model, self.tok = load_policy(replace(cfg.model, name=str(src), gguf_file=None))
                 self.log(f"      all {cfg.train.steps} steps already done; using {src}")
+                self.model_id = model_identity(str(src))
             elif cfg.train.steps > 0:
                 model = self._train(model, ckpt)
+                self.model_id = model_identity(str(self.run_dir / "final"))
         self.timings["rl"] = time.time() - t0
         return model
 
