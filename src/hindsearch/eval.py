@@ -18,6 +18,14 @@ keeps them). A torn last line (a crash mid-write) is dropped and redone; any oth
 error naming it. One writer per folder: ``OUT/.hindsearch.lock`` holds the evaluating process'
 PID and a second evaluation into the same folder is refused (a stale lock is taken over).
 ``OUT/results.md`` holds the markdown table.
+
+What produced the rows: ``OUT/.hindsearch-output.json`` (kind ``eval``) records the model (name or
+folder, with the size and time of its weight files), the decoding (greedy, or sampled with its seed),
+the config (its hash and the keys that shape a rollout), the retriever and each QA file's SHA-256.
+Rows are reused only when all of these are the same, and each reused row's question and golds match
+the question of that id; otherwise the rerun is refused with one line naming what changed
+(``fresh=True``, ``hindsearch eval --fresh``, starts the folder anew). The folder must be new, empty or
+an evaluation folder (``fsutil.guard_output``): a user's folder or a run folder is refused.
 """
 
 from __future__ import annotations
@@ -160,6 +168,149 @@ def read_done(path: Path) -> dict[tuple[str, str], Trajectory]:
     return done
 
 
+EVAL_FILES = ("trajectories.jsonl", "summary.json", "results.md")
+"""What ``evaluate`` writes into its folder (with the marker and the lock)."""
+
+
+class EvalMismatch(ValueError):
+    """An evaluation folder's rows were made by another model, config or QA file than this rerun's."""
+
+
+def is_legacy_eval_folder(folder: Path) -> bool:
+    """An evaluation folder written before folders were marked: only ``EVAL_FILES`` (and a lock), and the
+    first row of ``trajectories.jsonl`` is an evaluation row."""
+    from hindsearch.fsutil import LOCK_NAME
+
+    names = {p.name for p in folder.iterdir()}
+    if "trajectories.jsonl" not in names or not names <= {*EVAL_FILES, LOCK_NAME}:
+        return False
+    try:
+        with (folder / "trajectories.jsonl").open(encoding="utf-8") as f:
+            row = json.loads(f.readline())
+    except (OSError, ValueError):
+        return False
+    return isinstance(row, dict) and "benchmark" in row and "qid" in row
+
+
+def model_identity(name: str, gguf_file: str | None = None) -> dict[str, Any]:
+    """The model as recorded with evaluation rows: a hub name, or a local folder's resolved path with the
+    size and modification time of its weight files (a retrained folder at the same path differs)."""
+    p = Path(name)
+    if p.is_dir():
+        weights = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(p.iterdir())
+                   if f.is_file() and f.suffix in (".safetensors", ".bin", ".gguf", ".pt")}
+        ident: dict[str, Any] = {"path": str(p.resolve()), "weights": weights}
+    else:
+        ident = {"name": name}
+    if gguf_file:
+        ident["gguf_file"] = gguf_file
+    return ident
+
+
+ROLLOUT_SECTIONS = ("model", "rollout", "retrieval")
+"""The config sections that shape an evaluation row (the model, how it is rolled out, what it retrieves)."""
+
+
+def config_record(cfg: Any) -> dict[str, Any]:
+    """``{"config_sha256", "config"}``: the rollout-shaping sections of a ``Config``, and their hash."""
+    import hashlib
+
+    d = cfg.to_dict()
+    part = {k: d[k] for k in ROLLOUT_SECTIONS if k in d}
+    text = json.dumps(part, sort_keys=True, default=str)
+    return {"config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": part}
+
+
+def qa_file_record(path: str | Path) -> dict[str, Any]:
+    from hindsearch.data.corpus import file_sha256
+
+    return {"path": str(Path(path).resolve()), "sha256": file_sha256(path)}
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def _describe_model(m: Any) -> str:
+    if not isinstance(m, dict):
+        return repr(m)
+    return m.get("path") or m.get("name") or repr(m)
+
+
+def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
+    """What differs between the record of the rows in a folder (``old``) and this evaluation's (``new``),
+    as one phrase, or None when the rows may be reused."""
+    if old is None or "settings" not in old:
+        return "its rows carry no record of the model, config and QA files that made them (an older hindsearch)"
+    if "model" in new and old.get("model") != new["model"]:
+        a, b = old.get("model"), new["model"]
+        if isinstance(a, dict) and isinstance(b, dict) and _describe_model(a) == _describe_model(b):
+            return f"the model {_describe_model(b)} changed since its rows were made (its weight files differ)"
+        return f"its rows were made by the model {_describe_model(a)}, this evaluation uses {_describe_model(b)}"
+    if old.get("settings") != new["settings"]:
+        def mode(x: Any) -> str:
+            x = x or {}
+            return "greedy decoding" if x.get("greedy") else f"sampling with seed {x.get('seed')}"
+        return f"its rows were made with {mode(old.get('settings'))}, this evaluation uses {mode(new['settings'])}"
+    if "config" in new and old.get("config_sha256") != new.get("config_sha256"):
+        a, b = _flat(old.get("config") or {}), _flat(new["config"])
+        for k in sorted(set(a) | set(b)):
+            if a.get(k) != b.get(k):
+                return f"its rows were made with {k} = {a.get(k)!r}, this evaluation has {k} = {b.get(k)!r}"
+        return "its rows were made with another config (the hash differs)"
+    if "retriever" in new and old.get("retriever") != new["retriever"]:
+        return f"its rows were made with the retriever {old.get('retriever')}, this evaluation uses {new['retriever']}"
+    for name, rec in (new.get("data") or {}).items():
+        prev = (old.get("data") or {}).get(name)
+        if prev is not None and prev.get("sha256") != rec.get("sha256"):
+            same = prev.get("path") == rec.get("path")
+            return (f"benchmark {name!r}: its rows were made from {prev.get('path')}"
+                    + (" before the file changed" if same else f", this evaluation reads {rec.get('path')}")
+                    + " (the SHA-256 differs)")
+    return None
+
+
+def full_record(record: dict[str, Any] | None, greedy: bool, seed: int) -> dict[str, Any]:
+    """``record`` with the decoding (the seed counts only when sampling)."""
+    return {**(record or {}), "settings": {"greedy": bool(greedy), "seed": None if greedy else seed}}
+
+
+def reuse_problem(out: Path, record: dict[str, Any]) -> str | None:
+    """Why the rows in ``out`` may not be reused by an evaluation described by ``record`` (None: they may,
+    or there are none)."""
+    from hindsearch.fsutil import read_marker
+
+    if not any((out / n).exists() for n in EVAL_FILES):
+        return None
+    return record_mismatch(read_marker(out), record)
+
+
+def refuse_message(out: Path, why: str) -> str:
+    return f"--out {out}: {why}; rerun with --fresh to start this folder anew, or choose another --out"
+
+
+def _prepare_folder(out: Path, record: dict[str, Any], fresh: bool, redo_on_change: bool, log: Any) -> None:
+    """Check the rows in ``out`` were made by what ``record`` describes (or clear them), then record it."""
+    from hindsearch.fsutil import claim_output, read_marker
+
+    has_rows = any((out / n).exists() for n in EVAL_FILES)
+    why = None if fresh else reuse_problem(out, record)
+    if has_rows and (fresh or why):
+        if why and not redo_on_change:
+            raise EvalMismatch(refuse_message(out, why))
+        for n in EVAL_FILES:
+            (out / n).unlink(missing_ok=True)
+        log(f"{out}: {why}; evaluating anew" if why else f"{out}: --fresh: the earlier rows are removed, evaluating anew")
+    old = read_marker(out) if has_rows and not (fresh or why) else None
+    data = {**((old or {}).get("data") or {}), **(record.get("data") or {})}
+    claim_output(out, "eval", **{**record, "data": data})
+
+
 def evaluate(
     engine: Any,
     datasets: dict[str, list[QARecord]],
@@ -170,6 +321,9 @@ def evaluate(
     progress: bool = True,
     redo_errors: bool = True,
     log: Any = print,
+    record: dict[str, Any] | None = None,
+    fresh: bool = False,
+    redo_on_change: bool = False,
 ) -> dict[str, Any]:
     """Evaluate ``engine`` on ``{benchmark: records}``; returns the summary (also ``out_dir/summary.json``).
 
@@ -177,6 +331,12 @@ def evaluate(
     uses ``seed + b``). With ``out_dir``, finished questions are appended to
     ``trajectories.jsonl`` after every batch and skipped on a rerun (rows with an error are redone
     unless ``redo_errors`` is False); the folder is locked against a second writer.
+
+    ``record`` describes what makes the rows (``model``: ``model_identity``; ``config_sha256``/``config``:
+    ``config_record``; ``retriever``; ``data``: ``{benchmark: qa_file_record}``); the decoding is added
+    here. Rows of an earlier run are reused only when its record is the same (see ``record_mismatch``);
+    otherwise ``EvalMismatch`` names what changed, unless ``fresh`` (start anew) or ``redo_on_change``
+    (start anew with a message: the main job's own dev evaluations).
     """
     for name, recs in datasets.items():
         seen: set[str] = set()
@@ -184,14 +344,14 @@ def evaluate(
             if r.id in seen:
                 raise ValueError(f"benchmark {name!r}: duplicate question id {r.id!r} (ids key the resume)")
             seen.add(r.id)
-    out = Path(out_dir) if out_dir is not None else None
-    if out is not None and out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out}: is a file, not a folder; choose a folder for the evaluation")
-    if out is None:
+    if out_dir is None:
         return _evaluate(engine, datasets, None, batch_size, greedy, seed, progress, redo_errors, log)
-    from hindsearch.fsutil import FolderLock
+    from hindsearch.fsutil import FolderLock, guard_output
 
+    out = guard_output(out_dir, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
+    full = full_record(record, greedy, seed)
     with FolderLock(out, "evaluation folder", log=log):
+        _prepare_folder(out, full, fresh, redo_on_change, log)
         return _evaluate(engine, datasets, out, batch_size, greedy, seed, progress, redo_errors, log)
 
 
@@ -204,6 +364,12 @@ def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None
             log(f"{traj_path}: redoing {n} question(s) whose earlier rows recorded an error "
                 "(--keep-errors keeps such rows)")
     done = read_done(traj_path) if traj_path else {}
+    for name, recs in datasets.items():  # a reused row must be of this question (ids of another file may collide)
+        for r in recs:
+            t = done.get((name, r.id))
+            if t is not None and (t.question != r.question or list(t.golden_answers) != list(r.golden_answers)):
+                raise EvalMismatch(refuse_message(out, f"benchmark {name!r} question id {r.id!r}: its row holds "
+                                                        f"another question or golds than this QA file's"))
     todo = [(name, r) for name, recs in datasets.items() for r in recs if (name, r.id) not in done]
     total = sum(len(v) for v in datasets.values())
     bar = None

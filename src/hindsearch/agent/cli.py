@@ -7,7 +7,9 @@ Without ``--data`` the world's dev and test splits are evaluated; without ``--in
 ``--retriever-url`` the config's retriever (default: the world's BM25 index, built on first use).
 Prints the EM/F1 table and writes ``OUT/summary.json``, ``OUT/results.md`` and
 ``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
-rows recorded an error unless ``--keep-errors``.
+rows recorded an error unless ``--keep-errors``. Rows are reused only when the model, decoding,
+config, retriever and each QA file are those that made them (recorded in OUT); otherwise the rerun
+is refused naming what changed, and ``--fresh`` starts OUT anew.
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=positive_int, help="trajectories per batch (default: eval.batch_size)")
     p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
     p.add_argument("--seed", type=nonneg_int, help="sampling seed (default: eval.seed)")
+    p.add_argument("--fresh", action="store_true",
+                   help="start --out anew: remove the rows of an earlier evaluation there instead of reusing them (a "
+                        "rerun whose model, decoding, config, retriever or QA files differ from the rows' is refused "
+                        "without it)")
     p.add_argument("--keep-errors", action="store_true",
                    help="on a rerun, keep rows that recorded an error (e.g. retrieval server down) instead of redoing them")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -89,13 +95,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.retrieval.factory import load_index
     from hindsearch.setup import open_retriever, resolve_data
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"--out {out}: is a file, not a folder; choose a folder for the evaluation")
-    for parent in out.parents:
-        if parent.exists() and not parent.is_dir():
-            raise NotADirectoryError(f"--out {out}: {parent} is a file, not a folder")
-    from hindsearch.fsutil import FolderLock
+    from hindsearch.eval import (EvalMismatch, config_record, full_record, is_legacy_eval_folder, model_identity,
+                                 qa_file_record, refuse_message, reuse_problem)
+    from hindsearch.fsutil import FolderLock, guard_output
+
+    out = guard_output(args.out, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
 
     FolderLock(out, "evaluation folder").check()  # a second evaluation fails now, not after loading a model
     overrides = list(args.set)
@@ -120,11 +124,21 @@ def cmd_eval(args: argparse.Namespace) -> int:
         retriever = open_retriever(cfg, {"index_dir": cfg.retrieval.index_dir})
     else:  # the world's index, built when missing, as train resolves it
         retriever = open_retriever(cfg, resolve_data(cfg))
+    greedy = not args.sample and cfg.eval.greedy
+    seed = args.seed if args.seed is not None else cfg.eval.seed
+    record = {"model": model_identity(cfg.model.name, cfg.model.gguf_file), **config_record(cfg),
+              "retriever": ({"index": str(Path(args.index).resolve()),
+                             **qa_file_record(Path(args.index) / "index.json")} if args.index
+                            else {"config": cfg.retrieval.kind, "url": cfg.retrieval.url, "index_dir": cfg.retrieval.index_dir}),
+              "data": {name: qa_file_record(path) for name, path in specs}}
+    record["retriever"].pop("path", None)
+    if not args.fresh and (why := reuse_problem(out, full_record(record, greedy, seed))):
+        raise EvalMismatch(refuse_message(out, why))  # before the model loads
     model, tok = load_policy(cfg.model)
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
-    res = evaluate(engine, datasets, out_dir=args.out, batch_size=args.batch_size or cfg.eval.batch_size,
-                   greedy=not args.sample and cfg.eval.greedy, seed=args.seed if args.seed is not None else cfg.eval.seed,
-                   progress=not args.no_progress, redo_errors=not args.keep_errors)
+    res = evaluate(engine, datasets, out_dir=out, batch_size=args.batch_size or cfg.eval.batch_size,
+                   greedy=greedy, seed=seed, progress=not args.no_progress, redo_errors=not args.keep_errors,
+                   record=record, fresh=args.fresh)
     print(res["table"])
     o = res["overall"]
     print(f"\nvalid protocol {100 * o.get('validity_rate', 0):.1f}% | retrieval errors {o.get('errors', 0)} | "

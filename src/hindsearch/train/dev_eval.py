@@ -14,12 +14,16 @@ STAGES = ("base", "warmup", "rl")
 STAGE_NAMES = {"base": "base model", "warmup": "after warm-up", "rl": "after RL"}
 
 
-def evaluate_dev(engine: Any, dev: list[Any], out_dir: Path, cfg: Config) -> dict[str, Any]:
-    from hindsearch.eval import evaluate
+def evaluate_dev(engine: Any, dev: list[Any], out_dir: Path, cfg: Config, model: dict[str, Any] | None = None,
+                 log: Any = print) -> dict[str, Any]:
+    """A greedy dev evaluation into ``out_dir``; its rows are reused on a resume only when ``model`` (the
+    stage's ``eval.model_identity``) and the config's rollout sections are those that made them, else redone."""
+    from hindsearch.eval import config_record, evaluate
 
     engine.model.eval()
+    record = {**({"model": model} if model is not None else {}), **config_record(cfg)}
     return evaluate(engine, {"dev": dev}, out_dir=out_dir, batch_size=cfg.eval.batch_size, greedy=cfg.eval.greedy,
-                    seed=cfg.eval.seed)
+                    seed=cfg.eval.seed, record=record, redo_on_change=True, log=log)
 
 
 def dev_curve_callback(cfg: Config, trainer: Any, make_engine: Any, dev: list[Any], run_dir: Path) -> Any:
