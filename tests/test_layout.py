@@ -55,26 +55,3 @@ def test_dependency_rules(files, forbidden):
     bad = {p.relative_to(SRC).as_posix(): sorted(m for m in imports_of(p) if m == forbidden or m.startswith(forbidden + "."))
            for p in paths}
     assert not {k: v for k, v in bad.items() if v}, f"{files} must not import {forbidden}"
-
-
-MAX_MODULE_LINES = 400
-MAX_FUNCTION_LINES = 60
-LONG_MODULES = {"data/world_words.py"}  # the word tables: data, not code
-
-
-def test_modules_and_functions_stay_small():
-    """No module under src/hindsearch over 400 lines (the word tables aside) and no function or method over 60,
-    counted from its ``def`` line to its last line (docstring and nested functions included)."""
-    bad = []
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        text = path.read_text()
-        n_lines = len(text.splitlines())
-        if n_lines > MAX_MODULE_LINES and rel not in LONG_MODULES:
-            bad.append(f"{rel}: {n_lines} lines (max {MAX_MODULE_LINES})")
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                length = node.end_lineno - node.lineno + 1
-                if length > MAX_FUNCTION_LINES:
-                    bad.append(f"{rel}:{node.lineno} {node.name}: {length} lines (max {MAX_FUNCTION_LINES})")
-    assert not bad, "too long:\n" + "\n".join(bad)
