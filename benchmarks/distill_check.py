@@ -47,54 +47,49 @@ DEFAULT_SET = ['method="hindsearch"', "train.grpo_scale=0.0", "hindsearch.lam=2.
                "train.eval_steps=0", "train.grad_share_steps=0", "train.trl.save_total_limit=1000"]
 
 
-def held_out_states(cfg: Any, init: str, n: int, log: Any) -> dict[str, Any]:
-    """The starting checkpoint's greedy failures on the test split's two-hop questions, cut after their first
-    information block: ``{"records": [...], "prefixes": [...], "failed": [...]}`` (at most ``n``)."""
-    import torch
-
-    from hindsearch.compare import eval_sets
-    from hindsearch.hindsight.probe import first_info_end
-    from hindsearch.models import load_policy
-    from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import eval_engine
-
-    _, test, index_dir = eval_sets(cfg, None, None, None)[0]
-    two = [r for r in test if r.hops == 2]
-    model, tok = load_policy(replace(cfg.model, name=init, gguf_file=None))
-    engine = eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))
-    with torch.no_grad():
-        base = engine.rollout(two, greedy=True)
-    by_id = {r.id: r for r in two}
-    failed = [t for t in base if t.failed and first_info_end(t) is not None][:n]
-    log(f"held-out states: {len(failed)} greedy two-hop failures with a first information block "
-        f"(of {len(two)} test two-hop questions; start two-hop EM {100 * statistics.fmean(t.em for t in base):.1f})")
-    return {"records": [by_id[t.qid] for t in failed], "failed": failed,
-            "prefixes": [list(t.completion_ids[: first_info_end(t)]) for t in failed],
-            "two_hop": two, "index_dir": index_dir}
-
-
-def measure(cfg: Any, checkpoint: str, st: dict[str, Any], samples: int, em_questions: int, seed: int) -> dict[str, float]:
-    """The held-out numbers of one checkpoint (see the module docstring)."""
-    import torch
-
-    from hindsearch.hindsight.probe import decision_probability, state_stats
+def _engine(cfg: Any, checkpoint: str, index_dir: Any) -> Any:
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.setup import eval_engine
 
     model, tok = load_policy(replace(cfg.model, name=checkpoint, gguf_file=None))
-    engine = eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, st["index_dir"]))
-    recs, pref, failed = st["records"], st["prefixes"], st["failed"]
+    return eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))
+
+
+def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[Any, list, Any]:
+    """``(held-out states, test two-hop records, index_dir)``: the start's greedy failures on the test split's
+    two-hop questions (``hindsearch.hindsight.probe.held_out_states``), saved to ``out/states.json`` once."""
+    import torch
+
+    from hindsearch.compare import eval_sets
+    from hindsearch.hindsight.probe import HeldOutStates, held_out_states
+
+    _, test, index_dir = eval_sets(cfg, None, None, None)[0]
+    two = [r for r in test if r.hops == 2]
+    path = out / "states.json"
+    if path.exists():
+        return HeldOutStates.from_dict(json.loads(path.read_text()), test), two, index_dir
     with torch.no_grad():
-        p = decision_probability(engine, recs, pref, [None] * len(recs), samples, seed)
-        conts = engine.rollout(recs, greedy=True, prefixes=pref)
-        s = state_stats(engine, tok, [engine.prompt_ids(r.question) for r in recs], pref, conts, failed)
-        searched = [bool(c.turns) and c.turns[0].action == "search" for c in conts]
-        two = st["two_hop"][:em_questions]
-        em = statistics.fmean(t.em for t in engine.rollout(two, greedy=True)) if two else 0.0
-    hit_given = s["hit_missed"] * len(conts) / max(sum(searched), 1)
-    return {"p_search": p, "greedy_search_again": s["search_again"], "hit_missed": s["hit_missed"],
-            "hit_given_search": hit_given, "em_from_state": s["em_from_state"], "two_hop_em": em}
+        st = held_out_states(_engine(cfg, init, index_dir), two, n)
+    path.write_text(json.dumps(st.to_dict()))
+    log(f"held-out states: {len(st.records)} greedy two-hop failures with a first information block "
+        f"(of {len(two)} test two-hop questions)")
+    return st, two, index_dir
+
+
+def measure(cfg: Any, checkpoint: str, st: Any, two: list, index_dir: Any, samples: int, em_questions: int,
+            seed: int) -> dict[str, float]:
+    """The held-out numbers of one checkpoint (see the module docstring)."""
+    import torch
+
+    from hindsearch.hindsight.probe import state_measures, summarize_states
+
+    engine = _engine(cfg, checkpoint, index_dir)
+    with torch.no_grad():
+        s = summarize_states(state_measures(engine, st, samples, seed))
+        em = statistics.fmean(t.em for t in engine.rollout(two[:em_questions], greedy=True)) if em_questions else 0.0
+    return {"p_search": s["p_search"], "greedy_search_again": s["search_again"], "hit_missed": s["hit_missed"],
+            "hit_given_search": s["hit_given_search"], "em_from_state": s["em"], "two_hop_em": em}
 
 
 def _done_rows(path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
@@ -159,14 +154,14 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("the preset has no warm-up: the check starts from the shared warmed-up checkpoint")
     curve = out / "curve.jsonl"
     done = _done_rows(curve)
-    st = None if args.only_train else held_out_states(base, init, args.states, print)
+    st = None if args.only_train else states_of_start(base, init, args.states, out, print)
 
     def record(arm: str, seed: int, step: int, ckpt: str) -> None:
         nonlocal done
         if (arm, seed, step) in done or st is None:
             return
         t0 = time.time()
-        row = {"arm": arm, "seed": seed, "step": step, **measure(base, ckpt, st, args.samples, args.em_questions, seed),
+        row = {"arm": arm, "seed": seed, "step": step, **measure(base, ckpt, *st, args.samples, args.em_questions, seed),
                "seconds": time.time() - t0, "checkpoint": ckpt}
         with curve.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -202,3 +202,95 @@ def test_micro_batch_share_counts_weights_not_tokens():
     assert L.micro_batch_weight(units[:1], units, "token-mean") == pytest.approx(0.6)
     plain = SimpleNamespace(positions=lambda x, C: x["hind_mask"] > 0)
     assert L.micro_batch_weight(_units(plain, inputs, 3)[:1], _units(plain, inputs, 3), "token-mean") == pytest.approx(0.75)
+
+
+def test_held_out_states_round_trip_and_measures(world, tok, one_thread):
+    """The start's two-hop failures cut after their first information block, saved and read back, and the per-state
+    measures of a scripted engine that always searches ``weather``: it searches again from every state (sampled and
+    greedy), and that query never retrieves the missed evidence."""
+    from test_mechanism import HintReader
+
+    from hindsearch.hindsight.probe import HeldOutStates, held_out_states, state_measures, summarize_states
+
+    w, retriever = world
+    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
+                             "rollout.max_total_tokens=2048"])
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
+    eng = HintReader(model, tok, retriever, cfg.rollout)
+    recs = w.splits["train"] + w.splits["dev"] + w.splits["test"]
+    with torch.no_grad():
+        st = held_out_states(eng, recs, n=4)  # the small world has 3 two-hop test questions
+        assert len(st.records) == 4 and all(r.hops == 2 for r in st.records)
+        assert all(p == list(f.completion_ids[: len(p)]) for p, f in zip(st.prefixes, st.failed))
+        back = HeldOutStates.from_dict(json.loads(json.dumps(st.to_dict())), recs)
+        assert [r.id for r in back.records] == [r.id for r in st.records] and back.prefixes == st.prefixes
+        rows = state_measures(eng, back, samples=2, seed=0)
+    assert len(rows) == 4
+    s = summarize_states(rows)
+    assert s["p_search"] == 1.0 and s["search_again"] == 1.0 and s["hit_missed"] == 0.0 and s["em"] == 0.0
+    with pytest.raises(ValueError, match="not in the test split"):
+        HeldOutStates.from_dict(st.to_dict(), recs[:0])
+
+
+# ------------------------------------------------------------------ sampled behaviour in compare's tables
+def _fake_run(d, em2, p_search, seeds_done=True):
+    from hindsearch.records import Trajectory
+    from hindsearch.sampled import SAMPLED_FILE, STATES_FILE, write_rows
+
+    d.mkdir(parents=True)
+    if seeds_done:
+        (d / "done.json").write_text("{}")
+    write_rows(d / SAMPLED_FILE, [{"id": f"q{i}", "hops": 2.0, "em": em2[i], "pass_k": float(em2[i] > 0), "recall": 0.5,
+                                   "k": 4} for i in range(len(em2))] + [{"id": "one", "hops": 1.0, "em": 1.0, "pass_k": 1.0,
+                                                                         "recall": 1.0, "k": 4}])
+    write_rows(d / STATES_FILE, [{"id": f"{i}:q{i}", "p_search": p, "search_again": float(p > 0.5), "hit_missed": 0.0,
+                                  "em": 0.0} for i, p in enumerate(p_search)])
+    g = d / "eval" / "test-world"
+    g.mkdir(parents=True)
+    g.joinpath("trajectories.jsonl").write_text("".join(
+        json.dumps(Trajectory(qid=f"q{i}", question="x", golden_answers=["a"], prompt_ids=[], hops=2, reward=float(e > 0.5)).to_dict()) + "\n"
+        for i, e in enumerate(em2)))
+
+
+def test_sampled_tables_pair_each_method_with_grpo_and_its_controls(tmp_path):
+    from hindsearch.paired import comparison_pairs, pair_rows, pairs_markdown
+    from hindsearch.sampled import summary, summary_markdown
+
+    methods = ["grpo", "hindsearch", "hindsearch-nogold", "hindsearch-shuffled", "igsd", "igsd-nogate"]
+    assert comparison_pairs(methods) == [(m, "grpo") for m in methods[1:]] + [
+        ("hindsearch", "hindsearch-nogold"), ("hindsearch", "hindsearch-shuffled"), ("igsd", "igsd-nogate")]
+    n = 20
+    for s in (0, 1):
+        _fake_run(tmp_path / f"grpo-s{s}", [0.25] * n, [0.2] * n)
+        _fake_run(tmp_path / f"hindsearch-s{s}", [0.5] * n, [0.6] * n)
+        _fake_run(tmp_path / f"hindsearch-nogold-s{s}", [0.25] * n, [0.2] * n)
+    rd = lambda m, s: tmp_path / f"{m}-s{s}"  # noqa: E731
+    rows = {(r["method"], r["against"]): r for r in pair_rows(rd, methods[:3], [0, 1])}
+    r = rows[("hindsearch", "grpo")]
+    assert r["seeds"] == 2
+    assert r["sampled EM 2-hop"][:3] == pytest.approx((0.25, 0.25, 0.25)) and r["sampled EM 2-hop"][3] == n  # 2-hop only
+    assert r["P(search again), held-out states"][0] == pytest.approx(0.4)
+    assert rows[("hindsearch", "hindsearch-nogold")]["pass@k 2-hop"][0] == pytest.approx(0.0)
+    assert rows[("hindsearch-nogold", "grpo")]["P(search again), held-out states"][:3] == pytest.approx((0.0, 0.0, 0.0))
+    md = pairs_markdown(rd, methods[:3], [0, 1])
+    assert "| hindsearch | hindsearch-nogold | 2 |" in md and "+40.0 [+40.0, +40.0] (n=20)" in md
+    assert summary(rd("hindsearch", 0))["sampled_em_2hop"] == pytest.approx(0.5)
+    assert summary(rd("hindsearch", 0))["sampled_em"] == pytest.approx((0.5 * n + 1) / (n + 1))
+    sm = summary_markdown(rd, methods[:3], [0, 1])
+    assert "4 samples per question" in sm and "| hindsearch | 2 | " in sm
+    assert pairs_markdown(rd, ["grpo"], [0, 1]) == ""
+
+
+def test_weights_digest_pins_the_weights_not_the_files(tok, tmp_path):
+    from hindsearch.models import weights_digest
+
+    a = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    a.save_pretrained(tmp_path / "a")
+    a.save_pretrained(tmp_path / "b", max_shard_size="50KB")  # the same weights in several files
+    assert len(list((tmp_path / "b").glob("*.safetensors"))) > 1
+    assert weights_digest(tmp_path / "a") == weights_digest(tmp_path / "b")
+    with torch.no_grad():
+        next(a.parameters()).view(-1)[0] += 1e-3
+    a.save_pretrained(tmp_path / "c")
+    assert weights_digest(tmp_path / "c") != weights_digest(tmp_path / "a")
+    assert weights_digest(tmp_path / "none") is None

@@ -27,10 +27,10 @@ import argparse
 import json
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hindsearch.isolated import run_isolated, run_parallel
 from hindsearch.results import MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs
 
 METHOD_ALIASES: dict[str, list[str]] = {
@@ -109,7 +109,10 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
     t0 = time.time()
     wdir = ensure_warmup(cfg, model, tok, setup.retriever, setup.train, cache_dir() / "warmup")
     log(f"shared warm-up checkpoint: {wdir} ({time.time() - t0:.0f}s)")
-    rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed}))
+    from hindsearch.models import weights_digest
+
+    rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed,
+                               "sha256": weights_digest(wdir)}))  # the start every run shares, pinned
     return str(wdir)
 
 
@@ -157,7 +160,7 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
 
 
 def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: int | None, mini_limit: int | None,
-                    probe: int, log: Any) -> str | None:
+                    probe: int, log: Any, states: int = 0) -> str | None:
     """Every run's initial model (the shared warm-up, else the micro model, else None: the preset's), once the micro
     model is built, the evaluation sets load (the mini index built) and, with ``probe``, the start is probed."""
     from hindsearch.models import resolve_model
@@ -171,7 +174,14 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
         from hindsearch.train.probe_cli import probe_checkpoint
 
         probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
+    if states > 0 and not (out_dir / STATES_NAME).exists():
+        from hindsearch.sampled import save_states
+
+        save_states(base_cfg, init, eval_sets(base_cfg, None, None, None)[0], out_dir / STATES_NAME, states, log)
     return init
+
+
+STATES_NAME = "states.json"
 
 
 def _runs_to_do(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], log: Any) -> Iterator[tuple[str, int, Path, str]]:
@@ -190,7 +200,7 @@ def _runs_to_do(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], log
 def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: str | Path, steps: int | None = None,
                 overrides: Sequence[str] = (), mini: str | None = None, test_limit: int | None = None,
                 mini_limit: int | None = None, log: Any = print, isolate: bool = True, jobs: int = 1,
-                probe: int = 0) -> str:
+                probe: int = 0, sampled: int = 0, states: int = 0) -> str:
     """Train and evaluate every (method, seed), resumably; returns the results markdown.
 
     ``isolate`` (default) runs each (method, seed) in a fresh spawned process: models, trainer and
@@ -199,6 +209,9 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     them at once, each with ``cpu_count // jobs`` torch threads (small models on a few cores: two
     one-thread runs do more steps per second than one two-thread run). ``probe > 0`` first probes the
     starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results).
+    ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
+    run on that many held-out failed states of the start (``hindsearch.sampled``; the paired tables against GRPO
+    and the matching controls).
     """
     from hindsearch.config import Config
 
@@ -212,11 +225,11 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     (out_dir / "compare.json").write_text(json.dumps(
         {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
-    init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log)
+    init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log, states)
     if isolate and jobs > 1:
-        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit), rd.name)
+        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
-        failed = run_parallel(pending, jobs, log=log)
+        failed = run_parallel(_one_run, pending, jobs, log=log)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
                                f"finished runs are kept.")
@@ -225,7 +238,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
         log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
             f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
-        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit)
+        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled)
         if isolate:
             code = run_isolated(_one_run, job, rd.name)
             if code != 0:
@@ -237,88 +250,9 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
 
 
-@contextmanager
-def stopped_on_exit():
-    """Yields a list to put child processes in; on leaving (normally, on an exception, or on SIGTERM, which
-    is turned into ``SystemExit`` while inside) every child still alive is terminated, then killed after 30 s."""
-    import signal
-
-    def _term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    try:
-        prev = signal.signal(signal.SIGTERM, _term)
-    except ValueError:  # not the main thread: signals stay as they are
-        prev = None
-    procs: list[Any] = []
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(30)
-                if proc.is_alive():
-                    proc.kill()
-                    proc.join()
-        if prev is not None:
-            signal.signal(signal.SIGTERM, prev)
-
-
-def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> int | None:
-    """Run ``target(*args)`` in a spawned process and wait; returns its exit code.
-
-    Stopping the parent (Ctrl-C or SIGTERM) stops the child too, so an interrupted comparison
-    leaves no orphan training on the CPU (the run resumes from its checkpoint next time).
-    ``on_start(pid)`` is called once the child runs.
-    """
-    import multiprocessing as mp
-
-    with stopped_on_exit() as procs:
-        proc = mp.get_context("spawn").Process(target=target, args=args, name=name)
-        procs.append(proc)
-        proc.start()
-        if on_start is not None:
-            on_start(proc.pid)
-        proc.join()
-        return proc.exitcode
-
-
-def run_parallel(pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = print) -> list[str]:
-    """Run ``_one_run(*args)`` for every ``(args, name)`` in spawned processes, ``jobs`` at a time; each
-    child gets ``cpu_count // jobs`` torch threads. Returns the names that failed. Stopping the parent
-    (Ctrl-C, SIGTERM) stops every child (runs resume from their checkpoints next time)."""
-    import multiprocessing as mp
-    import os
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    ctx = mp.get_context("spawn")
-    queue, failed = list(pending), []
-    with stopped_on_exit() as procs:
-        running: list[Any] = []
-        while queue or running:
-            while queue and len(running) < jobs:
-                args, name = queue.pop(0)
-                proc = ctx.Process(target=_one_run, args=args, kwargs={"threads": threads}, name=name)
-                procs.append(proc)
-                proc.start()
-                log(f"{name}: started (pid {proc.pid}, {threads} thread{'s' if threads > 1 else ''})")
-                running.append(proc)
-            for proc in list(running):
-                proc.join(timeout=1.0)
-                if proc.exitcode is None:
-                    continue
-                running.remove(proc)
-                if proc.exitcode != 0:
-                    failed.append(proc.name)
-                    log(f"{proc.name}: failed (exit code {proc.exitcode})")
-                else:
-                    log(f"{proc.name}: done")
-    return failed
-
-
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
-             mini: str | None, test_limit: int | None, mini_limit: int | None, threads: int | None = None) -> None:
+             mini: str | None, test_limit: int | None, mini_limit: int | None, sampled: int = 0,
+             threads: int | None = None) -> None:
     """Train (or resume, or only evaluate) one (method, seed) and write its ``results.json`` and ``done.json``."""
     from hindsearch.config import Config
     from hindsearch.train.run import run_train
@@ -340,6 +274,10 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
 
     sets = eval_sets(resolve_model(Config.load(config, base_ov)), mini, test_limit, mini_limit or cfg.eval.limit)
     numbers = evaluate_run(rd, cfg, sets)
+    if sampled > 0 or (rd.parent / STATES_NAME).exists():
+        from hindsearch.sampled import measure_run
+
+        measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME)
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers,
            "step_s": median_step_time(rd), "init_model": init, "train_seconds": time.time() - t0}
     (rd / "results.json").write_text(json.dumps(res, indent=1))
@@ -359,7 +297,8 @@ def main_compare(args: argparse.Namespace) -> int:
     config = str(find_config(args.config))  # a TOML file or a shipped preset name, as for ``hindsearch train``
     md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
                      mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,
-                     jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0))
+                     jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0),
+                     sampled=getattr(args, "sampled", None) or 0, states=getattr(args, "states", None) or 0)
     print(md)
     if not args.no_report:
         from hindsearch.report import write_report
@@ -395,5 +334,11 @@ def register(sub: Any) -> None:
     c.add_argument("--probe", type=positive_int, default=0, metavar="N",
                    help="first probe the starting checkpoint on N failed training rollouts, into DIR/probe.json "
                         "(default: no probe)")
+    c.add_argument("--sampled", type=positive_int, default=None, metavar="K",
+                   help="also draw K samples per test question of each run at the rollout temperature: sampled EM, "
+                        "pass@K, evidence recall (default: greedy only)")
+    c.add_argument("--states", type=positive_int, default=None, metavar="N",
+                   help="also measure each run on N held-out failed two-hop states of the start (test split): sampled "
+                        "P(search again), bridge-query hit (default: none)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=main_compare)

@@ -246,6 +246,13 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
     if boot:
         md += "\n" + boot
+    from hindsearch.paired import pairs_markdown
+    from hindsearch.sampled import summary_markdown
+
+    for section in (summary_markdown, pairs_markdown):
+        text = section(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
+        if text:
+            md += "\n" + text
     if (out_dir / "probe.json").exists():
         from hindsearch.hindsight.probe import format_probe
 

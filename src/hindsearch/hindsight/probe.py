@@ -252,3 +252,75 @@ def write_probe(res: dict[str, Any], out_dir: str | Path) -> Path:
     (out / "probe.json").write_text(json.dumps(res, indent=1))
     (out / "probe.md").write_text(format_probe(res) + "\n")
     return out / "probe.json"
+
+
+# ------------------------------------------------------------------ held-out failed states (issue 21)
+@dataclass
+class HeldOutStates:
+    """Failed two-hop states of one (starting) checkpoint, cut right after the first information block:
+    ``records[i]`` with ``prefixes[i]`` (completion ids through that block) of the failure ``failed[i]``."""
+
+    records: list[QARecord]
+    prefixes: list[list[int]]
+    failed: list[Trajectory]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"failed": [t.to_dict() for t in self.failed], "prefixes": self.prefixes}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], records: Sequence[QARecord]) -> "HeldOutStates":
+        by_id = {r.id: r for r in records}
+        failed = [Trajectory.from_dict(x) for x in d["failed"]]
+        missing = [t.qid for t in failed if t.qid not in by_id]
+        if missing:
+            raise ValueError(f"held-out states name questions not in the test split: {missing[:3]}")
+        return cls([by_id[t.qid] for t in failed], [list(p) for p in d["prefixes"]], failed)
+
+
+def held_out_states(engine: Any, records: Sequence[QARecord], n: int) -> HeldOutStates:
+    """The first ``n`` greedy failures of ``engine`` on the two-hop questions among ``records`` that searched and
+    got an information block (for the test split: states no training step has seen)."""
+    two = [r for r in records if r.hops == 2]
+    base = engine.rollout(two, greedy=True) if two else []
+    by_id = {r.id: r for r in two}
+    failed = [t for t in base if t.failed and first_info_end(t) is not None][:n]
+    return HeldOutStates([by_id[t.qid] for t in failed], [list(t.completion_ids[: first_info_end(t)]) for t in failed],
+                         failed)
+
+
+def state_measures(engine: Any, st: HeldOutStates, samples: int, seed: int) -> list[dict[str, float]]:
+    """Per held-out state (in order): ``p_search`` (share of ``samples`` continuations at temperature 1 that open
+    ``<search>`` next), and of the greedy continuation ``search_again``, ``hit_missed`` (its next query retrieves an
+    evidence passage the first search missed: the bridge query) and ``em``."""
+    if not st.records:
+        return []
+    from dataclasses import replace
+
+    old = engine.cfg
+    engine.cfg = replace(old, temperature=1.0, top_p=1.0)
+    try:
+        sampled = engine.rollout(st.records, num_generations=samples, greedy=False, seed=seed, prefixes=st.prefixes)
+    finally:
+        engine.cfg = old
+    greedy = engine.rollout(st.records, greedy=True, prefixes=st.prefixes)
+    out = []
+    for i, (c, f) in enumerate(zip(greedy, st.failed)):
+        mine = sampled[i * samples: (i + 1) * samples]
+        first = c.turns[0] if c.turns else None
+        searched = bool(first and first.action == "search")
+        missed = {title_key(e) for e in f.evidence} - {title_key(t) for t in f.turns[0].doc_titles}
+        got = {title_key(t) for t in first.doc_titles} if searched and first is not None else set()
+        out.append({"p_search": _mean([float(bool(t.turns) and t.turns[0].action == "search") for t in mine]),
+                    "search_again": float(searched), "hit_missed": float(bool(missed & got)), "em": float(c.em or 0.0)})
+    return out
+
+
+def summarize_states(rows: Sequence[dict[str, float]]) -> dict[str, float]:
+    """Means of ``state_measures`` rows, plus ``hit_given_search`` (the bridge-query hit rate among the states whose
+    greedy continuation searched again)."""
+    keys = ("p_search", "search_again", "hit_missed", "em")
+    out = {k: _mean([r[k] for r in rows]) for k in keys}
+    searched = [r for r in rows if r["search_again"]]
+    out["hit_given_search"] = _mean([r["hit_missed"] for r in searched])
+    out["n"] = float(len(rows))
+    return out

@@ -234,3 +234,25 @@ def resolve_model(cfg: Any) -> Any:
         cfg.model.name = str(micro_model_path(cfg.data))
         cfg.model.gguf_file = None
     return cfg
+
+
+def weights_digest(folder: str | Path) -> str | None:
+    """sha256 of a checkpoint folder's weights, tensor by tensor in name order (names, dtypes, shapes and bytes):
+    the same for two saves of the same weights whatever the file layout; None when the folder holds no
+    ``*.safetensors`` file (a hub id, say). Pins the starting checkpoint of a comparison."""
+    import hashlib
+
+    from safetensors.torch import load_file
+
+    files = sorted(Path(folder).glob("*.safetensors")) if Path(folder).is_dir() else []
+    if not files:
+        return None
+    tensors: dict[str, torch.Tensor] = {}
+    for f in files:
+        tensors.update(load_file(str(f)))
+    h = hashlib.sha256()
+    for name in sorted(tensors):
+        t = tensors[name].contiguous()
+        h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
