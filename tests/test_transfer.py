@@ -294,3 +294,25 @@ def test_weights_digest_pins_the_weights_not_the_files(tok, tmp_path):
     a.save_pretrained(tmp_path / "c")
     assert weights_digest(tmp_path / "c") != weights_digest(tmp_path / "a")
     assert weights_digest(tmp_path / "none") is None
+
+
+def test_igsd_gate_precision_counts():
+    """Verified pairs by the sign of delta, and how many of their teacher queries retrieved the question's evidence."""
+    from types import SimpleNamespace
+
+    from hindsearch.hindsight.igsd.driver import gate_precision_counts
+    from hindsearch.hindsight.igsd.types import METRIC_KEYS, Pair
+    from hindsearch.records import Passage
+
+    trajs = [SimpleNamespace(evidence=["Alpha"]), SimpleNamespace(evidence=["Beta"])]
+    doc = lambda t: Passage(id=t, contents=f'"{t}"\ntext')  # noqa: E731
+
+    def pair(row, delta, title):
+        p = Pair(row=row, t=0, a=1, b=2, p_T=(0.5, 0.5), q_start=0, delta=delta)
+        p.docs = {"T": [doc(title)], "S": []}
+        return p
+
+    m = dict.fromkeys(METRIC_KEYS, 0.0)
+    gate_precision_counts([pair(0, 0.3, "Alpha"), pair(1, 0.1, "Gamma"), pair(1, -0.2, "Beta"), pair(0, 0.0, "Zeta")], trajs, m)
+    assert (m["delta_pos_pairs"], m["delta_pos_teacher_hits"]) == (2.0, 1.0)
+    assert (m["delta_nonpos_pairs"], m["delta_nonpos_teacher_hits"]) == (2.0, 1.0)

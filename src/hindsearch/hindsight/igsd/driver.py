@@ -75,7 +75,23 @@ def run_igsd(
         m["mean_delta"] = sum(p.delta for p, _ in done) / len(done)
         m["frac_delta_pos"] = sum(p.delta > 0 for p, _ in done) / len(done)
         m["mean_gate"] = sum(p.gate for p, _ in done) / len(done)
+    gate_precision_counts([p for p, _ in done], trajs, m)
     return tens, m, samples
+
+
+def gate_precision_counts(done: Sequence[Pair], trajs: Sequence[Trajectory], m: dict[str, float]) -> None:
+    """The gate's precision, as counts (they add up over processes): among verified pairs with ``delta > 0`` and
+    with ``delta <= 0``, how many there are and how many of their teacher queries retrieved an evidence passage of
+    the question (``delta_pos_teacher_hits / delta_pos_pairs`` against ``delta_nonpos_teacher_hits /
+    delta_nonpos_pairs``: a gate that helps opens more often where the teacher's query found the evidence)."""
+    from hindsearch.records import title_key
+
+    for p in done:
+        ev = {title_key(e) for e in trajs[p.row].evidence}
+        hit = float(bool(ev & {title_key(d.bare_title) for d in p.docs.get("T", [])}))
+        side = "pos" if p.delta > 0 else "nonpos"
+        m[f"delta_{side}_pairs"] += 1.0
+        m[f"delta_{side}_teacher_hits"] += hit
 
 
 
