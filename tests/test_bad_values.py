@@ -231,6 +231,35 @@ BAD_RUNS = {
     "results bench a number": (None, None, {"results.json": b'{"benchmarks": {"nq": 5}}'}),
     "results NaN": (None, None, {"results.json": b'{"benchmarks": {"nq": {"em": NaN, "em_1hop": Infinity}}}'}),
     "control characters": (jl({"step": 1, "loss/\x00\x1b[31m": 1.0}), jl({"question": "a\x00b\x1b[2J"}), {}),
+    "NaN and inf steps": (b'{"step": NaN, "loss": 1.0}\n{"step": Infinity, "loss": 2.0}\n', None, {}),
+    "string and null steps": (jl({"step": "abc", "loss": 1.0}, {"step": None, "loss": 2.0}, {"step": {"a": 1}, "loss": 3}), None, {}),
+    "400-digit time split": (f'{{"step": 1, "time/gen": {"9" * 400}, "time/step": {"9" * 400}}}\n'.encode(), None, {}),
+    "100k-character key": (jl({"step": 1, "loss/" + "x" * 100_000: 1.0}), None, {}),
+    "2,000 loss keys": (jl({"step": 1, **{f"loss/k{i}": float(i) for i in range(2000)}}), None, {}),
+    "metrics not objects": (b'[1]\n"x"\nnull\n{"step": 1, "loss": 1}\n', None, {}),
+    "deep metrics line": (b'{"x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", None, {}),
+    "5000-digit metric": (b'{"step": 1, "loss": ' + b"9" * 5000 + b"}\n", None, {}),
+    "samples of odd types": (None, jl({"step": [1], "question": {"a": 1}, "reward": "0.5", "hops": None, "answer": None}), {}),
+    "turns of odd types": (None, jl({"turns": [5, "x", {"action": None, "content": {"x": [1]}, "doc_titles": [None, 10 ** 40]}]}), {}),
+    "hind extras of odd types": (None, jl({"hind": {"critique": 10 ** 40, "judge_kind": {"a": 1}, "redactions": [1e308]}}), {}),
+    "igsd huge floats": (None, b'{"igsd": {"igsd_pairs": [{"gate": NaN, "ig_S": Infinity, "delta": 1e308, "ig_T": '
+                         + b"1" * 400 + b"}]}}\n", {}),
+    "1e308 log-prob": (None, jl({"hind": {"distill_tokens": ["a"], "lT": [1e308]}}), {}),
+    "distill_tokens a string": (None, jl({"hind": {"distill_tokens": "abc", "lT": [1.0, 2.0, 3.0]}}), {}),
+    "golden_answers a string": (None, jl({"golden_answers": "abc", "turns": [{"doc_titles": {"a": 1}}]}), {}),
+    "deep question": (None, b'{"question": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", {}),
+    "samples not UTF-8": (None, b'{"question": "q\xff\xfe"}\n{"question": "ok"}\n', {}),
+    "metrics not UTF-8": (b'{"step": 1, "loss": 0.5}\n\xff\xfe\n', None, {}),
+    "config not UTF-8": (None, None, {"config.toml": b'method = "grpo\xff"\n'}),
+    "summary not JSON": (None, None, {"summary.json": b'{"dev": '}),
+    "summary NaN and huge": (None, None, {"summary.json": b'{"dev": {"base": {"em": NaN}, "rl": {"em": 1e308}}, "steps": 1e400}'}),
+    "summary wrong types": (None, None, {"summary.json": b'{"dev": {"base": {"em": "x"}, "rl": [1]}, "steps": "abc"}'}),
+    "dev_curve odd rows": (None, None, {"dev_curve.jsonl": b'{"step": "x", "em": 0.5}\n{bad\n{"step": 1e308, "em": 0.1}\n[1]\n'
+                                                          b'{"step": ' + b"1" * 40 + b', "em": "y"}\n'}),
+    "results huge": (None, None, {"results.json": b'{"benchmarks": {"nq": {"em": 1e308, "n": ' + b"1" * 400 + b', "searches": NaN}}}'}),
+    "results a list": (None, None, {"results.json": b"[1, 2]"}),
+    "probe NaN": (None, None, {"probe.json": b'{"student": {"rerun": {"em": NaN, "evidence_recall": 1e308, "searches": "x"}}}'}),
+    "probe not UTF-8": (None, None, {"probe.json": b'{"student": "\xff"}'}),
 }
 
 
@@ -434,3 +463,41 @@ def test_eval_has_skip_bad_and_the_qa_error_names_it(tmp_path, capsys):
     assert "qa.jsonl: skipped 1 bad QA row (--skip-bad), kept 2" in err and "line 2: bad QA row: invalid JSON" in err
     with pytest.raises(QAError, match="line 2"):
         load_datasets([("d", str(p))], None)
+
+
+def test_thousands_of_keys_draw_the_first_and_say_so(tmp_path):
+    """A folder logging 2,000 ``loss/*`` keys took a minute of legend layout per page; the panel draws 12."""
+    text, page = page_of(run_folder(tmp_path / "run", jl({"step": 1, **{f"loss/k{i:04d}": 1.0 for i in range(2000)}})))
+    assert "12 of 2000 series drawn" in text and len(page.imgs) == 1
+
+
+GOOD_RESULT = {"method": "grpo", "seed": 0, "benchmarks": {"world": {"em": 0.5, "em_1hop": 0.6, "em_2hop": 0.4, "n": 10}}}
+
+BAD_COMPARES = {
+    "compare.json wrong types": {"compare.json": b'{"methods": [1, null, "grpo"], "seeds": ["a", Infinity, 1e308, 0]}'},
+    "compare.json not UTF-8": {"compare.json": b'{"methods": ["\xff"]}'},
+    "compare.json deep": {"compare.json": b'{"methods": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"},
+    "results deep": {"grpo-s0/results.json": b'{"benchmarks": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"},
+    "results seed a string": {"grpo-s0/results.json": b'{"method": "grpo", "seed": "zero", "benchmarks": {"world": {"em": 0.5}}}'},
+    "results step_s NaN": {"grpo-s0/results.json": b'{"method": "grpo", "seed": 0, "step_s": NaN, "benchmarks": {}}'},
+    "results bench keys odd": {"grpo-s0/results.json": b'{"method": "grpo", "seed": 0, "benchmarks": {"$x^$": {"em": 0.5}, "\\ud800": {"em": 1}}}'},
+    "curves.png a folder": {"curves.png/x": b""},
+    "curves.png not a PNG": {"curves.png": b"\xff\xfe not a png"},
+    "test trajectories torn": {"grpo-s0/done.json": b"{}", "hindsearch-s0/done.json": b"{}",
+                               "grpo-s0/eval/test/trajectories.jsonl": b'{"qid": 1, "em": NaN}\n{"qid"',
+                               "hindsearch-s0/eval/test/trajectories.jsonl": b"\xff\n"},
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_COMPARES))
+def test_every_bad_compare_folder_still_writes_the_page(name, tmp_path):
+    cmp = tmp_path / "cmp"
+    for m in ("grpo", "hindsearch"):
+        run_folder(cmp / f"{m}-s0", files={"results.json": json.dumps({**GOOD_RESULT, "method": m}).encode()})
+    (cmp / "compare.json").write_text(json.dumps({"methods": ["grpo", "hindsearch"], "seeds": [0]}))
+    for rel, data in BAD_COMPARES[name].items():
+        (cmp / rel).parent.mkdir(parents=True, exist_ok=True)
+        (cmp / rel).write_bytes(data)
+    assert main(["report", str(cmp)]) == 0
+    html = (cmp / "report.html").read_bytes().decode("utf-8")
+    assert "Comparison results" in html and html.count('<section class="run"') == 2

@@ -25,6 +25,10 @@ MAX_SAMPLES_COMPARED = 40
 
 T = TypeVar("T")
 
+MAX_SERIES = 12
+"""Lines drawn per panel (a folder logging thousands of ``loss/*`` keys gets the first ones and a note naming
+how many were not drawn, not a minute of legend layout)."""
+
 SHADES = 10
 """Opacity steps of the per-token colours (CSS classes ``g0..g9`` and ``r0..r9``)."""
 
@@ -75,11 +79,20 @@ def not_plotted(parts: Sequence[tuple[str, list[str]]], limit: int = 6) -> str |
     return f"not plotted ({len(items)} NaN, infinite or out-of-range values): " + "; ".join(items[:limit]) + more
 
 
-def panel(title: str, plot: Callable[[], str | None], left: Sequence[tuple[str, list[str]]]) -> dict[str, Any]:
+def panel(title: str, plot: Callable[[], str | None], left: Sequence[tuple[str, list[str]]],
+          extra: str | None = None) -> dict[str, Any]:
     """One plot panel: ``{"title", "img", "error", "note"}`` (img None when nothing plottable was recorded)."""
     errs: list[str] = []
     img = guarded("plot", errs, plot, None)
-    return {"title": title, "img": img, "error": errs[0] if errs else None, "note": not_plotted(left)}
+    note = "; ".join(n for n in (extra, not_plotted(left)) if n) or None
+    return {"title": title, "img": img, "error": errs[0] if errs else None, "note": note}
+
+
+def capped(keys: list[str]) -> tuple[list[str], str | None]:
+    """The first ``MAX_SERIES`` keys, and the note naming how many more were not drawn."""
+    if len(keys) <= MAX_SERIES:
+        return keys, None
+    return keys[:MAX_SERIES], f"{MAX_SERIES} of {len(keys)} series drawn (the first by name)"
 
 
 def metrics_view(run: Run) -> dict[str, Any]:
@@ -87,17 +100,18 @@ def metrics_view(run: Run) -> dict[str, Any]:
     keys = {k for r in run.metrics for k, v in r.items() if is_value(v)}
     panels = []
     for title, ks in metric_groups(keys).items():
+        ks, extra = capped(ks)
         data = [(k, *series(run.metrics, k)) for k in ks]
         left = [(k, left_out(run.metrics, k)) for k in ks]
         if title.startswith("Exact match"):
             dev, skipped = dev_points(run)
             data.append(("dev EM (greedy)", [s for s, _ in dev], [v for _, v in dev]))
             left.append(("dev EM (greedy)", skipped))
-        panels.append(panel(title, lambda data=data, title=title: plot_lines(data, title), left))
+        panels.append(panel(title, lambda data=data, title=title: plot_lines(data, title), left, extra))
         if title.startswith("Exact match"):  # the headline: reward, EM, step time
-            tks = time_keys(keys)
+            tks, extra_t = capped(time_keys(keys))
             panels.append(panel("Step time split", lambda tks=tks: time_plot(run.metrics, tks),
-                                [(k, left_out(run.metrics, k)) for k in tks]))
+                                [(k, left_out(run.metrics, k)) for k in tks], extra_t))
     return {"steps": len(run.metrics), "summary": summary_rows(run.metrics), "panels": panels}
 
 
