@@ -277,10 +277,11 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             stats: QAStats | None = None) -> list[QARecord]:
     """All (or the first ``limit``) questions of a QA file as ``QARecord``s, in file order.
 
-    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``).
+    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). Skipped rows are
+    logged as a warning, unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
     """
     path = Path(path)
-    stats = stats if stats is not None else QAStats()
+    quiet, stats = stats is not None, stats if stats is not None else QAStats()  # a caller's stats: it reports
     out: list[QARecord] = []
     for where, err, row in read_rows(path):
         if limit is not None and len(out) >= limit:
@@ -298,7 +299,7 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             continue
         stats.rows += 1
         out.append(rec)
-    if stats.skipped:
+    if stats.skipped and not quiet:
         log.warning("%s: skipped %d bad rows (first: %s)", path, stats.skipped, stats.errors[0])
     return out
 
