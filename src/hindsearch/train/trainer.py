@@ -306,7 +306,8 @@ class HindsearchGRPOTrainer(GRPOTrainer):
                 weighted.append((term.name, term.lam * term_loss * w))
                 metrics[f"{term.name}/loss"] = float(term_loss.detach())
                 metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
-            if self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0:
+            if (self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0
+                    and self._grpo_has_gradient(inputs)):
                 metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
             self.record_metrics(metrics)
         if not torch.isfinite(loss.detach()).all():
@@ -315,6 +316,17 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             )
         self.record_metrics({"loss/total": float(loss.detach())})
         return loss
+
+    def _grpo_has_gradient(self, inputs: dict[str, Any]) -> bool:
+        """False when GRPO's loss has no gradient on any process: ``train.grpo_scale = 0``, or every advantage 0
+        (groups of equal rewards) without a KL term. ``<term>/grad_share`` is then skipped, not computed and
+        thrown away (two extra backwards through the LM head). Decided over all processes (``sync.any_rank``),
+        so that ranks run the same backwards."""
+        from hindsearch.hindsight import sync
+
+        adv = inputs.get("advantages")
+        mine = self.grpo_scale != 0.0 and (self.beta != 0.0 or adv is None or bool((adv != 0).any()))
+        return sync.any_rank(mine)
 
     def _micro_batch_weight(self, term: Any, inputs: dict[str, Any], C: int) -> float:
         """This micro-batch's share of the term's units over the optimizer step (``losses.micro_batch_weight``);
