@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--em-questions", type=int, default=300, help="test two-hop questions for the greedy EM")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/distill-check")
-    ap.add_argument("--only-train", action="store_true", help="train the arms, measure nothing (for a parallel worker)")
+    ap.add_argument("--skip-start", action="store_true",
+                    help="do not measure the start (a second worker beside one that does, on the same --out)")
     args = ap.parse_args(argv)
 
     from hindsearch.compare import shared_warmup
@@ -154,11 +155,11 @@ def main(argv: list[str] | None = None) -> int:
         ap.error("the preset has no warm-up: the check starts from the shared warmed-up checkpoint")
     curve = out / "curve.jsonl"
     done = _done_rows(curve)
-    st = None if args.only_train else states_of_start(base, init, args.states, out, print)
+    st = states_of_start(base, init, args.states, out, print)
 
     def record(arm: str, seed: int, step: int, ckpt: str) -> None:
         nonlocal done
-        if (arm, seed, step) in done or st is None:
+        if (arm, seed, step) in done:
             return
         t0 = time.time()
         row = {"arm": arm, "seed": seed, "step": step, **measure(base, ckpt, *st, args.samples, args.em_questions, seed),
@@ -169,7 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{arm} seed {seed} step {step}: " + ", ".join(f"{k} {100 * v:.1f}" for k, v in row.items()
                                                              if isinstance(v, float) and k != "seconds"), flush=True)
 
-    for seed in seeds:
+    from hindsearch.models import weights_digest
+
+    print(f"start: {init} (weights sha256 {weights_digest(init)})", flush=True)
+    for seed in seeds if not args.skip_start else ():
         record("start", seed, 0, init)
     for arm in arms:
         for seed in seeds:
