@@ -12,12 +12,21 @@ a BM25 index of the fictional world (2,000 passages, built under a temporary fol
 3. memory: 16 maximal requests at once, twice: 16 bodies at the size limit that parse to the
    largest Python object the server lets through to the parser (838k short strings, ~52 MiB per
    parse; rejected after parsing; a body of more objects/arrays than a request needs is refused
-   before parsing), and 16 valid maximal requests (4,096 queries of 60 characters,
-   topk 16 = max-hits); the server's resident memory is sampled (peak = the kernel's VmHWM) and
-   read again afterwards;
-4. the server is alive afterwards (``/health`` and a good query answer 200).
+   before parsing), and 16 valid maximal requests (4,096 queries of 60 characters of words the
+   corpus holds, topk 16 = max-hits: 65,536 passages, a ~36 MiB answer); the server's resident
+   memory is sampled (peak = the kernel's VmHWM) and read again afterwards;
+4. valid requests that must be answered (issue 23): a 2,560-query Search-R1 batch whose queries hold
+   brackets and braces, ``topk`` as Search-R1's pydantic model takes it (``"3"``, ``3.0``, ``true``) ...;
+5. slow uploads: 68 connections from one address (127.0.0.2) that send a request head and one byte of
+   body, while another address (127.0.0.1) sends 10 ordinary requests: those must all be answered;
+6. unread answers: 48 clients (each its own loopback address) send a maximal request (4,096 queries,
+   topk 16, a ~36 MiB answer) and never read, for 60 s; the server's peak RSS (VmHWM) is compared with
+   the bound stated in the README (``stated_bound_mib``), and a reading client probes every 5 s;
+7. a truncated passage store: a second server over a copy of the index, whose ``passages.jsonl`` is
+   truncated under it: the next request must get a JSON 503 and the server stay alive (was SIGBUS);
+8. the server is alive afterwards (``/health`` and a good query answer 200).
 
-    python benchmarks/fuzz_server.py [--json OUT.json]
+    python benchmarks/fuzz_server.py [--json OUT.json] [--unread-seconds 60]
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -112,6 +122,124 @@ def bad_bodies() -> list[tuple[str, bytes]]:
         ("comment", b'{"queries": ["a"] /* hi */}'),
     ]
     return cases
+
+
+def valid_bodies() -> list[tuple[str, bytes]]:
+    """(name, body) pairs that Search-R1's server answers and so must get a 200."""
+    j = lambda o: json.dumps(o).encode()  # noqa: E731
+    brackets = [f"[{i}] what is {{this}} in [[that]] \"[quoted]\" \\ [" for i in range(2560)]
+    return [
+        ("Search-R1 batch, 2,560 queries with brackets", j({"queries": brackets, "topk": 3, "return_scores": True})),
+        ("Search-R1 batch, 2,560 plain queries", j({"queries": [f"town {i}" for i in range(2560)], "topk": 3})),
+        ("queries of only brackets", j({"queries": ["[[[[{{{{" * 100] * 16, "topk": 3})),
+        ("topk numeric string", j({"queries": ["a market town"], "topk": "3"})),
+        ("topk string with spaces", j({"queries": ["a market town"], "topk": " 2 "})),
+        ("topk integral float", j({"queries": ["a market town"], "topk": 3.0})),
+        ("topk true (pydantic: 1)", j({"queries": ["a market town"], "topk": True})),
+        ("topk false (default)", j({"queries": ["a market town"], "topk": False})),
+        ("topk \"0\" (default)", j({"queries": ["a market town"], "topk": "0"})),
+        ("topk null", j({"queries": ["a market town"], "topk": None})),
+        ("no topk", j({"queries": ["a market town"]})),
+        ("return_scores null", j({"queries": ["a market town"], "return_scores": None})),
+        ("empty queries", j({"queries": []})),
+        ("empty and blank queries", j({"queries": ["", "  "]})),
+        ("extra fields", j({"queries": ["a"], "topk": 1, "x": {"y": [1, 2]}})),
+        ("unicode and escapes", j({"queries": ["Z\u00fcrich \"q\" \\ \ud83c\udf89 \u2028"], "topk": 2})),
+    ]
+
+
+# the README's bound, by construction (default limits): bodies arriving, waiting and in flight at 4 MiB each,
+# one parse of a body over 1 MiB (~55 MiB at worst) and four of smaller bodies (~13 MiB each), answers not yet
+# taken (max-unsent-bytes) and the four being built (at most max-hits passages each)
+def stated_bound_mib(idle_mib: float, answer_mib: float) -> float:
+    return idle_mib + (32 + 64 + 4) * 4 + 55 + 4 * 13 + 64 + 4 * answer_mib
+
+
+def slow_uploads(port: int, url: str, n: int = 68, legit: int = 10) -> tuple[int, list[int | None], float]:
+    """n connections from 127.0.0.2 send a head and 1 byte of body; then ``legit`` requests from 127.0.0.1 ->
+    (slow connections answered 503 at once, the legit statuses, the slowest legit request in seconds)."""
+    socks = []
+    for _ in range(n):
+        s = socket.socket()
+        s.bind(("127.0.0.2", 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 1000\r\n\r\n{")
+        socks.append(s)
+    time.sleep(1.0)
+    statuses, slowest = [], 0.0
+    for _ in range(legit):
+        t = time.time()
+        statuses.append(post(url, json.dumps({"queries": ["a market town"], "topk": 3}).encode(), timeout=20)[0])
+        slowest = max(slowest, time.time() - t)
+    refused = 0
+    for s in socks:
+        s.setblocking(False)
+        try:
+            refused += s.recv(4096).startswith(b"HTTP/1.1 503")
+        except OSError:
+            pass
+        s.close()
+    return refused, statuses, slowest
+
+
+def unread_answers(port: int, url: str, pid: int, body: bytes, n: int = 48, seconds: float = 60.0) -> dict:
+    """n clients (127.0.1.1 ...) send ``body`` and never read, for ``seconds``; a reader probes every 5 s."""
+    reset_hwm(pid)
+    socks = []
+    for i in range(n):
+        s = socket.socket()
+        s.bind((f"127.0.1.{i + 1}", 0))
+        s.connect(("127.0.0.1", port))
+        s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        socks.append(s)
+    t0, peak, probes = time.time(), 0, []
+    while time.time() - t0 < seconds:
+        t = time.time()
+        status = post(url, json.dumps({"queries": ["a market town"], "topk": 3}).encode(), timeout=60)[0]
+        probes.append((status, time.time() - t))
+        while time.time() - t < 5 and time.time() - t0 < seconds:
+            peak = max(peak, rss_kib(pid)[0])
+            time.sleep(0.05)
+    peak = max(peak, rss_kib(pid)[1])
+    dropped = 0
+    for s in socks:  # drain what the kernel queued: a reset connection then reports ECONNRESET (or EOF), a held one blocks
+        s.setblocking(False)
+        try:
+            while s.recv(1 << 20):
+                pass
+            dropped += 1
+        except ConnectionResetError:
+            dropped += 1
+        except BlockingIOError:
+            pass
+        s.close()
+    time.sleep(2)
+    return {"peak_kib": peak, "after_kib": rss_kib(pid)[0], "dropped": dropped, "probes": probes}
+
+
+def truncated_store(index: Path, tmp: Path) -> tuple[int | None, str, bool]:
+    """A second server over a copy of ``index``; truncate its passages.jsonl -> (status, error, alive)."""
+    copy = tmp / "index-copy"
+    shutil.copytree(index, copy)
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, "-m", "hindsearch.cli", "serve", "--index", str(copy), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_healthy(url, proc)
+        assert post(url, json.dumps({"queries": ["a market town"]}).encode())[0] == 200
+        os.truncate(copy / "passages.jsonl", 4096)
+        try:
+            r = httpx.post(url + "/retrieve", json={"queries": ["a market town"], "topk": 3}, timeout=30)
+            status, error = r.status_code, r.json().get("error", "")
+        except (httpx.HTTPError, ValueError) as e:
+            status, error = None, type(e).__name__
+        time.sleep(0.5)
+        return status, error, proc.poll() is None
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def post(url: str, body: bytes, headers: dict | None = None, timeout: float = 60) -> tuple[int | None, bool, str]:
@@ -220,6 +348,7 @@ def aborted_upload(host: str, port: int) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", default=None, help="also write the table as JSON here")
+    ap.add_argument("--unread-seconds", type=float, default=60.0, help="how long the 48 non-reading clients hold")
     args = ap.parse_args()
 
     from hindsearch.data.world import generate_world, write_world
@@ -265,10 +394,22 @@ def main() -> int:
         huge = b'{"queries": [' + b'"ab",' * 838_000 + b'"a"]}'
         assert len(huge) <= 4 << 20
         st1, peak1, after1, dt1 = concurrent(url, huge, 16, proc.pid)
-        words = " ".join(f"w{i}" for i in range(14))
+        words = "several years later widely published private collection society"  # in 700-1,500 passages each
         maximal = json.dumps({"queries": [f"{i} {words}"[:60] for i in range(4096)], "topk": 16}).encode()
         reset_hwm(proc.pid)
         st2, peak2, after2, dt2 = concurrent(url, maximal, 16, proc.pid)
+        # valid requests: every one must get a 200 with a result
+        valid = []
+        for name, body in valid_bodies():
+            status, is_json, note = post(url, body)
+            valid.append({"case": name, "bytes": len(body), "status": status, "refused": status != 200 or not is_json})
+        answer_mib = len(httpx.post(url + "/retrieve", content=maximal, timeout=600).content) / 2**20
+        # slow uploads from one address do not lock out another
+        up_refused, up_statuses, up_slowest = slow_uploads(port, url)
+        # unread answers
+        unread = unread_answers(port, url, proc.pid, maximal, seconds=args.unread_seconds)
+        bound = stated_bound_mib(base_rss / 1024, answer_mib)
+        trunc_status, trunc_error, trunc_alive = truncated_store(tmp / "index", tmp)
         alive = (httpx.get(url + "/health", timeout=10).status_code == 200
                  and post(url, json.dumps({"queries": ["a market town"]}).encode())[0] == 200 and proc.poll() is None)
         log_text = log_path.read_text()
@@ -298,14 +439,36 @@ def main() -> int:
         "16 x maximal valid: peak RSS (MiB)": round(peak2 / 1024),
         "16 x maximal valid: RSS after (MiB)": round(after2 / 1024),
         "16 x maximal valid: seconds": round(dt2, 1),
+        "valid requests tried": len(valid),
+        "valid requests refused": sum(v["refused"] for v in valid),
+        "68 slow uploads from one address: answered 503 at once": up_refused,
+        "... meanwhile 10 requests from another address: statuses": sorted(set(up_statuses), key=str),
+        "... slowest of them (s)": round(up_slowest, 2),
+        "maximal answer (MiB)": round(answer_mib, 1),
+        f"48 non-reading clients x {args.unread_seconds:g} s: peak RSS (MiB)": round(unread["peak_kib"] / 1024),
+        "... stated bound (MiB)": round(bound),
+        "... RSS after (MiB)": round(unread["after_kib"] / 1024),
+        "... clients dropped by the server": unread["dropped"],
+        "... reading probe: statuses": sorted({s for s, _ in unread["probes"]}, key=str),
+        "... reading probe: slowest (s)": round(max(t for _, t in unread["probes"]), 1),
+        "truncated passage store: status": trunc_status,
+        "truncated passage store: server alive": "yes" if trunc_alive else "NO",
     }
     w = max(len(k) for k in summary)
     print(f"{'measure':<{w}}  value")
     for k, v in summary.items():
         print(f"{k:<{w}}  {v}")
+    for v in valid:
+        if v["refused"]:
+            print(f"REFUSED valid request: {v['case']} -> {v['status']}")
+    if trunc_status != 503:
+        print(f"truncated store answer: {trunc_status} {trunc_error}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "summary": summary}, indent=1, default=str) + "\n")
-    ok = count["5xx / bad answer"] == 0 and count["silent acceptance"] == 0 and alive and tried >= 60
+        Path(args.json).write_text(json.dumps({"rows": rows, "valid": valid, "summary": summary}, indent=1,
+                                              default=str) + "\n")
+    ok = (count["5xx / bad answer"] == 0 and count["silent acceptance"] == 0 and alive and tried >= 60
+          and not any(v["refused"] for v in valid) and set(up_statuses) == {200}
+          and unread["peak_kib"] / 1024 <= bound and trunc_status == 503 and trunc_alive)
     return 0 if ok else 1
 
 

@@ -31,21 +31,24 @@ Admission, in three stages:
    arrive within ``body_timeout_s`` (408). A request holds no admission slot while its body arrives,
    so slow uploads cannot lock other clients out.
 2. *Waiting*: once its body is in, a request takes one of ``max_inflight + max_pending`` admission
-   slots (none free: 503), and waits at most ``queue_timeout_s`` for one of ``max_inflight``
-   retrieval slots and for the unsent answers to be under ``max_unsent_bytes`` (503 when the wait
-   runs out). Bodies over 1 MiB are parsed one at a time, and a body with more JSON objects/arrays
-   (counted outside strings) than ``max_queries + 1024`` is refused before parsing (parsing can
-   take ~25x the body's size).
+   slots (none free: 503); within ``queue_timeout_s`` in all (else 503) it is parsed under one of
+   ``max_inflight`` retrieval slots (bodies over 1 MiB one at a time; a body with more JSON
+   objects/arrays, counted outside strings, than ``max_queries + 1024`` is refused before parsing:
+   parsing can take ~25x the body's size), then waits, holding no slot, until the unsent answers
+   leave room for its answer (estimated from its queries x topk and the index's mean row: answers
+   over 1 MiB may fill 3/4 of ``max_unsent_bytes``, smaller ones the other 1/4), and is retrieved
+   under a slot.
 3. *Answering*: the answer is written in 64 KiB pieces as the client reads it, and its bytes count
-   against ``max_unsent_bytes`` until the last piece is handed to the socket; a client that has
-   not taken its answer ``send_timeout_s`` after it first filled the socket buffer is
-   disconnected (which frees the answer). A connection must also send its request head within
+   as unsent until the last piece is handed to the socket; a client that has not taken its answer
+   ``send_timeout_s`` after it first filled the socket buffer is reset (which frees the answer and
+   what the kernel holds for it). A connection must also send its request head within
    ``header_timeout_s``.
 
 Memory therefore stays bounded by about ``(max_receiving + max_pending + max_inflight) x
 max_body_bytes`` of bodies (a body arriving holds only the bytes sent so far), one parse of a body
 over 1 MiB (~13x its size) plus ``max_inflight`` parses of smaller bodies, and ``max_unsent_bytes``
-plus ``max_inflight`` answers (each at most ``max_hits`` passages) of answers.
+plus ``max_inflight`` answers being built (each at most ``max_hits`` passages) of answers, plus at
+most 128 KiB per open connection in its socket's write buffer.
 """
 
 from __future__ import annotations
@@ -226,6 +229,9 @@ class _Answer(Response):
             self._release()
 
 
+SMALL_ANSWER = 1 << 20  # answers up to this size have their own quarter of max_unsent_bytes
+
+
 class _RetrieveService:
     """What ``create_app``'s routes share: the retriever, the limits, the admission gates and the
     count of requests in progress (one instance per app; its methods are the route handlers)."""
@@ -240,19 +246,29 @@ class _RetrieveService:
         self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
-        self.unsent = 0  # bytes of answers built and not yet handed to their sockets
-        self.room = asyncio.Event()  # set while unsent < max_unsent_bytes
-        self.room.set()
+        self.unsent = {True: 0, False: 0}  # bytes of answers built and not yet handed to their sockets: large, small
+        self.freed = asyncio.Event()  # set (and replaced) whenever unsent goes down: wakes the requests waiting for room
+        store = getattr(retriever, "store", None)
+        try:  # the mean stored row, to estimate an answer's size before it is built
+            self.row_bytes = (int(store.offsets[-1]) - int(store.offsets[0])) / max(1, len(store))
+        except (AttributeError, TypeError, IndexError):
+            self.row_bytes = 1024.0
 
     def hold(self, n: int) -> None:
-        self.unsent += n
-        if self.unsent >= self.limits.max_unsent_bytes:
-            self.room.clear()
+        self.unsent[n > SMALL_ANSWER] += n
 
     def release(self, n: int) -> None:
-        self.unsent -= n
-        if self.unsent < self.limits.max_unsent_bytes:
-            self.room.set()
+        self.unsent[n > SMALL_ANSWER] -= n
+        freed, self.freed = self.freed, asyncio.Event()
+        freed.set()
+
+    def room(self, answer_bytes: float) -> bool:
+        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may take 3/4
+        of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read large answers do
+        not hold up small ones."""
+        if answer_bytes > SMALL_ANSWER:
+            return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
+        return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
 
     # health and retrieve are the route handlers: no docstrings, as FastAPI would publish them in /openapi.json
 
@@ -284,44 +300,55 @@ class _RetrieveService:
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
-    def work(self, body: bytes) -> bytes | bytearray | JSONResponse:
-        """Parse and answer one body (runs in the thread pool): the JSON bytes, or an error response."""
-        hits = 0
+    def parse(self, body: bytes) -> tuple[list[str], int, bool] | JSONResponse:
+        """Parse one body (in the thread pool): (queries, topk, return_scores), or an error response."""
         try:
-            queries, topk, scores = parse_request(body, self.default_topk, self.limits)
-            hits = len(queries) * topk
+            return parse_request(body, self.default_topk, self.limits)
+        except BadRequest as e:
+            return _error(e.status, str(e))
+        finally:
+            if len(body) > 1 << 20:
+                _trim_memory()
+
+    def answer(self, queries: list[str], topk: int, scores: bool) -> bytes | bytearray | JSONResponse:
+        """Retrieve and render (in the thread pool): the JSON bytes, or an error response."""
+        try:
             if isinstance(self.retriever, IndexedRetriever):
                 return render_ids(self.retriever, queries, topk, scores)
             return JSONResponse(format_result(self.retriever.retrieve(queries, topk), scores)).body
-        except BadRequest as e:
-            return _error(e.status, str(e))
         except StoreChanged as e:
             log.error("%s", e)
             return _error(503, str(e))
         except Exception as e:  # a retriever bug must not take the server down
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
         finally:
-            if len(body) > 1 << 20 or hits > 4096:
+            if len(queries) * topk > 4096:
                 _trim_memory()
 
-    async def acquire_gates(self, body_size: int) -> list[asyncio.Semaphore] | None:
-        """Wait (at most ``queue_timeout_s``) for a retrieval slot, for the big-body slot when the body is over
-        1 MiB, and then for the unsent answers to be under ``max_unsent_bytes``: the gates now held, or None
-        (none held) on a timeout."""
-        gates = [self.big_slot, self.slots] if body_size > 1 << 20 else [self.slots]
-        held = []
+    async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
+                      answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
+        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding no gate)
+        until the unsent answers leave room for one of that size (``room``). The gates held, or None (none held)
+        when the deadline passes."""
+        held: list[asyncio.Semaphore] = []
         try:
-            async with asyncio.timeout(self.limits.queue_timeout_s):
-                for gate in gates:
-                    await gate.acquire()
-                    held.append(gate)
-                while self.unsent >= self.limits.max_unsent_bytes:
-                    await self.room.wait()
+            async with asyncio.timeout_at(deadline):
+                while True:
+                    if answer_bytes is not None:
+                        while not self.room(answer_bytes):
+                            await self.freed.wait()
+                    for gate in gates:
+                        await gate.acquire()
+                        held.append(gate)
+                    if answer_bytes is None or self.room(answer_bytes):
+                        return held
+                    for gate in held:  # the room went while waiting for a slot
+                        gate.release()
+                    held = []
         except TimeoutError:
             for gate in held:
                 gate.release()
             return None
-        return held
 
     async def receive(self, request: Request) -> bytes | Response:
         """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
@@ -355,16 +382,32 @@ class _RetrieveService:
         if self.pending >= limits.max_inflight + limits.max_pending:
             return _error(503, f"server busy: {self.pending} requests in progress; retry later")
         self.pending += 1
+        busy = f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later"
         try:
-            held = await self.acquire_gates(len(body))
+            deadline = asyncio.get_running_loop().time() + limits.queue_timeout_s
+            # parse under a slot (and under the big-body slot for a body over 1 MiB: a parse can take ~13x the body)
+            held = await self.acquire(deadline, [self.big_slot, self.slots] if len(body) > 1 << 20 else [self.slots])
             if held is None:
-                return _error(503, f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later")
+                return _error(503, busy)
             try:
-                out = await run_in_threadpool(self.work, body)
+                parsed = await run_in_threadpool(self.parse, body)
             finally:
                 for gate in held:
                     gate.release()
             del body
+            if isinstance(parsed, Response):
+                return parsed
+            queries, topk, scores = parsed
+            # retrieve under a slot, once the unsent answers leave room for this one (waiting holds no slot)
+            estimate = len(queries) * topk * (self.row_bytes + (40 if scores else 2))
+            held = await self.acquire(deadline, [self.slots], answer_bytes=estimate)
+            if held is None:
+                return _error(503, busy)
+            try:
+                out = await run_in_threadpool(self.answer, queries, topk, scores)
+            finally:
+                for gate in held:
+                    gate.release()
             return out if isinstance(out, Response) else _Answer(out, self)
         finally:
             self.pending -= 1
