@@ -526,6 +526,7 @@ def test_every_fuzz_cli_invocation_is_one_clean_line(tmp_path, monkeypatch, caps
     fuzz = _bench("fuzz_cli")
     fuzz.build_sandbox(tmp_path)
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # '~' cases: a home folder with the user's files
     before = fuzz.snapshot(tmp_path)
     cases = fuzz.invocations()
     assert len(cases) >= 80

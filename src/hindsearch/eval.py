@@ -242,6 +242,12 @@ def _describe_model(m: Any) -> str:
     return m.get("path") or m.get("name") or repr(m)
 
 
+def _describe_retriever(r: Any) -> str:
+    if not isinstance(r, dict):
+        return repr(r)
+    return str(r.get("index") or r.get("url") or r.get("index_dir") or r.get("config") or r)
+
+
 def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | None:
     """What differs between the record of the rows in a folder (``old``) and this evaluation's (``new``),
     as one phrase, or None when the rows may be reused."""
@@ -264,7 +270,10 @@ def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | No
                 return f"its rows were made with {k} = {a.get(k)!r}, this evaluation has {k} = {b.get(k)!r}"
         return "its rows were made with another config (the hash differs)"
     if "retriever" in new and old.get("retriever") != new["retriever"]:
-        return f"its rows were made with the retriever {old.get('retriever')}, this evaluation uses {new['retriever']}"
+        a, b = _describe_retriever(old.get("retriever")), _describe_retriever(new["retriever"])
+        if a == b:
+            return f"the index {b} changed since its rows were made (its index.json differs)"
+        return f"its rows were made with the retriever {a}, this evaluation uses {b}"
     for name, rec in (new.get("data") or {}).items():
         prev = (old.get("data") or {}).get(name)
         if prev is not None and prev.get("sha256") != rec.get("sha256"):

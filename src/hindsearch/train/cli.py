@@ -58,9 +58,22 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
+    from hindsearch.fsutil import claim_output, guard_output, json_marker
     from hindsearch.train.warmup import cmd_sft
 
-    return cmd_sft(args)
+    # the model is saved into --out in place: only a new or empty folder, or an earlier warm-up folder
+    out = guard_output(args.out, "sft", "warm-up folder", legacy=json_marker("warmup.json", "num_demos"))
+    created = not out.exists()
+    args.out = str(out)
+    claim_output(out, "sft")
+    try:
+        return cmd_sft(args)
+    except BaseException:
+        if created:  # a failed first run leaves nothing behind
+            import shutil
+
+            shutil.rmtree(out, ignore_errors=True)
+        raise
 
 
 def _cmd_train(args: argparse.Namespace) -> int:

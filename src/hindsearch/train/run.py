@@ -261,7 +261,7 @@ def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any
             f"the current config.toml is recorded as the run's config from here on")
         marker["config"] = now
         return marker
-    changes = config_changes(_normal(started), now)
+    changes = [c for c in config_changes(_normal(started), now) if c[0] != "out"]  # a resume runs in RUN_DIR
     training = [c for c in changes if affects_training(c[0])]
     other = [c for c in changes if not affects_training(c[0])]
     if training and not allow_change:
