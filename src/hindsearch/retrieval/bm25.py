@@ -1,34 +1,61 @@
 """BM25 retrieval with bm25s (Lucene BM25, PyStemmer English stemmer, English stopwords).
 
 bm25s builds the index (the per-(term, document) BM25 scores as a sparse document x term
-matrix) into ``<index>/bm25/``; it is loaded memory-mapped, and passages come from the index
-folder's ``PassageStore``. Hits with score 0 (no query term in the passage) are dropped, so a
-query of only stopwords/unknown words gets an empty list; k larger than the corpus is clamped.
+matrix, CSC by term) into ``<index>/bm25/``; it is loaded memory-mapped. Hits with score 0 (no
+query term in the passage) are dropped, so a query of only stopwords/unknown words gets an empty
+list; k larger than the corpus is clamped.
 
-Backends (``BM25Retriever(backend=...)``):
+Search is one compiled pass over the whole batch (``_search_batch``, numba): per query, the
+posting lists of its distinct terms, in ascending term id, are added into a dense score buffer
+(float32, each term's weight times its count in the query), then the top k are chosen in the same
+pass that resets the buffer. Order: score descending, then document order (the lower index wins a
+tie, also at the k-th place). The summation order is the one scipy's ``W @ Q`` product used
+before, so scores and ties are bit for bit those of the sparse-product backend this replaces.
+Tokenising (bm25s' tokenizer) and turning tokens into ids are vectorised over the batch; there is
+no Python per query or per document in the search. ``n_threads`` > 1 splits a batch over threads
+(the kernel releases the GIL).
 
-* ``sparse`` (default, ``auto``): all queries of a batch scored at once as one sparse product
-  ``W [docs, terms] @ Q [terms, queries]``; top-k per query among the matching documents only,
-  ties broken by document order. Chunked so the product stays under ``MAX_CHUNK_NNZ`` entries.
-* ``numpy`` / ``numba``: bm25s' own per-query retrieval (``n_threads`` workers); numba needs
-  the numba package and compiles for ~10 s in each new process.
-All three give the same scores (float32 rounding aside).
+numba is the ``fast`` extra (``pip install 'hindsearch[fast]'``; ``dev`` has it). Compiled code is
+cached on disk, so only the first process pays the compilation (~6 s CPU; 0.2 s to load it later). Without numba the same
+search runs as a scipy sparse product with a vectorised top k (same results, about 3-5x slower;
+``backend="sparse"`` forces it, which the tests use to check both agree).
+
+Passages are parsed once, when the retriever loads (``retrieve`` then only builds ``Passage``
+objects); a passage file over ``PARSE_AT_LOAD_MAX_BYTES`` stays memory-mapped and is parsed per hit.
 """
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import bm25s
 import numpy as np
 import scipy.sparse as sp
 import Stemmer
+from bm25s.tokenization import _infer_stopwords
 
+from hindsearch.records import Passage
 from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore
 
+try:
+    import numba
+except ImportError:  # the `fast` extra is not installed: the sparse fallback
+    numba = None
+
 STOPWORDS = "en"
-BACKENDS = ("auto", "sparse", "numpy", "numba")
-MAX_CHUNK_NNZ = 20_000_000
+BACKENDS = ("auto", "numba", "sparse")
+MAX_CHUNK_NNZ = 20_000_000  # sparse fallback: entries of one W @ Q product
+BLOCK = 64  # documents per block of the scan (one vectorised max, then a look inside only when needed)
+SMALL_K = 128  # up to this k the top k is kept in a sorted buffer; above it the matches are sorted
+PARSE_AT_LOAD_MAX_BYTES = 256 << 20
+_SPLIT = re.compile(r"\w\w+").findall  # = bm25s.tokenize's default r"(?u)\b\w\w+\b" for findall (runs are maximal), faster
+_STOPWORDS = frozenset(_infer_stopwords(STOPWORDS))
+MIN_QUERIES_PER_THREAD = 64
 
 
 def _stemmer() -> Stemmer.Stemmer:
@@ -50,10 +77,119 @@ def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True
     model.save(str(out_dir), show_progress=False)
 
 
-def top_k_sparse(scores: sp.csc_matrix, k: int) -> list[tuple[np.ndarray, np.ndarray]]:
+def _insert(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
+    """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document ascending)."""
+    if n == k and (s < out_scores[q, n - 1] or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
+        return n
+    i = n - 1 if n == k else n
+    while i > 0 and (out_scores[q, i - 1] < s or (out_scores[q, i - 1] == s and out_ids[q, i - 1] > d)):
+        out_scores[q, i] = out_scores[q, i - 1]
+        out_ids[q, i] = out_ids[q, i - 1]
+        i -= 1
+    out_scores[q, i] = s
+    out_ids[q, i] = d
+    return n + 1 if n < k else n
+
+
+def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids, out_scores, out_n):  # pragma: no cover
+    """Top k per query of the batch (see the module docstring); writes ``out_*``, leaves ``buf`` all zero.
+
+    ``terms``/``counts``: each query's distinct term ids, ascending, and how often the query has
+    them; query q owns ``terms[qptr[q]:qptr[q + 1]]``. ``buf``: float32 [num_docs], all zero.
+    """
+    num_docs = buf.shape[0]
+    small = k <= SMALL_K
+    cand_d = np.empty(0 if small else num_docs, np.int64)
+    cand_s = np.empty(0 if small else num_docs, np.float32)
+    for q in range(qptr.shape[0] - 1):
+        nnz = 0
+        for t in range(qptr[q], qptr[q + 1]):
+            term = terms[t]
+            v = counts[t]
+            for j in range(indptr[term], indptr[term + 1]):
+                buf[indices[j]] += v * data[j]
+            nnz += indptr[term + 1] - indptr[term]
+        n = 0
+        if 4 * nnz >= num_docs:  # most documents match: one sequential pass, in document order
+            thr = np.float32(0)
+            ibuf = buf.view(np.int32)  # positive float32s order as their bits do (as int32); 0 and negatives are <= 0
+            thr_i = np.int32(0)
+            for base in range(0, num_docs, BLOCK):
+                top = min(base + BLOCK, num_docs)
+                m = np.int32(0)
+                for d in range(base, top):  # a vectorised max: most blocks hold nothing above the k-th score
+                    x = ibuf[d]
+                    m = x if x > m else m
+                if m <= thr_i:
+                    continue
+                for d in range(base, top):
+                    s = buf[d]
+                    if s > thr:  # a later document never wins a tie: strictly greater only
+                        if small:
+                            n = _insert(out_ids, out_scores, q, n, k, d, s)
+                            if n == k:
+                                thr = out_scores[q, k - 1]
+                                thr_i = out_scores[q, k - 1 : k].view(np.int32)[0]
+                        else:
+                            cand_d[n] = d
+                            cand_s[n] = s
+                            n += 1
+            buf[:] = 0
+        else:  # few match: walk the postings again, taking each document once (reset on its first visit)
+            for t in range(qptr[q], qptr[q + 1]):
+                term = terms[t]
+                for j in range(indptr[term], indptr[term + 1]):
+                    d = indices[j]
+                    s = buf[d]
+                    if s != 0:
+                        buf[d] = 0
+                        if s > 0:
+                            if small:
+                                n = _insert(out_ids, out_scores, q, n, k, d, s)
+                            else:
+                                cand_d[n] = d
+                                cand_s[n] = s
+                                n += 1
+        if not small:
+            by_doc = np.argsort(cand_d[:n])
+            ds, ss = cand_d[:n][by_doc], cand_s[:n][by_doc]
+            order = np.argsort(-ss, kind="mergesort")[:k]  # stable: ties stay in document order
+            n = order.shape[0]
+            out_ids[q, :n] = ds[order]
+            out_scores[q, :n] = ss[order]
+        out_n[q] = n
+
+
+def _compile(fn, **kw):
+    """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache folder is writable."""
+    try:
+        return numba.njit(nogil=True, cache=True, **kw)(fn)
+    except RuntimeError:  # numba: "cannot cache function ...: no locator available"
+        return numba.njit(nogil=True, **kw)(fn)
+
+
+if numba is not None:
+    _insert = _compile(_insert, inline="always")
+    _search_batch = _compile(_search_batch_py)
+else:
+    _search_batch = None
+
+
+def pick_backend(backend: str) -> str:
+    """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is usable."""
+    if backend not in BACKENDS:
+        raise ValueError(f"bm25 backend {backend!r} is not supported; choose one of {', '.join(BACKENDS)}")
+    if backend == "numba" and numba is None:
+        raise ImportError("bm25 backend 'numba' needs numba: pip install 'hindsearch[fast]'")
+    if backend == "auto":
+        return "numba" if numba is not None else "sparse"
+    return backend
+
+
+def top_k_sparse(scores: sp.csc_matrix, k: int) -> list[Hits]:
     """Per column of ``scores`` [docs, queries]: (doc ids [<=k], scores [<=k]), best first.
 
-    Only stored (non-zero) entries compete; equal scores keep document order.
+    Only positive entries compete; equal scores keep document order (also at the k-th place).
     """
     out = []
     for j in range(scores.shape[1]):
@@ -62,22 +198,12 @@ def top_k_sparse(scores: sp.csc_matrix, k: int) -> list[tuple[np.ndarray, np.nda
         keep = s > 0
         s, ix = s[keep], ix[keep]
         if len(s) > k:
-            part = np.argpartition(-s, k - 1)[:k]
-            kth = s[part].min()
-            tied = np.flatnonzero(s >= kth)  # keep every doc tied with the k-th, so ties resolve by doc order
+            kth = s[np.argpartition(-s, k - 1)[:k]].min()
+            tied = np.flatnonzero(s >= kth)  # every doc tied with the k-th competes, so ties resolve by doc order
             s, ix = s[tied], ix[tied]
         order = np.lexsort((ix, -s))[:k]
-        out.append((ix[order], s[order]))
+        out.append((ix[order].astype(np.int64), s[order]))
     return out
-
-
-def pick_backend(backend: str) -> str:
-    """Resolve ``auto`` and check the backend is usable."""
-    if backend not in BACKENDS:
-        raise ValueError(f"bm25 backend {backend!r} is not supported; choose one of {', '.join(BACKENDS)}")
-    if backend == "numba" and not bm25s.NUMBA_AVAILABLE:
-        raise ImportError("bm25 backend 'numba' needs numba: pip install numba")
-    return "sparse" if backend == "auto" else backend
 
 
 class BM25Retriever(IndexedRetriever):
@@ -87,41 +213,115 @@ class BM25Retriever(IndexedRetriever):
         self.index_dir = Path(index_dir)
         self.store = PassageStore(index_dir)
         self.backend = pick_backend(backend)
-        self.model = bm25s.BM25.load(
-            str(self.index_dir / "bm25"), mmap=mmap, show_progress=False,
-            backend="numba" if self.backend == "numba" else "numpy",
-        )
+        self.model = bm25s.BM25.load(str(self.index_dir / "bm25"), mmap=mmap, show_progress=False)
+        if self.model.nonoccurrence_array is not None:
+            raise ValueError(f"{self.index_dir}: a BM25L/BM25+ index (a per-term score for absent terms); hindsearch "
+                             "builds and searches Lucene BM25: rebuild it with `hindsearch index`")
         sc = self.model.scores
-        if self.backend == "sparse" and self.model.nonoccurrence_array is not None:
-            self.backend = "numpy"  # BM25L/BM25+ add a per-term constant the sparse product does not model
-        self.df = np.diff(sc["indptr"])  # documents per term [V]
-        self.W = sp.csc_matrix((sc["data"], sc["indices"], sc["indptr"]), shape=(sc["num_docs"], len(self.df)), copy=False)
+        self.data = np.asarray(sc["data"], dtype=np.float32)
+        self.indices = np.asarray(sc["indices"])
+        self.indptr = np.asarray(sc["indptr"])
+        self.num_docs = int(sc["num_docs"])
+        self.df = np.diff(self.indptr)  # documents per term [V]
         self.vocab = self.model.vocab_dict
         self.stemmer = _stemmer()
         self.n_threads = n_threads
+        self._bufs = threading.local()
+        self._W = None
+        self._ids: list[str] | None = None
+        self._contents: list[str] | None = None
+        path = self.index_dir / "passages.jsonl"
+        if path.stat().st_size <= PARSE_AT_LOAD_MAX_BYTES:
+            raw = path.read_bytes().rstrip(b"\n")  # one compact JSON object per line: newlines only between rows
+            rows = json.loads(b"[" + raw.replace(b"\n", b",") + b"]") if raw else []
+            self._ids = [r["id"] for r in rows]
+            self._contents = [r["contents"] for r in rows]
 
     def term_ids(self, queries: list[str]) -> list[list[int]]:
         """Known term ids of each query (unknown words and stopwords dropped)."""
         return [[self.vocab[t] for t in q if t in self.vocab] for q in tokenize(queries, self.stemmer)]
 
+    def _query_terms(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(distinct term ids, ascending per query; their counts as float32; query pointers [nq + 1]).
+
+        The tokens of ``bm25s.tokenize`` (lowercase, its word pattern, a text without a word is the
+        one token "", English stopwords dropped, PyStemmer), made without Python per token: each
+        distinct word of the batch is stemmed and looked up once.
+        """
+        words = list(map(_SPLIT, map(str.lower, queries)))
+        lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
+        flat = list(itertools.chain.from_iterable(words))
+        distinct = list(set(flat))
+        lut = dict(zip(distinct, map(self.vocab.get, self.stemmer.stemWords(distinct), itertools.repeat(-1))))
+        for w in _STOPWORDS.intersection(lut):
+            lut[w] = -1
+        ids = np.fromiter(map(lut.__getitem__, flat), dtype=np.int64, count=len(flat))
+        qidx = np.repeat(np.arange(len(queries), dtype=np.int64), lens)
+        v = len(self.df)
+        known = (ids >= 0) & (ids < v)  # bm25s' vocabulary also holds "" (id v), which scores nothing
+        key, counts = np.unique(qidx[known] * v + ids[known], return_counts=True)
+        qptr = np.searchsorted(key // v, np.arange(len(queries) + 1))
+        return key % v, counts.astype(np.float32), qptr
+
+    def _buffer(self) -> np.ndarray:
+        buf = getattr(self._bufs, "buf", None)  # per thread; the kernel leaves it all zero
+        if buf is None:
+            buf = self._bufs.buf = np.zeros(self.num_docs, dtype=np.float32)
+        return buf
+
+    def _run(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        nq = len(qptr) - 1
+        ids, scores, n = np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
+        _search_batch(terms, counts, qptr - qptr[0], self.data, self.indptr, self.indices, self._buffer(), k, ids, scores, n)
+        return ids, scores, n
+
+    def _top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(doc ids [nq, k], scores [nq, k], hits per query [nq]) of non-empty queries, ``1 <= k <= len(self)``."""
+        terms, counts, qptr = self._query_terms(queries)
+        if self.backend == "sparse":
+            return self._top_sparse(terms, counts, qptr, k)
+        nq = len(queries)
+        chunks = min(self.n_threads, nq // MIN_QUERIES_PER_THREAD) if self.n_threads > 1 else 1
+        if chunks <= 1:
+            return self._run(terms, counts, qptr, k)
+        cuts = np.linspace(0, nq, chunks + 1).astype(np.int64)
+        with ThreadPoolExecutor(chunks) as pool:
+            parts = list(pool.map(lambda ab: self._run(terms[qptr[ab[0]] : qptr[ab[1]]], counts[qptr[ab[0]] : qptr[ab[1]]],
+                                                       qptr[ab[0] : ab[1] + 1], k), zip(cuts[:-1], cuts[1:])))
+        return tuple(np.concatenate(x) for x in zip(*parts))
+
     def _search(self, queries: list[str], k: int) -> list[Hits]:
         """(doc ids, scores) per query, best first, at most k each (zero scores dropped)."""
-        if self.backend != "sparse":
-            toks = [[t for t in q if t in self.vocab] for q in tokenize(queries, self.stemmer)]
-            filler = next(iter(self.vocab))  # bm25s needs a token; results of empty queries are dropped
-            res = self.model.retrieve([q or [filler] for q in toks], k=k, show_progress=False, n_threads=self.n_threads)
-            return [(d[s > 0], s[s > 0]) if q else (d[:0], s[:0]) for q, d, s in zip(toks, res.documents, res.scores)]
-        ids = self.term_ids(queries)
-        out: list[Hits] = []
+        ids, scores, n = self._top(queries, k)
+        return [(d[:m], s[:m]) for d, s, m in zip(ids, scores, n.tolist())]
+
+    def _top_sparse(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fallback without numba: ``W [docs, terms] @ Q [terms, queries]``, chunked to ``MAX_CHUNK_NNZ`` entries."""
+        if self._W is None:
+            self._W = sp.csc_matrix((self.data, self.indices, self.indptr), shape=(self.num_docs, len(self.df)), copy=False)
+        nnz = np.concatenate([[0], np.cumsum(self.df[terms])])[qptr]  # postings touched before each query
+        nq = len(qptr) - 1
+        ids, scores, n = np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
         start = 0
-        while start < len(ids):  # chunk so the sparse product stays bounded
-            end, nnz = start, 0
-            while end < len(ids) and (end == start or nnz + self.df[ids[end]].sum() <= MAX_CHUNK_NNZ):
-                nnz += self.df[ids[end]].sum()
-                end += 1
-            rows = [t for q in ids[start:end] for t in q]
-            cols = [j for j, q in enumerate(ids[start:end]) for _ in q]
-            Q = sp.csc_matrix((np.ones(len(rows), np.float32), (rows, cols)), shape=(self.W.shape[1], end - start))
-            out += top_k_sparse((self.W @ Q).tocsc(), k)
+        while start < nq:
+            end = max(start + 1, int(np.searchsorted(nnz, nnz[start] + MAX_CHUNK_NNZ, side="right")) - 1)
+            end = min(end, nq)
+            a, b = qptr[start], qptr[end]
+            Q = sp.csc_matrix((counts[a:b], terms[a:b], qptr[start : end + 1] - a), shape=(len(self.df), end - start))
+            for q, (d, sc) in enumerate(top_k_sparse((self._W @ Q).tocsc(), k), start):
+                ids[q, : len(d)], scores[q, : len(d)], n[q] = d, sc, len(d)
             start = end
+        return ids, scores, n
+
+    def retrieve(self, queries: list[str], k: int) -> list[list[Passage]]:
+        if self._ids is None:
+            return super().retrieve(queries, k)
+        out: list[list[Passage]] = [[] for _ in queries]
+        live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
+        if not live or k <= 0:
+            return out
+        ids, scores, n = self._top([queries[i] for i in live], min(k, self.num_docs))
+        pid, text = self._ids.__getitem__, self._contents.__getitem__
+        for i, d, s, m in zip(live, ids.tolist(), scores.tolist(), n.tolist()):
+            out[i] = list(map(Passage, map(pid, d[:m]), map(text, d[:m]), s[:m]))
         return out
