@@ -29,6 +29,13 @@ script goes on; the exit code is 1 when any cell failed):
 3. ``hindsearch/grpo`` and ``igsd/grpo``: the step-time ratios against the targets (at most 1.3x and 1.5x),
    PASS or FAIL.
 
+Then one retrieval cell, ``faiss faiss-gpu`` (``--faiss-gpu``, on by default): ``--faiss-vectors`` clustered
+random 768-d unit vectors (e5's size) in a flat inner-product index, put on every visible GPU the way
+``hindsearch serve --faiss-gpu`` does (``hindsearch.retrieval.dense.to_gpus``: sharded, fp16, as Search-R1's
+server), searched with 512 queries (one Search-R1 batch): queries/s on the GPUs and on the CPU, and the
+recall@3 of the fp16 GPU search against exact fp32 search on the CPU. Without a GPU build of FAISS
+(``pip install faiss-gpu-cu12``) the cell fails on ``--device cuda`` and is skipped on ``--device cpu``.
+
 Peak memory is ``torch.cuda.max_memory_allocated`` reset at the start of every cell (for a step, also
 split at the end of rollout + aux prepare); the vLLM cell reports the device memory its processes hold
 (``torch.cuda.mem_get_info``; its KV pool is sized by ``--vllm-gpu-memory``).
@@ -176,6 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="models, runs and logs go here (default: a temporary folder, removed at the end)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for every step (hindsearch.config syntax), applied last")
+    ap.add_argument("--faiss-gpu", action=argparse.BooleanOptionalAction, default=True,
+                    help="run the faiss-gpu retrieval cell (see the module docstring)")
+    ap.add_argument("--faiss-vectors", type=positive_int, default=None,
+                    help="vectors in the faiss-gpu cell's index (default 1,000,000: 2.9 GiB in fp32; 20,000 with --tiny)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
     return ap
 
@@ -201,6 +212,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error(f"--out {a.out}: is a folder, expected a JSON file path")
     a.questions = a.questions or (1 if a.tiny else 8)
     a.think_tokens = a.think_tokens if a.think_tokens is not None else (6 if a.tiny else 200)
+    a.faiss_vectors = a.faiss_vectors or (20_000 if a.tiny else 1_000_000)
     return a
 
 
@@ -884,6 +896,46 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- main
+def faiss_gpu_cell(n: int, device: str, d: int = 768, queries: int = 512, k: int = 3, seed: int = 0) -> dict[str, Any]:
+    """The ``faiss-gpu`` cell: a flat IP index of ``n`` clustered unit vectors on the GPUs (``dense.to_gpus``) vs the CPU."""
+    import faiss
+    import numpy as np
+
+    from hindsearch.retrieval.dense import to_gpus
+
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((256, d), dtype=np.float32)
+    cpu = faiss.IndexFlatIP(d)
+    for i0 in range(0, n, 100_000):  # built in chunks: a few GiB, never twice at once
+        m = min(n, i0 + 100_000) - i0
+        x = centres[rng.integers(0, 256, m)] + rng.standard_normal((m, d), dtype=np.float32)
+        cpu.add(x / np.linalg.norm(x, axis=1, keepdims=True))
+    q = centres[rng.integers(0, 256, queries)] + rng.standard_normal((queries, d), dtype=np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    t = time.perf_counter()
+    truth = cpu.search(q, k)[1]
+    cpu_s = time.perf_counter() - t
+    warnings_seen: list[str] = []
+    t = time.perf_counter()
+    gpu, on_gpu = to_gpus(cpu, log=warnings_seen.append)
+    copy_s = time.perf_counter() - t
+    base = f"{n:,} x {d} flat IP, {queries} queries, k={k}; CPU exact {queries / cpu_s:,.0f} q/s ({faiss.omp_get_max_threads()} threads)"
+    if not on_gpu:
+        msg = f"{base}; {warnings_seen[0] if warnings_seen else 'not on a GPU'}"
+        return {"status": "skipped", "detail": msg} if device == "cpu" else {"status": "error", "error": msg}
+    gpu.search(q[:8], k)  # warm-up
+    times = []
+    for _ in range(3):
+        t = time.perf_counter()
+        found = gpu.search(q, k)[1]
+        times.append(time.perf_counter() - t)
+    recall = float(np.mean([len(set(a) & set(b)) / k for a, b in zip(found, truth)]))
+    gpu_s = statistics.median(times)
+    return {"detail": f"{base}; {faiss.get_num_gpus()} GPU(s), sharded fp16: {queries / gpu_s:,.0f} q/s "
+                      f"({cpu_s / gpu_s:,.0f}x the CPU), recall@{k} vs fp32 exact {recall:.4f}, copy to GPUs {copy_s:.1f} s",
+            "gpu_qps": queries / gpu_s, "cpu_qps": queries / cpu_s, "recall": recall, "copy_s": copy_s}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     a = parse_args(argv)
     if a.vllm_child:
@@ -906,6 +958,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         check = Check(a, workdir)
         for model in a.models:
             check.check_model(model)
+        if a.faiss_gpu:
+            check.run("faiss", "faiss-gpu", lambda: faiss_gpu_cell(a.faiss_vectors, a.device))
     finally:
         if tmp is not None:
             tmp.cleanup()

@@ -265,3 +265,189 @@ def test_prebuilt_faiss_mismatches_name_the_file(bare_faiss, minilm, tmp_path, c
     assert "--corpus goes with --faiss-index" in capsys.readouterr().err
     assert cli_main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "b"), "--faiss-index", str(faiss_file)]) == 1
     assert "--kind bm25" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- approximate indexes (HNSW, IVF), conversion, --faiss-gpu
+def _clustered(n: int, d: int = 384, seed: int = 0) -> np.ndarray:
+    """Unit vectors around 40 centres: real embeddings cluster; uniform random ones would make every ANN look bad."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(40, d))
+    x = centres[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, d))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _recall(found: np.ndarray, truth: np.ndarray) -> float:
+    return float(np.mean([len(set(a) & set(b)) / truth.shape[1] for a, b in zip(found, truth)]))
+
+
+def test_factory_indexes_built_from_text(minilm, tmp_path, capsys):
+    from hindsearch.cli import main as cli_main
+    from hindsearch.data.corpus import write_corpus
+
+    qs = [q for q, _ in QUERIES]
+    want = [f"d{i}" for _, i in QUERIES]
+    ivf = build_index(passages(), tmp_path / "ivf", kind="dense", encoder=minilm, factory="IVF2,Flat", nprobe=2,
+                      show_progress=False)
+    assert (ivf["factory"], ivf["search_params"]) == ("IVF2,Flat", {"nprobe": 2})
+    r = DenseRetriever(tmp_path / "ivf", encoder=minilm)
+    assert [h[0].id for h in r.retrieve(qs, 3)] == want  # nprobe = every list: exact
+    import faiss
+
+    assert faiss.extract_index_ivf(r.index).nprobe == 2
+    assert faiss.extract_index_ivf(DenseRetriever(tmp_path / "ivf", encoder=minilm, nprobe=1).index).nprobe == 1
+    hnsw = build_index(passages(), tmp_path / "hnsw", kind="dense", encoder=minilm, factory="HNSW8", show_progress=False)
+    assert (hnsw["factory"], hnsw["search_params"]) == ("HNSW8", {"efSearch": 64})
+    h = DenseRetriever(tmp_path / "hnsw", encoder=minilm, ef_search=16)
+    assert [x[0].id for x in h.retrieve(qs, 3)] == want and faiss.downcast_index(h.index).hnsw.efSearch == 16
+    assert build_index(passages(), tmp_path / "m", kind="dense", encoder=minilm, hnsw=8, show_progress=False)["factory"] == "HNSW8"
+
+    with pytest.raises(ValueError, match=r"--factory 'IVF2,Bogus': not a FAISS factory string"):
+        build_index(passages(), tmp_path / "bad", kind="dense", encoder=minilm, factory="IVF2,Bogus", show_progress=False)
+    with pytest.raises(ValueError, match="--nprobe applies to IVF indexes, not 'Flat'"):
+        build_index(passages(), tmp_path / "bad", kind="dense", encoder=minilm, nprobe=4, show_progress=False)
+    with pytest.raises(ValueError, match="--ef-search applies to HNSW"):
+        DenseRetriever(tmp_path / "ivf", encoder=minilm, ef_search=8)
+    with pytest.raises(ValueError, match="--factory or --hnsw, not both"):
+        build_index(passages(), tmp_path / "bad", kind="dense", encoder=minilm, factory="HNSW8", hnsw=8, show_progress=False)
+    assert not (tmp_path / "bad").exists()
+
+    write_corpus(tmp_path / "c.jsonl", passages())
+    assert cli_main(["index", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "cli"), "--kind", "dense",
+                     "--factory", "HNSW8", "--ef-search", "32"]) == 0
+    assert read_meta(tmp_path / "cli")["search_params"] == {"efSearch": 32}
+    assert cli_main(["search", "--index", str(tmp_path / "cli"), "jazz piano", "-k", "1", "--ef-search", "128"]) == 0
+    assert "Brisco Tallow" in capsys.readouterr().out
+    assert cli_main(["index", "--corpus", str(tmp_path / "c.jsonl"), "--out", str(tmp_path / "b"), "--factory", "HNSW8"]) == 1
+    assert "apply to --kind dense" in capsys.readouterr().err
+    assert cli_main(["search", "--index", str(tmp_path / "ivf"), "x", "--ef-search", "8"]) == 1
+    assert "--ef-search applies to HNSW" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def big_flat(tmp_path_factory):
+    """A flat inner-product file of 3,000 clustered 384-d vectors (MiniLM's size) and a corpus row per vector."""
+    import faiss
+
+    from hindsearch.data.corpus import write_corpus
+
+    d = tmp_path_factory.mktemp("bigflat")
+    x = _clustered(3000)
+    write_corpus(d / "c.jsonl", [Passage(id=str(i), contents=make_contents(f"T{i}", f"passage {i}")) for i in range(len(x))])
+    index = faiss.IndexFlatIP(x.shape[1])
+    index.add(x)
+    faiss.write_index(index, str(d / "Flat.index"))
+    return d / "Flat.index", d / "c.jsonl", index
+
+
+def test_convert_a_flat_file_to_ivf_and_hnsw(big_flat, minilm, tmp_path):
+    import faiss
+
+    flat_file, corpus, flat = big_flat
+    q = _clustered(300, seed=1)
+    truth = flat.search(q, 3)[1]
+    out = tmp_path / "ivf"
+    meta = import_faiss(flat_file, corpus, out, encoder=minilm, factory="IVF32,Flat", nprobe=4)
+    assert (meta["factory"], meta["faiss_link"], meta["search_params"]) == ("IVF32,Flat", "convert", {"nprobe": 4})
+    assert (out / "faiss.index").stat().st_ino != flat_file.stat().st_ino
+    recalls = []
+    for nprobe in (1, 4, 32):
+        r = DenseRetriever(out, encoder=minilm, nprobe=nprobe)
+        assert r.index.ntotal == 3000 and r.factory == "IVF32,Flat"
+        recalls.append(_recall(r.index.search(q, 3)[1], truth))
+    assert recalls == sorted(recalls) and recalls[-1] == 1.0 and recalls[0] < 1.0  # all 32 lists: exact
+    assert DenseRetriever(out, encoder=minilm).search_params == {"nprobe": 4}
+
+    h = tmp_path / "hnsw"
+    import_faiss(flat_file, corpus, h, encoder=minilm, factory="HNSW16", ef_search=200)
+    assert _recall(DenseRetriever(h, encoder=minilm).index.search(q, 3)[1], truth) >= 0.95
+
+    # ensure_faiss_index: reused for the same factory, rebuilt for another; nprobe only rewrites index.json
+    created = read_meta(out)["created"]
+    ensure_faiss_index(flat_file, corpus, out, encoder="minilm", factory="IVF32,Flat", nprobe=8, log=lambda s: None)
+    assert read_meta(out)["created"] == created and read_meta(out)["search_params"] == {"nprobe": 8}
+    logs = []
+    ensure_faiss_index(flat_file, corpus, out, encoder="minilm", factory="HNSW16", log=logs.append)
+    assert read_meta(out)["factory"] == "HNSW16" and logs and "indexing the passages" in logs[0]
+    ensure_faiss_index(flat_file, corpus, out, encoder="minilm", log=lambda s: None)  # back to the flat file, linked
+    assert read_meta(out)["faiss_link"] == "hardlink" and read_meta(out)["factory"] == "Flat"
+
+    with pytest.raises(ValueError, match="only a flat inner-product index .* can be converted"):
+        import_faiss(h / "faiss.index", corpus, tmp_path / "again", encoder=minilm, factory="IVF8,Flat")
+    assert not (tmp_path / "again").exists()
+
+
+def test_faiss_gpu_shards_in_fp16_or_falls_back(big_flat, minilm, tmp_path, monkeypatch, capsys):
+    import faiss
+
+    from hindsearch.cli import main as cli_main
+    from hindsearch.retrieval import dense as dense_mod
+    from hindsearch.retrieval import server
+
+    flat_file, corpus, flat = big_flat
+    out = tmp_path / "f"
+    import_faiss(flat_file, corpus, out, encoder=minilm)
+    cpu = DenseRetriever(out, encoder=minilm)
+    if faiss.get_num_gpus() == 0:  # faiss-cpu, or no GPU: a warning, and the CPU index
+        with pytest.warns(RuntimeWarning, match="--faiss-gpu: .*searching on the CPU"):
+            r = DenseRetriever(out, encoder=minilm, faiss_gpu=True)
+        assert not r.on_gpu and r.retrieve(["copper mine"], 3) == cpu.retrieve(["copper mine"], 3)
+
+    class Options:  # what faiss-gpu's GpuMultipleClonerOptions exposes
+        shard = False
+        useFloat16 = False
+
+    seen = {}
+
+    def to_all_gpus(index, co=None):
+        seen.update(shard=co.shard, fp16=co.useFloat16, index=type(faiss.downcast_index(index)).__name__)
+        return index
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 2)
+    monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", Options, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", to_all_gpus)
+    r = DenseRetriever(out, encoder=minilm, faiss_gpu=True)
+    assert r.on_gpu and seen == {"shard": True, "fp16": True, "index": "IndexFlatIP"}
+
+    def refuse(index, co=None):
+        raise RuntimeError("Error in ...: GPU index for HNSW not implemented")
+
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", refuse)
+    msgs = []
+    index, on_gpu = dense_mod.to_gpus(cpu.index, log=msgs.append)
+    assert index is cpu.index and not on_gpu and "cannot put a IndexFlatIP on a GPU" in msgs[0]
+
+    # the flags: passed to the server's load_index, and refused for a BM25 index
+    got = {}
+    monkeypatch.setattr(server, "serve", lambda index_dir, **kw: got.update(kw))
+    assert cli_main(["serve", "--index", str(out), "--faiss-gpu", "--port", "0"]) == 0
+    assert got["retriever_options"] == {"faiss_gpu": True}
+    build_index(passages(), tmp_path / "bm25", kind="bm25", show_progress=False)
+    assert cli_main(["search", "--index", str(tmp_path / "bm25"), "x", "--faiss-gpu"]) == 1
+    assert "apply to dense indexes" in capsys.readouterr().err
+
+
+def test_gpu_check_faiss_cell_on_cpu(monkeypatch):
+    """benchmarks/gpu_check.py's faiss-gpu cell: skipped without a GPU on --device cpu, an error on cuda, and the
+    measuring path (through a stand-in for the GPU clone) reports recall and q/s."""
+    import importlib.util
+
+    import faiss
+
+    spec = importlib.util.spec_from_file_location("gpu_check", Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_check.py")
+    gc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gc)
+    assert gc.parse_args(["--tiny", "--device", "cpu"]).faiss_vectors == 20_000 and gc.parse_args([]).faiss_gpu
+    assert not gc.parse_args(["--no-faiss-gpu"]).faiss_gpu
+    if faiss.get_num_gpus() == 0:
+        row = gc.faiss_gpu_cell(2000, "cpu", d=32, queries=16)
+        assert row["status"] == "skipped" and "searching on the CPU" in row["detail"]
+        assert gc.faiss_gpu_cell(2000, "cuda", d=32, queries=16)["status"] == "error"
+
+    class Options:
+        shard = useFloat16 = False
+
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "GpuMultipleClonerOptions", Options, raising=False)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index, co=None: index)
+    row = gc.faiss_gpu_cell(2000, "cuda", d=32, queries=16)
+    assert row["recall"] == 1.0 and row["gpu_qps"] > 0 and "sharded fp16" in row["detail"]

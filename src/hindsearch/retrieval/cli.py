@@ -15,12 +15,16 @@ def cmd_index(args: argparse.Namespace) -> int:
     if args.faiss_index:
         from hindsearch.retrieval.dense import import_faiss
 
-        if args.kind != "dense" or args.hnsw or args.skip_bad:
-            raise ValueError("--faiss-index imports a prebuilt dense index: --kind bm25, --hnsw and --skip-bad do not apply "
+        from hindsearch.retrieval.dense import faiss_factory
+
+        if args.kind != "dense" or args.skip_bad:
+            raise ValueError("--faiss-index imports a prebuilt dense index: --kind bm25 and --skip-bad do not apply "
                              "(the corpus must match the index row for row)")
         meta = import_faiss(args.faiss_index, args.corpus, args.out, encoder=args.encoder or E5,
-                            query_prefix=args.query_prefix, device=args.device)
-        print(f"imported {args.faiss_index} ({meta['n_docs']} vectors of {meta['dim']}, {meta['faiss_link']}ed, "
+                            query_prefix=args.query_prefix, device=args.device, factory=faiss_factory(args.factory, args.hnsw),
+                            nprobe=args.nprobe, ef_search=args.ef_search, log=print)
+        how = f"{meta['faiss_link']}ed" if meta["faiss_link"] != "convert" else f"converted to {meta['factory']}"
+        print(f"imported {args.faiss_index} ({meta['n_docs']} vectors of {meta['dim']}, {how}, "
               f"{meta['encoder']}, query prefix {meta['prefixes'][0]!r}) with the passages of {args.corpus} into {args.out}")
         return 0
     if args.query_prefix is not None:
@@ -28,7 +32,8 @@ def cmd_index(args: argparse.Namespace) -> int:
     from hindsearch.retrieval.factory import build_index
 
     meta = build_index(args.corpus, args.out, kind=args.kind, encoder=args.encoder or "minilm", skip_bad=args.skip_bad,
-                       hnsw=args.hnsw, device=args.device, batch_size=args.batch_size)
+                       hnsw=args.hnsw, device=args.device, batch_size=args.batch_size, factory=args.factory,
+                       nprobe=args.nprobe, ef_search=args.ef_search)
     skipped = f", {meta['skipped_rows']} bad rows skipped" if meta.get("skipped_rows") else ""
     print(f"indexed {meta['n_docs']} passages ({meta['kind']}{', ' + meta['encoder'] if meta.get('encoder') else ''}) "
           f"into {args.out}{skipped}")
@@ -43,8 +48,9 @@ def index_folder(args: argparse.Namespace) -> str:
         if not args.corpus:
             raise ValueError("--faiss-index needs --corpus, the corpus file the index was built from (one vector per line)")
         return str(ensure_faiss_index(args.faiss_index, args.corpus, args.index, encoder=args.encoder or E5,
-                                      query_prefix=args.query_prefix, device=args.device))
-    for flag, value in (("--corpus", args.corpus), ("--encoder", args.encoder), ("--query-prefix", args.query_prefix)):
+                                      query_prefix=args.query_prefix, device=args.device, factory=args.factory))
+    for flag, value in (("--corpus", args.corpus), ("--encoder", args.encoder), ("--query-prefix", args.query_prefix),
+                        ("--factory", args.factory)):
         if value is not None:
             raise ValueError(f"{flag} goes with --faiss-index (an index folder records its corpus and encoder)")
     if not args.index:
@@ -62,7 +68,7 @@ def cmd_search(args: argparse.Namespace) -> int:
     else:
         from hindsearch.retrieval.factory import load_index
 
-        retriever = load_index(index_folder(args), device=args.device)
+        retriever = load_index(index_folder(args), device=args.device, **dense_options(args))
     for query in args.query:
         hits = retriever.retrieve([query], args.k)[0]
         print(f"query: {query!r} ({len(hits)} hits)")
@@ -83,8 +89,33 @@ def cmd_serve(args: argparse.Namespace) -> int:
                           max_unsent_bytes=args.max_unsent_bytes, send_timeout_s=args.send_timeout)
     if args.topk > args.max_topk:
         raise ValueError(f"--topk {args.topk} exceeds --max-topk {args.max_topk}")
-    serve(index_folder(args), host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs)
+    options = dense_options(args)
+    serve(index_folder(args), host=args.host, port=args.port, topk=args.topk, limits=limits, device=args.device, docs=args.docs,
+          **({"retriever_options": options} if options else {}))
     return 0
+
+
+def dense_options(args: argparse.Namespace) -> dict:
+    """``load_index`` keywords of ``--nprobe``, ``--ef-search`` and ``--faiss-gpu`` (only those given)."""
+    opts = {"nprobe": args.nprobe, "ef_search": args.ef_search, "faiss_gpu": args.faiss_gpu or None}
+    return {k: v for k, v in opts.items() if v is not None}
+
+
+def add_search_param_flags(p: argparse.ArgumentParser) -> None:
+    """``--nprobe N`` (IVF) and ``--ef-search N`` (HNSW): how much of an approximate dense index a query visits."""
+    p.add_argument("--nprobe", type=positive_int, default=None,
+                   help="dense IVF index: inverted lists visited per query (more: better recall, slower; "
+                        "default: the index's, 32 when built)")
+    p.add_argument("--ef-search", type=positive_int, default=None,
+                   help="dense HNSW index: candidate list size per query (default: the index's, 64 when built)")
+
+
+def add_dense_search_flags(p: argparse.ArgumentParser) -> None:
+    """``search``/``serve``: the search parameters and ``--faiss-gpu``."""
+    add_search_param_flags(p)
+    p.add_argument("--faiss-gpu", action="store_true",
+                   help="dense: copy the FAISS index to every visible GPU, sharded, in fp16 (as Search-R1's server); "
+                        "without a GPU build of FAISS or a GPU it warns and searches on the CPU")
 
 
 def add_faiss_flags(p: argparse.ArgumentParser) -> None:
@@ -98,6 +129,9 @@ def add_faiss_flags(p: argparse.ArgumentParser) -> None:
                    help=f"with --faiss-index: the encoder that made its vectors (default: {E5}, as Search-R1's index)")
     p.add_argument("--query-prefix", default=None,
                    help="with --faiss-index: text put before each query (default: 'query: ' for e5 encoders, else none)")
+    p.add_argument("--factory", default=None, metavar="STRING",
+                   help="with --faiss-index: convert the flat index once into this approximate FAISS index (e.g. "
+                        "'IVF65536,Flat' or HNSW32) inside --index, instead of searching it exactly")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -125,7 +159,12 @@ def register_index(sub: argparse._SubParsersAction) -> None:
                    help="with --faiss-index: text put before each query (default: 'query: ' for e5 encoders, else none)")
     p.add_argument("--skip-bad", action="store_true", help="skip and count malformed rows instead of failing")
     p.add_argument("--hnsw", type=positive_int, default=None, metavar="M",
-                   help="dense: HNSW graph with M links (default: a flat, exact index)")
+                   help="dense: HNSW graph with M links, the same as --factory HNSWM (default: a flat, exact index)")
+    p.add_argument("--factory", default=None, metavar="STRING",
+                   help="dense: FAISS index factory string, inner product: Flat (default, exact), HNSW32, "
+                        "'IVF4096,Flat' (IVF is trained on a sample of the passages); with --faiss-index: convert "
+                        "that flat file into this index instead of linking it")
+    add_search_param_flags(p)
     p.add_argument("--device", default="cpu", help="dense: device of the encoder (cpu, cuda)")
     p.add_argument("--batch-size", type=positive_int, default=64, help="dense: passages per encoder batch")
     p.set_defaults(func=cmd_index)
@@ -140,6 +179,7 @@ def register_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", help="index folder (default: none; give this, --faiss-index or --url)")
     p.add_argument("--url", type=http_url, help="retrieval server URL instead of --index (default: none)")
     add_faiss_flags(p)
+    add_dense_search_flags(p)
     p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")
     p.add_argument("-k", type=positive_int, default=3, help="passages per query")
     p.add_argument("--snippet", type=positive_int, default=160, help="characters of text shown per hit")
@@ -160,6 +200,7 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", help="index folder to serve (from `hindsearch index`); with --faiss-index, the folder "
                                    "its passages go to (default: none; give this or --faiss-index)")
     add_faiss_flags(p)
+    add_dense_search_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind; 0.0.0.0 exposes it to the network")
     p.add_argument("--port", type=port_number, default=8000, help="TCP port (0..65535)")
     p.add_argument("--topk", type=positive_int, default=3, help="passages per query when a request gives no topk")

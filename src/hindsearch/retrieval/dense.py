@@ -13,15 +13,27 @@ before (``benchmarks/bench_encoder.py``, MiniLM, 2,000 world passages + 200 ques
 embeddings (max |diff| 1.5e-7, identical top-3 for 200/200 questions) at the same CPU time for
 passages (72.9 s vs 73.7 s).
 
-The index is ``<index>/faiss.index`` (``IndexFlatIP``, or ``IndexHNSWFlat`` with inner
-product when ``hnsw`` is set), loaded memory-mapped (``faiss.IO_FLAG_MMAP``). Loading checks that
-it holds one vector per passage and that its vectors have the encoder's size.
+The index is ``<index>/faiss.index``, made with inner product from a FAISS factory string
+(``factory``, recorded in ``index.json``): ``Flat`` (the default: exact search), ``HNSW32`` (a graph,
+``hnsw=32`` is the same) or ``IVF4096,Flat`` (an inverted file of 4,096 lists; it is trained on a
+seeded sample of ``TRAIN_ROWS`` passages). Approximate indexes search with ``ef_search`` (HNSW) or
+``nprobe`` (IVF, the number of lists visited), recorded at build time (defaults ``DEFAULT_EF_SEARCH``,
+``DEFAULT_NPROBE``) and overridable at load. Loaded memory-mapped (``faiss.IO_FLAG_MMAP``) where FAISS
+can; loading checks that it holds one vector per passage and that its vectors have the encoder's size.
+Recall against exact search and queries/s: ``benchmarks/bench_ann.py``.
+
+``faiss_gpu=True`` (``--faiss-gpu``) copies the index to every visible GPU, sharded, in fp16
+(``faiss.index_cpu_to_all_gpus`` with ``shard`` and ``useFloat16``, as Search-R1's retrieval server
+does); without a GPU build of FAISS or a visible GPU, or for an index type FAISS cannot put on a GPU
+(HNSW), it warns and searches on the CPU.
 
 A prebuilt FAISS file (Search-R1's ``e5_Flat.index``: an ``IndexFlatIP`` over e5-base-v2 embeddings
 of ``wiki-18.jsonl``, one row per corpus line, in order) becomes an index folder with
 ``import_faiss`` / ``ensure_faiss_index``: the corpus is written as the folder's passage store and
 the FAISS file is hard-linked into it (symlinked across file systems; never copied), after checking
-``ntotal == corpus rows`` and ``d == encoder dimension``. Queries get the encoder's prefix
+``ntotal == corpus rows`` and ``d == encoder dimension``. With ``factory`` (e.g. ``IVF65536,Flat``) a flat
+file is instead converted: its vectors, read memory-mapped in chunks, go into a new approximate index
+inside the folder (the flat file is left as it is). Queries get the encoder's prefix
 (``query: `` for e5 models, configurable with ``query_prefix``), as Search-R1's server does.
 """
 
@@ -31,6 +43,7 @@ import importlib.util
 import json
 import os
 import time
+import warnings
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
@@ -41,6 +54,11 @@ from hindsearch.records import Passage
 from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
+FLAT = "Flat"
+DEFAULT_NPROBE = 32
+DEFAULT_EF_SEARCH = 64
+TRAIN_ROWS = 200_000  # vectors an IVF index is trained on (a seeded sample when there are more)
+ADD_CHUNK = 65_536  # vectors per add() when building or converting
 
 
 def minilm_path() -> Path:
@@ -106,6 +124,72 @@ class Encoder:
         return np.ascontiguousarray(vecs, dtype=np.float32)
 
 
+def faiss_factory(factory: str | None = None, hnsw: int | None = None) -> str:
+    """The factory string of an index to build: ``factory``, ``HNSW<M>`` for ``hnsw=M``, else ``Flat`` (exact)."""
+    if factory and hnsw:
+        raise ValueError("give --factory or --hnsw, not both (--hnsw M is --factory HNSWM)")
+    if hnsw:
+        return f"HNSW{int(hnsw)}"
+    return (factory or FLAT).strip()
+
+
+def new_faiss_index(d: int, factory: str):
+    """An empty inner-product index from ``factory``; ``ValueError`` naming the string when FAISS refuses it."""
+    import faiss
+
+    try:
+        return faiss.index_factory(int(d), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as e:
+        msg = str(e).strip().splitlines()[-1]
+        raise ValueError(f"--factory {factory!r}: not a FAISS factory string FAISS can build for {d}-dimensional "
+                         f"vectors (e.g. Flat, HNSW32, IVF4096,Flat): {msg}") from e
+
+
+def search_params(factory: str, nprobe: int | None = None, ef_search: int | None = None) -> dict:
+    """The search-time parameters of a ``factory`` index: ``nprobe`` (IVF) and ``efSearch`` (HNSW), with defaults.
+
+    Raises ``ValueError`` for a parameter the index type does not have.
+    """
+    ivf, hnsw = "IVF" in factory.upper(), "HNSW" in factory.upper()
+    if nprobe is not None and not ivf:
+        raise ValueError(f"--nprobe applies to IVF indexes, not {factory!r}")
+    if ef_search is not None and not hnsw:
+        raise ValueError(f"--ef-search applies to HNSW indexes, not {factory!r}")
+    out = {}
+    if ivf:
+        out["nprobe"] = int(nprobe or DEFAULT_NPROBE)
+    if hnsw:
+        out["efSearch"] = int(ef_search or DEFAULT_EF_SEARCH)
+    return out
+
+
+def set_search_params(index, params: dict) -> None:
+    """Apply ``{"nprobe": n, "efSearch": n}`` to a FAISS index (CPU)."""
+    import faiss
+
+    ps = faiss.ParameterSpace()
+    for name, value in params.items():
+        try:
+            ps.set_index_parameter(index, name, value)
+        except RuntimeError as e:
+            raise ValueError(f"the FAISS index ({type(index).__name__}) has no search parameter {name!r}") from e
+
+
+def fill_faiss_index(index, n: int, rows, train_rows: int = TRAIN_ROWS, seed: int = 0, log=None) -> None:
+    """Train ``index`` (when it needs it) on a seeded sample of at most ``train_rows`` of the ``n`` vectors, then add all.
+
+    ``rows(ids)``: float32 [len(ids), d] for sorted row ids; ``rows(slice)`` a contiguous chunk.
+    """
+    if not index.is_trained:
+        ids = np.arange(n) if n <= train_rows else np.sort(np.random.default_rng(seed).choice(n, train_rows, replace=False))
+        t = time.perf_counter()
+        index.train(np.ascontiguousarray(rows(ids), dtype=np.float32))
+        if log:
+            log(f"trained on {len(ids):,} vectors in {time.perf_counter() - t:.1f} s")
+    for i0 in range(0, n, ADD_CHUNK):
+        index.add(np.ascontiguousarray(rows(slice(i0, min(n, i0 + ADD_CHUNK))), dtype=np.float32))
+
+
 def build_dense(
     texts: list[str],
     out_dir: str | Path,
@@ -114,19 +198,22 @@ def build_dense(
     device: str = "cpu",
     batch_size: int = 64,
     show_progress: bool = True,
+    factory: str | None = None,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
 ) -> dict:
-    """Encode ``texts`` as passages, write ``faiss.index``; returns metadata for ``index.json``."""
+    """Encode ``texts`` as passages, write ``faiss.index`` (a ``factory`` index); returns metadata for ``index.json``."""
     import faiss
 
+    factory = faiss_factory(factory, hnsw)
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
+    params = search_params(factory, nprobe, ef_search)
+    index = new_faiss_index(enc.dim, factory)  # a bad string fails before the encoding
     vecs = enc.encode(texts, kind="passage", show_progress=show_progress)
-    if hnsw:
-        index = faiss.IndexHNSWFlat(vecs.shape[1], hnsw, faiss.METRIC_INNER_PRODUCT)
-    else:
-        index = faiss.IndexFlatIP(vecs.shape[1])
-    index.add(vecs)
+    fill_faiss_index(index, len(vecs), lambda ix: vecs[ix])
     faiss.write_index(index, str(Path(out_dir) / "faiss.index"))
-    return {"encoder": enc.name, "dim": int(vecs.shape[1]), "prefixes": list(enc.prefixes), "hnsw": hnsw, "max_length": enc.max_length}
+    return {"encoder": enc.name, "dim": int(vecs.shape[1]), "prefixes": list(enc.prefixes), "factory": factory,
+            "search_params": params, "hnsw": hnsw, "max_length": enc.max_length}
 
 
 def read_faiss(path: str | Path, mmap: bool = True):
@@ -196,12 +283,18 @@ def import_faiss(
     query_prefix: str | None = None,
     device: str = "cpu",
     max_length: int = 256,
+    factory: str | None = None,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
+    log=None,
 ) -> dict:
     """Make an index folder from a prebuilt FAISS file and the corpus it was built from; returns ``index.json``.
 
     The FAISS file must hold one vector per corpus passage, in corpus order, of the encoder's size
     (``ValueError`` naming the file otherwise); nothing is left behind when a check fails.
     ``query_prefix``: prepended to each query (default: ``query: `` for e5 encoders, else none).
+    ``factory`` other than ``Flat``: the file must be a flat inner-product index; its vectors are converted
+    into a new ``factory`` index in the folder (``convert_flat``) instead of being linked.
     """
     from hindsearch.data.corpus import file_sha256, iter_corpus
     from hindsearch.fsutil import check_replaceable, publish, staging
@@ -211,6 +304,10 @@ def import_faiss(
         if not path.is_file():
             raise FileNotFoundError(f"{flag} {path}: file not found")
     ntotal, d = faiss_shape(faiss_file)
+    factory = faiss_factory(factory)
+    params = search_params(factory, nprobe, ef_search)
+    if factory != FLAT:
+        new_faiss_index(d, factory)  # a bad string fails before the long passes
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, max_length=max_length)
     check_faiss_fits(faiss_file, ntotal, d, ntotal, enc.name, enc.dim, str(corpus))  # the size, before the long pass
     check_replaceable(out, is_index_dir, "index folder", protect=(corpus, faiss_file))
@@ -218,15 +315,46 @@ def import_faiss(
     with staging(out) as tmp:
         n = write_store_streaming(iter_corpus(corpus), tmp)
         check_faiss_fits(faiss_file, ntotal, d, n, enc.name, enc.dim, str(corpus))
-        link = _link(faiss_file, tmp / "faiss.index")
+        if factory == FLAT:
+            link = _link(faiss_file, tmp / "faiss.index")
+        else:
+            convert_flat(faiss_file, tmp / "faiss.index", factory, log=log)
+            link = "convert"
         meta = {"version": INDEX_VERSION, "kind": "dense", "encoder": enc.name, "dim": d, "prefixes": list(prefixes),
-                "hnsw": None, "max_length": enc.max_length, "corpus": corpus.name, "corpus_sha256": file_sha256(corpus),
+                "factory": factory, "search_params": params, "hnsw": None, "max_length": enc.max_length, "corpus": corpus.name, "corpus_sha256": file_sha256(corpus),
                 "corpus_stamp": _stamp(corpus), "faiss_source": str(faiss_file.resolve()), "faiss_link": link,
                 "faiss_stamp": _stamp(faiss_file), "n_docs": n, "skipped_rows": 0,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
         (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish(tmp, out)
     return meta
+
+
+def convert_flat(src: str | Path, dst: str | Path, factory: str, train_rows: int = TRAIN_ROWS, seed: int = 0, log=None) -> None:
+    """Write to ``dst`` a ``factory`` index holding the vectors of the flat inner-product index ``src``, in order.
+
+    ``src`` is read memory-mapped, ``ADD_CHUNK`` vectors at a time (a 21M x 768 file is never loaded whole);
+    an IVF index is trained on a seeded sample of ``train_rows`` of them.
+    """
+    import faiss
+
+    flat = read_faiss(src)  # read_index returns the concrete class (a downcast copy would not own the index)
+    if not isinstance(flat, faiss.IndexFlat) or flat.metric_type != faiss.METRIC_INNER_PRODUCT:
+        raise ValueError(f"{src}: a {type(flat).__name__} (metric {flat.metric_type}); only a flat inner-product "
+                         "index (IndexFlatIP, as Search-R1's e5_Flat.index) can be converted with --factory")
+    n = int(flat.ntotal)
+
+    def rows(ix):
+        if isinstance(ix, slice):
+            return flat.reconstruct_n(ix.start, ix.stop - ix.start)
+        return flat.reconstruct_batch(np.asarray(ix, dtype=np.int64))
+
+    index = new_faiss_index(flat.d, factory)
+    t = time.perf_counter()
+    fill_faiss_index(index, n, rows, train_rows=train_rows, seed=seed, log=log)
+    faiss.write_index(index, str(dst))
+    if log:
+        log(f"converted {n:,} vectors of {src} into {factory} in {time.perf_counter() - t:.1f} s")
 
 
 def default_faiss_dir(faiss_file: str | Path) -> Path:
@@ -242,11 +370,15 @@ def ensure_faiss_index(
     query_prefix: str | None = None,
     device: str = "cpu",
     log=print,
+    factory: str | None = None,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
 ) -> Path:
-    """The index folder for ``faiss_file`` + ``corpus`` + ``encoder``, built only when it is missing or stale.
+    """The index folder for ``faiss_file`` + ``corpus`` + ``encoder`` (+ ``factory``), built only when it is missing or stale.
 
-    Current means: same FAISS file (path, size, mtime), same corpus (size, mtime) and same encoder.
-    A different ``query_prefix`` only rewrites ``index.json``.
+    Current means: same FAISS file (path, size, mtime), same corpus (size, mtime), same encoder and same
+    factory (``Flat``: the file itself, linked). A different ``query_prefix``, ``nprobe`` or ``ef_search``
+    only rewrites ``index.json``.
     """
     out = Path(out_dir) if out_dir is not None else default_faiss_dir(faiss_file)
     faiss_file, corpus = Path(faiss_file), Path(corpus)
@@ -256,36 +388,77 @@ def ensure_faiss_index(
         meta = {}
     current = (faiss_file.is_file() and corpus.is_file() and meta.get("version") == INDEX_VERSION
                and meta.get("faiss_source") == str(faiss_file.resolve()) and meta.get("faiss_stamp") == _stamp(faiss_file)
-               and meta.get("corpus_stamp") == _stamp(corpus) and meta.get("encoder") == encoder)
+               and meta.get("corpus_stamp") == _stamp(corpus) and meta.get("encoder") == encoder
+               and meta.get("factory", FLAT) == faiss_factory(factory))
     if not current:
         if meta and not meta.get("faiss_source"):  # built by `hindsearch index`: hours of encoding, never replaced here
             raise ValueError(f"--index {out}: holds an index built by `hindsearch index`, not one made from a FAISS file; "
                              "choose another folder for the passages of --faiss-index")
         log(f"indexing the passages of {corpus} for {faiss_file} into {out} (once; reused while both are unchanged)")
-        import_faiss(faiss_file, corpus, out, encoder=encoder, query_prefix=query_prefix, device=device)
+        import_faiss(faiss_file, corpus, out, encoder=encoder, query_prefix=query_prefix, device=device,
+                     factory=factory, nprobe=nprobe, ef_search=ef_search, log=log)
         return out
     want = default_prefixes(encoder)[0] if query_prefix is None else query_prefix
-    if meta["prefixes"][0] != want:
+    params = search_params(meta.get("factory", FLAT), nprobe, ef_search) if nprobe or ef_search else meta.get("search_params", {})
+    if meta["prefixes"][0] != want or meta.get("search_params", {}) != params:
         meta["prefixes"] = [want, meta["prefixes"][1]]
+        meta["search_params"] = params
         tmp = out / "index.json.tmp"
         tmp.write_text(json.dumps(meta, indent=2) + "\n")
         tmp.replace(out / "index.json")
     return out
 
 
-class DenseRetriever(IndexedRetriever):
-    """``Retriever`` over a dense index folder (FAISS index memory-mapped)."""
+def to_gpus(index, log=None):
+    """(index, on_gpu): ``index`` sharded over every visible GPU in fp16 (Search-R1's ``--faiss_gpu``), or, with a
+    warning through ``log``, the CPU index itself when that cannot be done (no GPU build of FAISS, no visible
+    GPU, or an index type FAISS has no GPU version of, such as HNSW)."""
+    import faiss
 
-    def __init__(self, index_dir: str | Path, device: str = "cpu", encoder: Encoder | None = None, mmap: bool = True):
+    warn = log or (lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=3))
+    n = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
+    if not hasattr(faiss, "GpuMultipleClonerOptions") or n == 0:
+        why = "this FAISS has no GPU support (pip install faiss-gpu-cu12)" if not hasattr(faiss, "GpuMultipleClonerOptions") \
+            else "FAISS sees no GPU"
+        warn(f"--faiss-gpu: {why}; searching on the CPU")
+        return index, False
+    co = faiss.GpuMultipleClonerOptions()
+    co.shard = True  # each GPU holds 1/n of the vectors (21M x 768 in fp16 is 32 GB)
+    co.useFloat16 = True
+    try:
+        return faiss.index_cpu_to_all_gpus(index, co=co), True
+    except (RuntimeError, AttributeError) as e:
+        warn(f"--faiss-gpu: FAISS cannot put a {type(faiss.downcast_index(index)).__name__} on a GPU "
+             f"({str(e).strip().splitlines()[-1][:200]}); searching on the CPU")
+        return index, False
+
+
+class DenseRetriever(IndexedRetriever):
+    """``Retriever`` over a dense index folder (FAISS index memory-mapped where FAISS can).
+
+    ``nprobe`` / ``ef_search``: override the search parameters recorded in ``index.json``;
+    ``faiss_gpu``: search on the visible GPUs (``to_gpus``; ``self.on_gpu`` says whether it does).
+    """
+
+    def __init__(self, index_dir: str | Path, device: str = "cpu", encoder: Encoder | None = None, mmap: bool = True,
+                 nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False, log=None):
         d = Path(index_dir)
         meta = json.loads((d / "index.json").read_text())
         self.store = PassageStore(d)
+        factory = meta.get("factory") or (f"HNSW{meta['hnsw']}" if meta.get("hnsw") else FLAT)
         self.index = read_faiss(d / "faiss.index", mmap=mmap and not meta.get("hnsw"))
         self.encoder = encoder or Encoder(
             meta["encoder"], device=device, max_length=meta.get("max_length", 256), prefixes=tuple(meta["prefixes"])
         )
         check_faiss_fits(meta.get("faiss_source") or d / "faiss.index", int(self.index.ntotal), int(self.index.d),
                          len(self.store), self.encoder.name, self.encoder.dim, f"index folder {d}")
+        self.factory = factory
+        self.search_params = {**meta.get("search_params", {}),
+                              **(search_params(factory, nprobe, ef_search) if nprobe or ef_search else {})}
+        set_search_params(self.index, self.search_params)
+        self.on_gpu = False
+        if faiss_gpu:
+            self.index, self.on_gpu = to_gpus(self.index, log=log)
 
     def _search(self, queries: list[str], k: int) -> list[Hits]:
         scores, ids = self.index.search(self.encoder.encode(queries, kind="query"), k)  # [n, k] each

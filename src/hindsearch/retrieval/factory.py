@@ -33,8 +33,14 @@ def build_index(
     device: str = "cpu",
     batch_size: int = 64,
     show_progress: bool = True,
+    factory: str | None = None,
+    nprobe: int | None = None,
+    ef_search: int | None = None,
 ) -> dict:
     """Build an index folder from a corpus file or passages; returns its ``index.json`` content.
+
+    Dense only: ``factory`` (a FAISS factory string: ``Flat``, ``HNSW32``, ``IVF4096,Flat``; ``hnsw=M`` is
+    ``HNSWM``) and its search parameters ``nprobe`` (IVF) / ``ef_search`` (HNSW), see ``retrieval.dense``.
 
     Built into a temporary sibling folder (removed if the build fails) and renamed into place, so
     an interrupted build leaves no half-written index behind. An existing ``out_dir`` is replaced
@@ -43,6 +49,8 @@ def build_index(
     """
     if kind not in KINDS:
         raise ValueError(f"index kind {kind!r} is not supported; choose one of {', '.join(KINDS)}")
+    if kind != "dense" and (factory or hnsw or nprobe or ef_search):
+        raise ValueError("--factory, --hnsw, --nprobe and --ef-search apply to --kind dense")
     out = Path(out_dir)
     corpus_path = Path(corpus) if isinstance(corpus, (str, Path)) else None
     if corpus_path is not None:
@@ -69,7 +77,8 @@ def build_index(
         else:
             from hindsearch.retrieval.dense import build_dense
 
-            meta.update(build_dense(texts, tmp, encoder, hnsw=hnsw, device=device, batch_size=batch_size, show_progress=show_progress))
+            meta.update(build_dense(texts, tmp, encoder, hnsw=hnsw, device=device, batch_size=batch_size, show_progress=show_progress,
+                                    factory=factory, nprobe=nprobe, ef_search=ef_search))
         meta.update(n_docs=len(texts), skipped_rows=stats.skipped, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish(tmp, out)
@@ -77,18 +86,23 @@ def build_index(
 
 
 def load_index(
-    index_dir: str | Path, encoder: str | None = None, device: str = "cpu", n_threads: int = 0, bm25_backend: str = "auto"
+    index_dir: str | Path, encoder: str | None = None, device: str = "cpu", n_threads: int = 0, bm25_backend: str = "auto",
+    nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
 ) -> Retriever:
     """Load the retriever an index folder holds (its kind is read from ``index.json``).
 
     ``encoder`` (dense only), when given, must match the encoder the index was built with;
-    ``n_threads``/``bm25_backend`` tune BM25 (see ``hindsearch.retrieval.bm25``).
+    ``n_threads``/``bm25_backend`` tune BM25 (see ``hindsearch.retrieval.bm25``); ``nprobe``/``ef_search``
+    (override the index's) and ``faiss_gpu`` tune dense search (see ``hindsearch.retrieval.dense``).
     """
     meta = read_meta(index_dir)
     if meta.get("version") != INDEX_VERSION:
         raise ValueError(f"{index_dir} has index format {meta.get('version')}, this hindsearch reads {INDEX_VERSION}: rebuild it with `hindsearch index`")
     if meta.get("kind") == "bm25":
         from hindsearch.retrieval.bm25 import BM25Retriever
+
+        if nprobe or ef_search or faiss_gpu:
+            raise ValueError(f"{index_dir} is a BM25 index: --nprobe, --ef-search and --faiss-gpu apply to dense indexes")
 
         return BM25Retriever(index_dir, n_threads=n_threads, backend=bm25_backend)
     if meta.get("kind") == "dense":
@@ -99,7 +113,7 @@ def load_index(
                 f"index {index_dir} was built with encoder {meta['encoder']!r}, not {encoder!r}; "
                 "set retrieval.encoder to match or rebuild the index"
             )
-        return DenseRetriever(index_dir, device=device)
+        return DenseRetriever(index_dir, device=device, nprobe=nprobe, ef_search=ef_search, faiss_gpu=faiss_gpu)
     raise ValueError(f"{index_dir}/index.json: unknown kind {meta.get('kind')!r}")
 
 

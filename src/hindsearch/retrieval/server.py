@@ -516,8 +516,9 @@ def serve(
     device: str = "cpu",
     log_level: str = "info",
     docs: bool = False,
+    retriever_options: dict | None = None,
 ) -> None:
-    """Load ``index_dir`` and serve it with uvicorn until interrupted."""
+    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import read_meta
@@ -528,7 +529,7 @@ def serve(
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port}: must be in 0..65535")
     meta = read_meta(index_dir)
-    app = create_app(load_index(index_dir, device=device), default_topk=topk, limits=limits,
+    app = create_app(load_index(index_dir, device=device, **(retriever_options or {})), default_topk=topk, limits=limits,
                      info={"kind": meta.get("kind"), "encoder": meta.get("encoder")}, docs=docs)
     try:  # fail with one line (port in use, no permission) before uvicorn logs its own traceback
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
