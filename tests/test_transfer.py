@@ -316,3 +316,24 @@ def test_igsd_gate_precision_counts():
     gate_precision_counts([pair(0, 0.3, "Alpha"), pair(1, 0.1, "Gamma"), pair(1, -0.2, "Beta"), pair(0, 0.0, "Zeta")], trajs, m)
     assert (m["delta_pos_pairs"], m["delta_pos_teacher_hits"]) == (2.0, 1.0)
     assert (m["delta_nonpos_pairs"], m["delta_nonpos_teacher_hits"]) == (2.0, 1.0)
+
+
+def test_keep_steps_saves_the_weights_of_those_steps(world, tok, tmp_path):
+    """``train.keep_steps = [1]`` with 2 steps and ``save_total_limit = 1``: ``RUN/steps/step-1`` holds the step-1
+    weights (loadable, different from the final ones) though checkpoint-1 itself was rotated away."""
+    from hindsearch.models import weights_digest
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.0", "train.keep_steps=[1]", "train.trl.save_total_limit=1"])
+    trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:4], tmp_path / "run")
+    trainer.train()
+    kept = tmp_path / "run" / "steps" / "step-1"
+    assert (kept / "config.json").exists() and (kept / "tokenizer_config.json").exists()
+    assert not (tmp_path / "run" / "steps" / "step-2").exists()
+    assert not (tmp_path / "run" / "checkpoints" / "checkpoint-1").exists()
+    final = tmp_path / "final"
+    trainer.save_model(str(final))
+    assert weights_digest(kept) != weights_digest(final)
+    with pytest.raises(ValueError, match="keep_steps"):
+        make_trainer(Config.load(None, OVERRIDES + ["train.keep_steps=[0]"]), tok, retriever, w.splits["train"][:4],
+                     tmp_path / "bad")

@@ -58,6 +58,16 @@ def parse_methods(text: str) -> list[str]:
     return methods
 
 
+def parse_steps(text: str) -> list[int]:
+    """``--eval-at``: a comma list of positive steps ('' = none); raises ``ValueError`` naming a bad one."""
+    out = []
+    for part in (p.strip() for p in text.split(",") if p.strip()):
+        if not part.isdigit() or int(part) < 1:
+            raise ValueError(f"--eval-at must be a comma list of steps >= 1, got {part!r}")
+        out.append(int(part))
+    return sorted(set(out))
+
+
 def parse_seeds(text: str) -> list[int]:
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
@@ -140,8 +150,10 @@ def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: in
     return sets
 
 
-def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]]) -> dict[str, dict[str, Any]]:
-    """Greedy evaluation of ``run_dir/final`` on every set (each with its own retriever)."""
+def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]], model_dir: Path | None = None,
+                 tag: str = "") -> dict[str, dict[str, Any]]:
+    """Greedy evaluation of ``model_dir`` (default ``run_dir/final``) on every set (each with its own retriever),
+    into ``run_dir/eval/test-<set><tag>``."""
     from dataclasses import replace
 
     from hindsearch.eval import evaluate
@@ -149,12 +161,12 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]])
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.setup import eval_engine
 
-    model, tok = load_policy(replace(cfg.model, name=str(run_dir / "final"), gguf_file=None))
+    model, tok = load_policy(replace(cfg.model, name=str(model_dir or run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}
     for name, records, index_dir in sets:
         retriever = load_retriever(cfg.retrieval, index_dir)
         engine = eval_engine(cfg, model, tok, retriever)
-        res = evaluate(engine, {name: records}, out_dir=run_dir / "eval" / f"test-{name}", batch_size=cfg.eval.batch_size)
+        res = evaluate(engine, {name: records}, out_dir=run_dir / "eval" / f"test-{name}{tag}", batch_size=cfg.eval.batch_size)
         out.update(eval_numbers(res, [name]))
     return out
 
@@ -200,7 +212,7 @@ def _runs_to_do(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], log
 def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: str | Path, steps: int | None = None,
                 overrides: Sequence[str] = (), mini: str | None = None, test_limit: int | None = None,
                 mini_limit: int | None = None, log: Any = print, isolate: bool = True, jobs: int = 1,
-                probe: int = 0, sampled: int = 0, states: int = 0) -> str:
+                probe: int = 0, sampled: int = 0, states: int = 0, eval_at: Sequence[int] = ()) -> str:
     """Train and evaluate every (method, seed), resumably; returns the results markdown.
 
     ``isolate`` (default) runs each (method, seed) in a fresh spawned process: models, trainer and
@@ -211,13 +223,16 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results).
     ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
     run on that many held-out failed states of the start (``hindsearch.sampled``; the paired tables against GRPO
-    and the matching controls).
+    and the matching controls). ``eval_at`` also evaluates each run greedily on the world test split after those
+    steps (``train.keep_steps``): EM along the way, for sample efficiency.
     """
     from hindsearch.config import Config
 
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     base_ov = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
+    if eval_at:
+        base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")
     base_cfg = Config.load(config, base_ov + [f"train.seed={seeds[0]}"])
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
@@ -227,7 +242,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
     init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log, states)
     if isolate and jobs > 1:
-        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled), rd.name)
+        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at)), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
         failed = run_parallel(_one_run, pending, jobs, log=log)
         if failed:
@@ -238,7 +253,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
         log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
             f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
-        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled)
+        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at))
         if isolate:
             code = run_isolated(_one_run, job, rd.name)
             if code != 0:
@@ -252,7 +267,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
 
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
              mini: str | None, test_limit: int | None, mini_limit: int | None, sampled: int = 0,
-             threads: int | None = None) -> None:
+             eval_at: Sequence[int] = (), threads: int | None = None) -> None:
     """Train (or resume, or only evaluate) one (method, seed) and write its ``results.json`` and ``done.json``."""
     from hindsearch.config import Config
     from hindsearch.train.run import run_train
@@ -278,7 +293,11 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
         from hindsearch.sampled import measure_run
 
         measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME)
-    res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers,
+    curve = {str(n): evaluate_run(rd, cfg, sets[:1], rd / "steps" / f"step-{n}", f"-step-{n}")[WORLD]
+             for n in sorted(set(eval_at)) if n < cfg.train.steps and (rd / "steps" / f"step-{n}" / "config.json").exists()}
+    if eval_at and WORLD in numbers:
+        curve[str(cfg.train.steps)] = numbers[WORLD]
+    res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers, "curve": curve,
            "step_s": median_step_time(rd), "init_model": init, "train_seconds": time.time() - t0}
     (rd / "results.json").write_text(json.dumps(res, indent=1))
     (rd / "done.json").write_text(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
@@ -298,7 +317,8 @@ def main_compare(args: argparse.Namespace) -> int:
     md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
                      mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,
                      jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0),
-                     sampled=getattr(args, "sampled", None) or 0, states=getattr(args, "states", None) or 0)
+                     sampled=getattr(args, "sampled", None) or 0, states=getattr(args, "states", None) or 0,
+                     eval_at=parse_steps(getattr(args, "eval_at", None) or ""))
     print(md)
     if not args.no_report:
         from hindsearch.report import write_report
@@ -340,5 +360,8 @@ def register(sub: Any) -> None:
     c.add_argument("--states", type=positive_int, default=None, metavar="N",
                    help="also measure each run on N held-out failed two-hop states of the start (test split): sampled "
                         "P(search again), bridge-query hit (default: none)")
+    c.add_argument("--eval-at", default=None, metavar="STEPS",
+                   help="comma list of steps after which each run is also evaluated greedily on the world test split "
+                        "(EM along the way: sample efficiency; default: the end only)")
     c.add_argument("--debug", action="store_true", help="show tracebacks")
     c.set_defaults(func=main_compare)

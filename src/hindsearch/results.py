@@ -237,6 +237,30 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
     return path
 
 
+def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) -> str:
+    """EM along the way (``compare --eval-at``): per method and evaluated step, the world test EM and two-hop EM,
+    mean ± standard deviation over the seeds ('' when no run has a curve)."""
+    steps = sorted({int(k) for r in results for k in (r.get("curve") or {})})
+    if not steps:
+        return ""
+    lines = ["### EM along the way (world test split, greedy; EM / two-hop EM, mean ± sd over seeds)", "",
+             "| method | " + " | ".join(f"step {n}" for n in steps) + " |", "|---|" + "---|" * len(steps)]
+    for m in methods:
+        runs = [r for r in results if r.get("method") == m and r.get("curve")]
+        if not runs:
+            continue
+        cells = []
+        for n in steps:
+            got = [r["curve"][str(n)] for r in runs if str(n) in r["curve"]]
+            if not got:
+                cells.append("-")
+                continue
+            em, e2 = (mean_spread([100 * float(g.get(k, 0.0)) for g in got]) for k in ("em", "em_2hop"))
+            cells.append(f"{em[0]:.1f} ± {em[1]:.1f} / {e2[0]:.1f} ± {e2[1]:.1f} (n={len(got)})")
+        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
     """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
     results = load_results(out_dir, methods, seeds)
@@ -246,6 +270,9 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
     if boot:
         md += "\n" + boot
+    curve = curve_markdown(results, methods)
+    if curve:
+        md += "\n" + curve
     from hindsearch.paired import pairs_markdown
     from hindsearch.sampled import summary_markdown
 

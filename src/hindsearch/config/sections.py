@@ -192,6 +192,10 @@ class TrainConfig:
     """Also evaluate those dev questions (greedy) every N RL steps into ``dev_curve.jsonl``; 0 = only before and after."""
     micro_batch_size: int | None = bounded(None, gt=0)
     """Rollouts per forward/backward on each process (gradient accumulation fills the step); None = all at once."""
+    keep_steps: list[int] = field(default_factory=list)
+    """Optimizer steps at which the policy's weights (model and tokenizer, no optimizer state) are also saved into
+    ``RUN/steps/step-N/``, kept whatever ``save_total_limit`` deletes: what a sample-efficiency curve evaluates
+    (``compare --eval-at``)."""
     grpo_scale: float = bounded(1.0, ge=0.0)
     """Factor on GRPO's loss (1 = the method as defined; 0 = the hindsight terms alone, the distillation-only check
     of the mechanism: rollouts, rewards and metrics as usual, but no policy-gradient update)."""

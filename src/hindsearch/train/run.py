@@ -129,6 +129,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
         tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
         format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay,
         grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
+        keep_steps=cfg.train.keep_steps,
         peft_config=peft_config)
     if ctx is not None:
         if ctx.frozen is None:

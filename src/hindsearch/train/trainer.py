@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from hindsearch.records import QARecord, Trajectory
@@ -76,6 +77,22 @@ from hindsearch.train.callbacks import (
     summed_over_processes,
 )
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
+
+class KeepWeights(TrainerCallback):
+    """``train.keep_steps``: at each listed optimizer step, ``save_model`` into ``RUN/steps/step-N`` (every process
+    calls it, so sharded weights are gathered; a folder already there, from before a resume, is kept)."""
+
+    def __init__(self, trainer: Any, steps: Sequence[int]) -> None:
+        self.trainer, self.steps = trainer, set(steps)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step in self.steps:
+            out = self.trainer.run_dir / "steps" / f"step-{state.global_step}"
+            if not (out / "config.json").exists():
+                self.trainer.save_model(str(out))
+                if self.trainer.accelerator.is_main_process:
+                    self.trainer.processing_class.save_pretrained(str(out))
+
 
 def _units(term: Any, inputs: dict[str, torch.Tensor], C: int) -> torch.Tensor:
     """``[B, C]``: what a term's reduction counts per token: its ``unit_weights`` when it weights tokens, else its
@@ -104,6 +121,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         ema_decay: float = 0.99,
         grad_share_steps: int = 10,
         grpo_scale: float = 1.0,
+        keep_steps: Sequence[int] = (),
         **kwargs: Any,
     ) -> None:
         from datasets import Dataset
@@ -145,6 +163,11 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
         for cb in (self.timer, MetricsWriter(self.run_dir), self.samples_writer, EMAUpdate(self)):
             self.add_callback(cb)
+        if keep_steps:
+            bad = [s for s in keep_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
+            if bad or self.run_dir is None:
+                raise ValueError(f"train.keep_steps must be optimizer steps >= 1 of a run with a folder, got {list(keep_steps)}")
+            self.add_callback(KeepWeights(self, keep_steps))
         if getattr(aux_ctx, "ema", None) is not None and sharded_training(self):
             raise ValueError("hindsearch.teacher / igsd.teacher = 'ema' is not supported under ZeRO-3 or FSDP (the "
                              "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
