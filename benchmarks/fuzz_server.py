@@ -148,11 +148,17 @@ def valid_bodies() -> list[tuple[str, bytes]]:
     ]
 
 
-# the README's bound, by construction (default limits): bodies arriving, waiting and in flight at 4 MiB each,
-# one parse of a body over 1 MiB (~55 MiB at worst) and four of smaller bodies (~13 MiB each), answers not yet
-# taken (max-unsent-bytes) and the four being built (at most max-hits passages each)
-def stated_bound_mib(idle_mib: float, answer_mib: float) -> float:
-    return idle_mib + (32 + 64 + 4) * 4 + 55 + 4 * 13 + 64 + 4 * answer_mib
+def stated_bound_mib(idle_mib: float, answer_mib: float, connections: int) -> float:
+    """The README's bound, by construction (default limits): bodies arriving, waiting and in flight (4 MiB each),
+    one parse of a body over 1 MiB (~55 MiB at worst) and one per other slot of a smaller body (~13 MiB), the
+    unsent answers (max-unsent-bytes) and one being built per slot (``answer_mib``: max-hits passages of this
+    index), and up to 128 KiB per open connection in its socket's write buffer."""
+    from hindsearch.retrieval.limits import ServerLimits
+
+    lim = ServerLimits()
+    body = lim.max_body_bytes / 2**20
+    return (idle_mib + (lim.max_receiving + lim.max_pending + lim.max_inflight) * body + 55 + lim.max_inflight * 13
+            + lim.max_unsent_bytes / 2**20 + lim.max_inflight * answer_mib + connections / 8)
 
 
 def slow_uploads(port: int, url: str, n: int = 68, legit: int = 10) -> tuple[int, list[int | None], float]:
@@ -196,8 +202,8 @@ def unread_answers(port: int, url: str, pid: int, body: bytes, n: int = 48, seco
     t0, peak, probes = time.time(), 0, []
     while time.time() - t0 < seconds:
         t = time.time()
-        status = post(url, json.dumps({"queries": ["a market town"], "topk": 3}).encode(), timeout=60)[0]
-        probes.append((status, time.time() - t))
+        status, _, note = post(url, json.dumps({"queries": ["a market town"], "topk": 3}).encode(), timeout=60)
+        probes.append((status, time.time() - t, note if status != 200 else ""))
         while time.time() - t < 5 and time.time() - t0 < seconds:
             peak = max(peak, rss_kib(pid)[0])
             time.sleep(0.05)
@@ -408,7 +414,7 @@ def main() -> int:
         up_refused, up_statuses, up_slowest = slow_uploads(port, url)
         # unread answers
         unread = unread_answers(port, url, proc.pid, maximal, seconds=args.unread_seconds)
-        bound = stated_bound_mib(base_rss / 1024, answer_mib)
+        bound = stated_bound_mib(base_rss / 1024, answer_mib, connections=48 + 1)
         trunc_status, trunc_error, trunc_alive = truncated_store(tmp / "index", tmp)
         alive = (httpx.get(url + "/health", timeout=10).status_code == 200
                  and post(url, json.dumps({"queries": ["a market town"]}).encode())[0] == 200 and proc.poll() is None)
@@ -449,8 +455,8 @@ def main() -> int:
         "... stated bound (MiB)": round(bound),
         "... RSS after (MiB)": round(unread["after_kib"] / 1024),
         "... clients dropped by the server": unread["dropped"],
-        "... reading probe: statuses": sorted({s for s, _ in unread["probes"]}, key=str),
-        "... reading probe: slowest (s)": round(max(t for _, t in unread["probes"]), 1),
+        "... reading probe (every 5 s): statuses": sorted({s for s, _, _ in unread["probes"]}, key=str),
+        "... reading probe: slowest (s)": round(max(t for _, t, _ in unread["probes"]), 1),
         "truncated passage store: status": trunc_status,
         "truncated passage store: server alive": "yes" if trunc_alive else "NO",
     }
@@ -461,6 +467,9 @@ def main() -> int:
     for v in valid:
         if v["refused"]:
             print(f"REFUSED valid request: {v['case']} -> {v['status']}")
+    for status, dt, note in unread["probes"]:
+        if status != 200:
+            print(f"reading probe during the unread answers: {status} after {dt:.1f} s: {note}")
     if trunc_status != 503:
         print(f"truncated store answer: {trunc_status} {trunc_error}")
     if args.json:

@@ -20,7 +20,7 @@ class ServerLimits:
     queue_timeout_s: float = 60.0
     header_timeout_s: float = 10.0
     body_timeout_s: float = 30.0
-    max_receiving: int = 32  # connections whose body is still arriving, at once (they hold no admission slot)
+    max_receiving: int = 64  # connections whose body is still arriving, at once (they hold no admission slot)
     max_receiving_per_client: int = 16  # ... of them from one client address
     max_unsent_bytes: int = 64 << 20  # answer bytes built and not yet taken by their clients; beyond, requests wait
     send_timeout_s: float = 30.0  # seconds a client has to take its answer once it fills the socket buffer
