@@ -240,11 +240,13 @@ def affects_training(key: str) -> bool:
 
 
 def _normal(d: dict[str, Any]) -> dict[str, Any]:
-    """A recorded config as the current code reads it (defaults of newer fields filled in)."""
+    """A config dict as the current code reads it (defaults of newer fields filled in) and as JSON holds it
+    (tuples as lists), so a record and a reloaded config compare equal when nothing changed."""
     try:
-        return Config.from_dict(d).to_dict()
+        d = Config.from_dict(d).to_dict()
     except (ConfigError, ValueError, TypeError):
-        return d
+        pass
+    return json.loads(json.dumps(d, default=str))
 
 
 def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any) -> dict[str, Any]:
@@ -256,7 +258,7 @@ def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any
 
     marker = read_marker(run_dir) or {"kind": "run"}
     started = marker.get("config")
-    now = cfg.to_dict()
+    now = _normal(cfg.to_dict())
     if not isinstance(started, dict):
         log(f"{run_dir}: no record of the config the run started with (a run folder from an older hindsearch); "
             f"the current config.toml is recorded as the run's config from here on")
