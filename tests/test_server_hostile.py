@@ -280,3 +280,12 @@ def test_every_limit_is_a_serve_flag(monkeypatch, tmp_path):
     assert seen["limits"] == want
     seen.clear()
     assert main(["serve", "--index", str(tmp_path / "idx")]) == 0 and seen["limits"] == ServerLimits()
+
+
+@pytest.mark.parametrize("host, key", [("127.0.0.2", "127.0.0.2"), ("2001:db8::1", "2001:db8::/64"),
+                                       ("2001:db8::ffff:1", "2001:db8::/64"), ("::ffff:10.0.0.1", "10.0.0.1"),
+                                       ("testclient", "testclient")])
+def test_receiving_places_are_counted_per_address_or_ipv6_64(host, key):
+    from hindsearch.retrieval.server import client_key
+
+    assert client_key(host) == key

@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import json
 import logging
 import re
@@ -103,6 +104,20 @@ def count_containers(body: bytes, limit: int) -> int:
         return n
     bare = _JSON_STRING.sub(b"", body)
     return bare.count(b"{") + bare.count(b"[")
+
+
+def client_key(host: str) -> str:
+    """The address that ``max_receiving_per_client`` counts: an IPv4 address, or an IPv6 address's /64 (one
+    host's share of a network; a client can pick any address in it)."""
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if ip.version == 4:
+        return host
+    if ip.ipv4_mapped is not None:
+        return str(ip.ipv4_mapped)
+    return str(ipaddress.ip_network(f"{ip}/64", strict=False))
 
 
 def _short(value: Any) -> str:
@@ -306,6 +321,8 @@ class _RetrieveService:
             return parse_request(body, self.default_topk, self.limits)
         except BadRequest as e:
             return _error(e.status, str(e))
+        except Exception as e:  # a bug must not take the server down
+            return _error(500, f"parsing failed: {type(e).__name__}: {e}")
         finally:
             if len(body) > 1 << 20:
                 _trim_memory()
@@ -354,7 +371,7 @@ class _RetrieveService:
         """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
         address; none free: 503), or an error response."""
         limits = self.limits
-        host = request.client.host if request.client else ""
+        host = client_key(request.client.host if request.client else "")
         if self.receiving >= limits.max_receiving:
             return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
