@@ -296,6 +296,7 @@ def test_an_edited_config_is_refused_on_resume_unless_allowed_and_recorded(run_c
     marker = json.loads((run / OUTPUT_MARKER).read_text())
     changes = {c["key"]: (c["old"], c["new"]) for c in marker["config_changes"][-1]["changes"]}
     assert changes == {"train.lr": (0.01, 0.02), "rollout.num_generations": (2, 4)}
+    assert marker["config_changes"][-1]["allowed"] and marker["config_changes"][-1]["from_step"] == 4  # 3 were done
     assert marker["config"]["train"]["lr"] == 0.02
     assert main(["train", "--resume", str(run)]) == 0  # the allowed change is the run's config now
     # a key that changes no training step (how dev is evaluated) is accepted, and said

@@ -252,7 +252,7 @@ def _normal(d: dict[str, Any]) -> dict[str, Any]:
 def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any) -> dict[str, Any]:
     """Compare ``RUN_DIR/config.toml`` (as resumed) with the config the run started with (recorded in the
     folder's marker). A change to a key that changes training is refused, naming the key and both values,
-    unless ``allow_change``: then it is used, recorded in the marker with the step it applies from, and said.
+    unless ``allow_change``: then it is used, recorded in the marker (with the first step it applies to), and said.
     Returns the marker to write back."""
     from hindsearch.fsutil import read_marker
 
@@ -363,12 +363,14 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
             claim_output(run_dir, "run", config=cfg.to_dict())
         for name in STEP_LOGS:
             (run_dir / name).unlink(missing_ok=True)
-    elif rank0 and marker is not None:
+    done = checkpoint_step(ckpt) if ckpt else 0
+    if resume is not None and rank0 and marker is not None:
         from hindsearch.fsutil import OUTPUT_MARKER
 
+        for change in marker.get("config_changes", []):
+            change.setdefault("from_step", done + 1)  # the first step trained with the changed config
         write_json_atomic(run_dir / OUTPUT_MARKER, marker)
     cfg.save(run_dir / "config.toml")
-    done = checkpoint_step(ckpt) if ckpt else 0
     if resume is not None:
         dropped = {name: truncate_jsonl(run_dir / name, done, log) for name in STEP_LOGS} if rank0 else {}
         gone = ", ".join(f"{n} rows of {name}" for name, n in dropped.items() if n)
