@@ -400,6 +400,12 @@ def _weights_problem(ckpt: Path) -> str | None:
     return None
 
 
+def _sharded_layout(ckpt: Path) -> bool:
+    """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its weights and
+    optimizer are not the files ``checkpoint_problem`` checks by name (the recorded sizes still are)."""
+    return any(p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in ckpt.iterdir())
+
+
 def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None:
     """Why ``ckpt`` cannot be resumed from (None when it is complete).
 
@@ -432,7 +438,7 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
                 return f"incomplete: {name} is {p.stat().st_size} bytes, it was written with {size}"
     if model_only is None:
         model_only = bool(marker.get("model_only", False))
-    layout = marker.get("layout", "standard")
+    layout = marker.get("layout") or ("sharded" if _sharded_layout(ckpt) else "standard")
     if layout == "standard":
         if why := _weights_problem(ckpt):
             return f"incomplete: {why}"
