@@ -104,6 +104,7 @@ def build_issue23_sandbox(root: Path) -> None:
     cfg.set("train.lr=0.02")
     cfg.set("rollout.num_generations=4")
     (edited / "config.toml").write_text(cfg.to_toml())
+    (root / "other-rollout.toml").write_text("[rollout]\ntemperature = 0.7\n")
     (root / "shared").mkdir()
     dev = [json.loads(x) for x in (root / "qa.jsonl").read_text().splitlines()]
     (root / "collide.jsonl").write_text("".join(json.dumps({**r, "question": f"Which {i}?", "golden_answers": ["x"]})
@@ -153,6 +154,7 @@ def issue23_invocations() -> list[list[str]]:
         ["train", "--resume", "evaled"],
         # C: an evaluation rerun into a folder whose rows something else made
         [*ev, "--out", "evaled", "--sample"], [*ev, "--out", "evaled", "--seed", "3", "--sample"],
+        [*ev, "--out", "evaled", "--seed", "3"], [*ev, "--out", "evaled", "--config", "other-rollout.toml"],
         [*ev, "--out", "evaled", "--set", "rollout.max_turns=2"],
         [*ev, "--out", "evaled", "--set", "rollout.max_new_tokens_per_turn=8"],
         [*EV, "--data", "d=collide.jsonl", "--out", "evaled"],

@@ -336,7 +336,8 @@ def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
     capsys.readouterr()
     before = snapshot(out)
     for extra, kw, needle in [
-        (["--sample"], {}, "its rows were made with greedy decoding, this evaluation uses sampling with seed 0"),
+        (["--sample"], {}, "its rows were made with greedy decoding with seed 0, this evaluation uses sampling with seed 0"),
+        (["--seed", "3"], {}, "greedy decoding with seed 0, this evaluation uses greedy decoding with seed 3"),
         (["--set", "rollout.max_turns=2"], {}, "rollout.max_turns = 1, this evaluation has rollout.max_turns = 2"),
         ([], {"data": other}, f"benchmark 'd': its rows were made from {qa}, this evaluation reads {other}"),
         ([], {"model": str(tmp_path / "model")}, f"made by the model tiny-random, this evaluation uses {tmp_path / 'model'}"),
@@ -346,7 +347,7 @@ def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
         assert snapshot(out) == before, extra
     marker = json.loads((out / OUTPUT_MARKER).read_text())
     assert marker["kind"] == "eval" and marker["model"] == {"name": "tiny-random"} and marker["config_sha256"]
-    assert marker["data"]["d"]["sha256"] and marker["settings"] == {"greedy": True, "seed": None}
+    assert marker["data"]["d"]["sha256"] and marker["settings"] == {"greedy": True, "seed": 0}
     # the QA file edited in place (same path, new content)
     qa_text = qa.read_text()
     qa.write_text(other.read_text())

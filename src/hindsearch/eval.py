@@ -20,7 +20,7 @@ PID and a second evaluation into the same folder is refused (a stale lock is tak
 ``OUT/results.md`` holds the markdown table.
 
 What produced the rows: ``OUT/.hindsearch-output.json`` (kind ``eval``) records the model (name or
-folder, with the size and time of its weight files), the decoding (greedy, or sampled with its seed),
+folder, with the size and time of its weight files), the decoding (greedy or sampled, and the seed),
 the config (its hash and the keys that shape a rollout), the retriever and each QA file's SHA-256.
 Rows are reused only when all of these are the same, and each reused row's question and golds match
 the question of that id; otherwise the rerun is refused with one line naming what changed
@@ -261,7 +261,7 @@ def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | No
     if old.get("settings") != new["settings"]:
         def mode(x: Any) -> str:
             x = x or {}
-            return "greedy decoding" if x.get("greedy") else f"sampling with seed {x.get('seed')}"
+            return f"{'greedy decoding' if x.get('greedy') else 'sampling'} with seed {x.get('seed')}"
         return f"its rows were made with {mode(old.get('settings'))}, this evaluation uses {mode(new['settings'])}"
     if "config" in new and old.get("config_sha256") != new.get("config_sha256"):
         a, b = _flat(old.get("config") or {}), _flat(new["config"])
@@ -285,8 +285,8 @@ def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | No
 
 
 def full_record(record: dict[str, Any] | None, greedy: bool, seed: int) -> dict[str, Any]:
-    """``record`` with the decoding (the seed counts only when sampling)."""
-    return {**(record or {}), "settings": {"greedy": bool(greedy), "seed": None if greedy else seed}}
+    """``record`` with the decoding (greedy or sampled, and the seed, which ``summary.json`` reports too)."""
+    return {**(record or {}), "settings": {"greedy": bool(greedy), "seed": seed}}
 
 
 def reuse_problem(out: Path, record: dict[str, Any]) -> str | None:
