@@ -213,7 +213,8 @@ def truncate_jsonl(path: Path, max_step: int, log: Any = None) -> int:
     return len(rows) - len(keep)
 
 
-NOT_TRAINING = ("out", "train.save_steps", "train.eval_steps", "train.eval_limit", "train.samples_per_step",
+NOT_TRAINING = ("out", "train.save_steps", "train.keep_steps", "train.eval_steps", "train.eval_limit",
+                "train.samples_per_step",
                 "eval.", "rollout.vllm_server_host", "rollout.vllm_server_port", "rollout.vllm_server_timeout",
                 "retrieval.timeout_s", "retrieval.retries")
 """Config keys (``eval.``: a whole section) that change no training step: where the run is, how often it saves
