@@ -237,6 +237,8 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 
 def _describe_model(m: Any) -> str:
+    if m is None:
+        return "(not recorded)"
     if not isinstance(m, dict):
         return repr(m)
     return m.get("path") or m.get("name") or repr(m)
