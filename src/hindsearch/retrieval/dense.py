@@ -16,9 +16,9 @@ passages (72.9 s vs 73.7 s).
 The index is ``<index>/faiss.index``, made with inner product from a FAISS factory string
 (``factory``, recorded in ``index.json``): ``Flat`` (the default: exact search), ``HNSW32`` (a graph,
 ``hnsw=32`` is the same) or ``IVF4096,Flat`` (an inverted file of 4,096 lists; it is trained on a
-seeded sample of ``TRAIN_ROWS`` passages). Approximate indexes search with ``ef_search`` (HNSW) or
-``nprobe`` (IVF, the number of lists visited), recorded at build time (defaults ``DEFAULT_EF_SEARCH``,
-``DEFAULT_NPROBE``) and overridable at load. Loaded memory-mapped (``faiss.IO_FLAG_MMAP``) where FAISS
+seeded sample of ``TRAIN_ROWS`` passages, or 40 per list when that is more). Approximate indexes
+search with ``ef_search`` (HNSW) or ``nprobe`` (IVF, the number of lists visited), recorded at build
+time (defaults ``DEFAULT_EF_SEARCH``, ``DEFAULT_NPROBE``) and overridable at load. Loaded memory-mapped (``faiss.IO_FLAG_MMAP``) where FAISS
 can; loading checks that it holds one vector per passage and that its vectors have the encoder's size.
 Recall against exact search and queries/s: ``benchmarks/bench_ann.py``.
 
@@ -176,11 +176,17 @@ def set_search_params(index, params: dict) -> None:
 
 
 def fill_faiss_index(index, n: int, rows, train_rows: int = TRAIN_ROWS, seed: int = 0, log=None) -> None:
-    """Train ``index`` (when it needs it) on a seeded sample of at most ``train_rows`` of the ``n`` vectors, then add all.
+    """Train ``index`` (when it needs it) on a seeded sample of the ``n`` vectors, then add all.
+
+    The sample: ``train_rows``, or 40 per inverted list when that is more (IVF65536: 2.6M vectors).
 
     ``rows(ids)``: float32 [len(ids), d] for sorted row ids; ``rows(slice)`` a contiguous chunk.
     """
     if not index.is_trained:
+        import faiss
+
+        ivf = faiss.try_extract_index_ivf(index)
+        train_rows = max(train_rows, 40 * ivf.nlist if ivf is not None else 0)  # FAISS wants >= 39 points per list
         ids = np.arange(n) if n <= train_rows else np.sort(np.random.default_rng(seed).choice(n, train_rows, replace=False))
         t = time.perf_counter()
         index.train(np.ascontiguousarray(rows(ids), dtype=np.float32))
