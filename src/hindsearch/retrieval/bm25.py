@@ -7,8 +7,9 @@ list; k larger than the corpus is clamped.
 
 Search is one compiled pass over the whole batch (``_search_batch``, numba): per query, the
 posting lists of its distinct terms, in ascending term id, are added into a dense score buffer
-(float32, each term's weight times its count in the query), then the top k are chosen in the same
-pass that resets the buffer. Order: score descending, then document order (the lower index wins a
+(float32, each term's weight times its count in the query), then the top k are chosen in one pass
+over the buffer (blocks of ``BLOCK`` documents with nothing above the current k-th score are skipped
+after one vectorised max), which leaves it zeroed. Order: score descending, then document order (the lower index wins a
 tie, also at the k-th place). The summation order is the one scipy's ``W @ Q`` product used
 before, so scores and ties are bit for bit those of the sparse-product backend this replaces.
 Tokenising (bm25s' tokenizer) and turning tokens into ids are vectorised over the batch; there is
@@ -16,12 +17,13 @@ no Python per query or per document in the search. ``n_threads`` > 1 splits a ba
 (the kernel releases the GIL).
 
 numba is the ``fast`` extra (``pip install 'hindsearch[fast]'``; ``dev`` has it). Compiled code is
-cached on disk, so only the first process pays the compilation (~6 s CPU; 0.2 s to load it later). Without numba the same
-search runs as a scipy sparse product with a vectorised top k (same results, about 3-5x slower;
-``backend="sparse"`` forces it, which the tests use to check both agree).
+cached on disk, so only the first process pays the compilation (~6 s CPU; 0.2 s to load it later).
+Without numba the same search runs as a scipy sparse product with a top k per query (same results,
+about 3x slower; ``backend="sparse"`` forces it, which the tests use to check both agree).
 
 Passages are parsed once, when the retriever loads (``retrieve`` then only builds ``Passage``
 objects); a passage file over ``PARSE_AT_LOAD_MAX_BYTES`` stays memory-mapped and is parsed per hit.
+The server renders the stored rows (``retrieve_ids`` + ``PassageStore.raw``) either way.
 """
 
 from __future__ import annotations
@@ -52,8 +54,10 @@ BACKENDS = ("auto", "numba", "sparse")
 MAX_CHUNK_NNZ = 20_000_000  # sparse fallback: entries of one W @ Q product
 BLOCK = 64  # documents per block of the scan (one vectorised max, then a look inside only when needed)
 SMALL_K = 128  # up to this k the top k is kept in a sorted buffer; above it the matches are sorted
-PARSE_AT_LOAD_MAX_BYTES = 256 << 20
-_SPLIT = re.compile(r"\w\w+").findall  # = bm25s.tokenize's default r"(?u)\b\w\w+\b" for findall (runs are maximal), faster
+PARSE_AT_LOAD_MAX_BYTES = 64 << 20  # ~100k passages, ~200 MB of Python strings
+# bm25s.tokenize's default pattern is r"(?u)\b\w\w+\b"; for findall this is the same (a match always takes
+# a whole run of word characters), and faster
+_SPLIT = re.compile(r"\w\w+").findall
 _STOPWORDS = frozenset(_infer_stopwords(STOPWORDS))
 MIN_QUERIES_PER_THREAD = 64
 
