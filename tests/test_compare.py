@@ -317,3 +317,19 @@ def test_tiny_compare_sampled_states_and_eval_at(tiny_preset, monkeypatch):
     assert parse_steps("25,10,10") == [10, 25] and parse_steps("") == []
     with pytest.raises(ValueError, match="--eval-at"):
         parse_steps("10,x")
+
+
+def test_compare_out_is_guarded(tmp_path):
+    """compare writes only into a new or empty folder or a comparison folder: a user's folder, the current folder
+    or a run folder is refused before anything is written."""
+    from hindsearch.fsutil import UnsafeOutput, claim_output
+
+    user = tmp_path / "notes"
+    user.mkdir()
+    (user / "mine.txt").write_text("keep")
+    run = tmp_path / "run"
+    claim_output(run, "run")
+    for out in (user, run, "", "."):
+        with pytest.raises(UnsafeOutput):
+            run_compare("no-such-config.toml", ["grpo"], [0], out, log=lambda *_: None)
+    assert sorted(p.name for p in user.iterdir()) == ["mine.txt"]

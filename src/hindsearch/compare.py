@@ -228,8 +228,12 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     """
     from hindsearch.config import Config
 
-    out_dir = Path(out)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    from hindsearch.fsutil import claim_output, guard_output, output_kind
+
+    # a comparison writes only into a new or empty folder or one of its own (compare.json: written before markers)
+    out_dir = guard_output(out, "compare", legacy=lambda f: (f / "compare.json").exists())
+    if output_kind(out_dir) is None:
+        claim_output(out_dir, "compare")
     base_ov = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     if eval_at:
         base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")

@@ -100,7 +100,8 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
     return out
 
 
-KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder", "sft": "warm-up folder"}
+KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder", "sft": "warm-up folder",
+              "compare": "comparison folder"}
 
 
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
