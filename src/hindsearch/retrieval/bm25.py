@@ -232,6 +232,8 @@ class BM25Retriever(IndexedRetriever):
         self.n_threads = n_threads
         self._bufs = threading.local()
         self._W = None
+        if self.backend == "numba":  # compile (or load the cached kernel) now, not in the first request
+            self._run(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(1, np.int64), 1)
         self._ids: list[str] | None = None
         self._contents: list[str] | None = None
         path = self.index_dir / "passages.jsonl"
