@@ -29,7 +29,7 @@ script goes on; the exit code is 1 when any cell failed):
 3. ``hindsearch/grpo`` and ``igsd/grpo``: the step-time ratios against the targets (at most 1.3x and 1.5x),
    PASS or FAIL.
 
-Then one retrieval cell, ``faiss faiss-gpu`` (``--faiss-gpu``, on by default): ``--faiss-vectors`` clustered
+Then one retrieval cell, ``faiss faiss-gpu`` (``--faiss-gpu``, on by default with ``--device cuda``): ``--faiss-vectors`` clustered
 random 768-d unit vectors (e5's size) in a flat inner-product index, put on every visible GPU the way
 ``hindsearch serve --faiss-gpu`` does (``hindsearch.retrieval.dense.to_gpus``: sharded, fp16, as Search-R1's
 server), searched with 512 queries (one Search-R1 batch): queries/s on the GPUs and on the CPU, and the
@@ -183,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="models, runs and logs go here (default: a temporary folder, removed at the end)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for every step (hindsearch.config syntax), applied last")
-    ap.add_argument("--faiss-gpu", action=argparse.BooleanOptionalAction, default=True,
-                    help="run the faiss-gpu retrieval cell (see the module docstring)")
+    ap.add_argument("--faiss-gpu", action=argparse.BooleanOptionalAction, default=None,
+                    help="run the faiss-gpu retrieval cell (see the module docstring); default: on with --device cuda")
     ap.add_argument("--faiss-vectors", type=positive_int, default=None,
                     help="vectors in the faiss-gpu cell's index (default 1,000,000: 2.9 GiB in fp32; 20,000 with --tiny)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
@@ -213,6 +213,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     a.questions = a.questions or (1 if a.tiny else 8)
     a.think_tokens = a.think_tokens if a.think_tokens is not None else (6 if a.tiny else 200)
     a.faiss_vectors = a.faiss_vectors or (20_000 if a.tiny else 1_000_000)
+    a.faiss_gpu = a.device == "cuda" if a.faiss_gpu is None else a.faiss_gpu
     return a
 
 
