@@ -148,9 +148,13 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--arms: unknown {bad} (choose from {', '.join(ARMS)})")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    from hindsearch.compare import START_THREADS
+    from hindsearch.models import torch_threads
+
     base = Config.load(args.config)
-    resolve_model(base)
-    init = shared_warmup(base, out)
+    with torch_threads(START_THREADS):  # the start compare builds, on any machine
+        resolve_model(base)
+        init = shared_warmup(base, out)
     if init is None:
         ap.error("the preset has no warm-up: the check starts from the shared warmed-up checkpoint")
     curve = out / "curve.jsonl"

@@ -300,6 +300,7 @@ def test_tiny_compare_sampled_states_and_eval_at(tiny_preset, monkeypatch):
     st = json.loads((out / "states.json").read_text())
     init = json.loads((out / "init.json").read_text())
     assert st["start_sha256"] == init["sha256"] == weights_digest(init["init_model"])
+    assert init["threads"] == 1  # the start is built with one torch thread on any machine (compare.START_THREADS)
     # the tiny random start never searches, so it has no failed state after an information block (the states
     # themselves are tested on a scripted engine in test_transfer); the plumbing still runs end to end
     assert len(st["failed"]) <= 3 and all(t["hops"] == 2 for t in st["failed"])

@@ -337,3 +337,14 @@ def test_keep_steps_saves_the_weights_of_those_steps(world, tok, tmp_path):
     with pytest.raises(ValueError, match="keep_steps"):
         make_trainer(Config.load(None, OVERRIDES + ["train.keep_steps=[0]"]), tok, retriever, w.splits["train"][:4],
                      tmp_path / "bad")
+
+
+def test_torch_threads_sets_and_restores_the_count():
+    from hindsearch.models import torch_threads
+
+    before = torch.get_num_threads()
+    with torch_threads(1):
+        assert torch.get_num_threads() == 1
+    assert torch.get_num_threads() == before
+    with torch_threads(None):
+        assert torch.get_num_threads() == before

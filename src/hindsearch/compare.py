@@ -119,10 +119,12 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
     t0 = time.time()
     wdir = ensure_warmup(cfg, model, tok, setup.retriever, setup.train, cache_dir() / "warmup")
     log(f"shared warm-up checkpoint: {wdir} ({time.time() - t0:.0f}s)")
+    import torch
+
     from hindsearch.models import weights_digest
 
     rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed,
-                               "sha256": weights_digest(wdir)}))  # the start every run shares, pinned
+                               "sha256": weights_digest(wdir), "threads": torch.get_num_threads()}))  # pinned
     return str(wdir)
 
 
@@ -178,9 +180,12 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
     from hindsearch.models import resolve_model
     from hindsearch.models.micro import MICRO_ALIAS
 
+    from hindsearch.models import torch_threads
+
     alias = base_cfg.model.name == MICRO_ALIAS
-    resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
-    init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
+    with torch_threads(START_THREADS):  # the start's weights depend on the thread count: one count, any machine
+        resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
+        init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
         from hindsearch.train.probe_cli import probe_checkpoint
@@ -194,6 +199,10 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
 
 
 STATES_NAME = "states.json"
+START_THREADS = 1
+"""Torch threads the shared start (micro model and warm-up) is built with, whatever the machine: with another
+count the same preset gives other weights (``models.torch_threads``); ``init.json`` records the count and the
+weights' digest."""
 
 
 def _runs_to_do(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], log: Any) -> Iterator[tuple[str, int, Path, str]]:

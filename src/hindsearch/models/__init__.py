@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +257,17 @@ def weights_digest(folder: str | Path) -> str | None:
         h.update(f"{name}:{t.dtype}:{tuple(t.shape)}".encode())
         h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b"")
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def torch_threads(n: int | None):
+    """Run the block with ``n`` torch threads (None: as it is), then restore the count. The weights a training
+    build produces depend on it: 10 warm-up SFT steps of micro from one start gave one digest with 1 thread in two
+    processes (other hash seeds) and another with 2 threads (float reductions split across threads)."""
+    old = torch.get_num_threads()
+    if n:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(old)

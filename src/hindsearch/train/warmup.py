@@ -243,7 +243,8 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
                 checkpoint_every=w.checkpoint_every_n_layers if w.gradient_checkpointing else 0)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
-    info.update(model=cfg.model.name, warmup=asdict(w), sft=curve, seconds=time.time() - t0)
+    info.update(model=cfg.model.name, warmup=asdict(w), sft=curve, seconds=time.time() - t0,
+                threads=torch.get_num_threads())  # the weights depend on it (models.torch_threads)
     (out / "warmup.json").write_text(json.dumps(info, indent=1))
     return info
 
