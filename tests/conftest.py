@@ -38,3 +38,13 @@ def model(tok):
     from hindsearch.models import tiny_random_model
 
     return tiny_random_model(tok)
+
+
+def one_line_error(capsys, *needles: str) -> str:
+    """The last stderr line of a CLI call that failed cleanly: no traceback, and every needle in that one line."""
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err, err
+    last = err.splitlines()[-1]
+    for n in needles:
+        assert n in last, (n, err)
+    return last

@@ -19,6 +19,7 @@ import pytest
 
 from hindsearch.cli import main
 from hindsearch.report import render, write_report
+from conftest import one_line_error  # noqa: E402  (the shared CLI-error check)
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -275,13 +276,6 @@ def test_every_bad_value_still_writes_the_page(name, tmp_path):
 
 
 # --------------------------------------------------------------------------- F: validation and messages
-def one_line_error(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err, err
-    last = err.splitlines()[-1]
-    for n in needles:
-        assert n in last, (n, err)
-    return last
 
 
 def write_lines(path: Path, *lines: bytes | str) -> Path:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import one_line_error  # the shared CLI-error check
 from hindsearch.cli import main
 from hindsearch.fsutil import (COMPLETE_NAME, LOCK_NAME, STAGING_NAME, FolderLock, FolderLocked, UnsafeOutput,
                                atomic_checkpoints)
@@ -49,13 +50,6 @@ def leftovers(folder: Path) -> list[str]:
     return [p.name for p in folder.iterdir() if ".tmp" in p.name or ".old-" in p.name]
 
 
-def one_line_error(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err, err
-    last = err.splitlines()[-1]
-    for n in needles:
-        assert n in last, (n, err)
-    return last
 
 
 # ---------------------------------------------------------------- data loss

@@ -21,6 +21,7 @@ import pytest
 
 from hindsearch.cli import main
 from hindsearch.fsutil import OUTPUT_MARKER, STAGING_NAME, checkpoint_problem
+from conftest import one_line_error  # noqa: E402  (the shared CLI-error check)
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -29,13 +30,6 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
-def one_line_error(capsys, *needles: str) -> str:
-    err = capsys.readouterr().err.strip()
-    assert "Traceback" not in err, err
-    last = err.splitlines()[-1]
-    for n in needles:
-        assert n in last, (n, err)
-    return last
 
 
 TINY = ['model.name="tiny-random"', 'model.device="cpu"', "train.questions_per_step=2", "rollout.num_generations=2",

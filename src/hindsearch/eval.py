@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from hindsearch.config import flat_keys
 from hindsearch.records import QARecord, Trajectory
 
 PAPER_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
@@ -227,15 +228,6 @@ def qa_file_record(path: str | Path) -> dict[str, Any]:
     return {"path": str(Path(path).resolve()), "sha256": file_sha256(path)}
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def _describe_model(m: Any) -> str:
     if m is None:
         return "(not recorded)"
@@ -266,7 +258,7 @@ def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | No
             return f"{'greedy decoding' if x.get('greedy') else 'sampling'} with seed {x.get('seed')}"
         return f"its rows were made with {mode(old.get('settings'))}, this evaluation uses {mode(new['settings'])}"
     if "config" in new and old.get("config_sha256") != new.get("config_sha256"):
-        a, b = _flat(old.get("config") or {}), _flat(new["config"])
+        a, b = flat_keys(old.get("config") or {}), flat_keys(new["config"])
         for k in sorted(set(a) | set(b)):
             if a.get(k) != b.get(k):
                 return f"its rows were made with {k} = {a.get(k)!r}, this evaluation has {k} = {b.get(k)!r}"

@@ -187,3 +187,14 @@ class Config:
                 need = {"tensorboard": "tensorboard (or tensorboardX)"}.get(target, target)
                 raise ConfigError(f"train.trl.report_to = {report_to!r}: {target!r} needs the {need} package "
                                   f"installed (pip install {target if target != 'tensorboard' else 'tensorboardX'})")
+
+
+def flat_keys(d: Any, prefix: str = "") -> dict[str, Any]:
+    """A nested config dict as ``{"section.key": value}`` (sub-sections joined with dots): what a config
+    comparison (an edited ``config.toml`` on resume, an eval folder's record) walks key by key."""
+    if not isinstance(d, dict):
+        return {prefix: d}
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        out.update(flat_keys(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out

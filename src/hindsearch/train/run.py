@@ -39,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hindsearch.config import Config, ConfigError
+from hindsearch.config import Config, ConfigError, flat_keys
 from hindsearch.setup import eval_engine, prepare
 from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
@@ -221,18 +221,9 @@ NOT_TRAINING = ("out", "train.save_steps", "train.keep_steps", "train.eval_steps
 and evaluates dev, what it logs and how it reaches its servers. A resume accepts changes to these (and says so)."""
 
 
-def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
-    if not isinstance(d, dict):
-        return {prefix: d}
-    out: dict[str, Any] = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """``[(key, old value, new value)]`` of every key that differs (``None`` for a key one side lacks)."""
-    a, b = _flat(old), _flat(new)
+    a, b = flat_keys(old), flat_keys(new)
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
 
