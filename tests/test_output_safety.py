@@ -358,3 +358,28 @@ def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
     assert ev() == 1
     one_line_error(capsys, "carry no record of the model", "--fresh")
     assert ev("--fresh") == 0
+
+
+def test_probe_out_is_guarded(tmp_path):
+    """probe writes probe.json / probe.md only into a new or empty folder or a folder a probe belongs in: a user's
+    folder and the current folder are refused before anything is probed."""
+    from hindsearch.fsutil import UnsafeOutput, claim_output, output_kind
+    from hindsearch.train.probe_cli import guard_probe_out
+
+    user = tmp_path / "notes"
+    user.mkdir()
+    (user / "probe.md").write_text("my notes")
+    (user / "other.txt").write_text("keep")
+    for out in (user, ".", ""):
+        with pytest.raises(UnsafeOutput):
+            guard_probe_out(out)
+    assert (user / "probe.md").read_text() == "my notes"
+    new = guard_probe_out(tmp_path / "new")
+    assert output_kind(new) == "probe"
+    claim_output(tmp_path / "cmp", "compare")
+    (tmp_path / "cmp" / "compare.json").write_text("{}")
+    assert guard_probe_out(tmp_path / "cmp") == tmp_path / "cmp"  # compare --probe writes into its folder
+    model = tmp_path / "ckpt"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    assert guard_probe_out(model) == model  # the default: beside the checkpoint

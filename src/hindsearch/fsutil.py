@@ -101,7 +101,7 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
 
 
 KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder", "sft": "warm-up folder",
-              "compare": "comparison folder"}
+              "compare": "comparison folder", "probe": "probe folder"}
 
 
 def read_marker(folder: str | Path) -> dict[str, Any] | None:

@@ -60,10 +60,29 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
         res = run_probe(engine, recs, cfg, n=n, samples=samples, seed=cfg.train.seed, log=log)
     res["checkpoint"] = str(checkpoint)
     where = Path(out) if out else (Path(checkpoint) if Path(checkpoint).is_dir() else Path(cfg.out))
-    path = write_probe(res, where)
+    path = write_probe(res, guard_probe_out(where))
     log(format_probe(res))
     log(f"probe: {path} ({res['seconds']:.0f}s)")
     return res
+
+
+def guard_probe_out(out: str | Path) -> Path:
+    """Where ``probe.json`` / ``probe.md`` may go: a new or empty folder, a probe folder, or a folder hindsearch
+    made that a probe belongs in (a model or checkpoint folder, a run or comparison folder, one with an earlier
+    probe). Anything else (a user's folder, the current folder) is refused in one line, before the probe runs."""
+    from hindsearch.fsutil import UnsafeOutput, check_replaceable, claim_output, output_kind
+
+    def ours(f: Path) -> bool:
+        kind = output_kind(f)
+        legacy = (f / "config.json").exists() or (f / "probe.json").exists() or (f / "compare.json").exists()
+        return kind in ("probe", "run", "compare") or (kind is None and legacy)
+
+    if not str(out).strip():
+        raise UnsafeOutput("--out is empty (it would write into the current folder); give a new folder")
+    folder = check_replaceable(out, ours, "probe folder")
+    if not folder.exists() or not any(folder.iterdir()):
+        claim_output(folder, "probe")
+    return folder
 
 
 def _cmd_probe(args: argparse.Namespace) -> int:
@@ -71,5 +90,7 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     from hindsearch.train.cli import find_config
 
     cfg = Config.load(find_config(args.config), args.set).validate()
+    if args.out is not None:
+        guard_probe_out(args.out)  # refused before anything is loaded or probed
     probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out)
     return 0
