@@ -57,7 +57,7 @@ def _engine(cfg: Any, checkpoint: str, index_dir: Any) -> Any:
 
 
 def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[Any, list, Any]:
-    """``(held-out states, test two-hop records, index_dir)``: the start's greedy failures on the test split's
+    """``(held-out states, test two-hop records, index_dir, test records)``: the start's greedy failures on the test split's
     two-hop questions (``hindsearch.hindsight.probe.held_out_states``), saved to ``out/states.json`` once."""
     import torch
 
@@ -68,18 +68,19 @@ def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[A
     two = [r for r in test if r.hops == 2]
     path = out / "states.json"
     if path.exists():
-        return HeldOutStates.from_dict(json.loads(path.read_text()), test), two, index_dir
+        return HeldOutStates.from_dict(json.loads(path.read_text()), test), two, index_dir, test
     with torch.no_grad():
         st = held_out_states(_engine(cfg, init, index_dir), two, n)
     path.write_text(json.dumps(st.to_dict()))
     log(f"held-out states: {len(st.records)} greedy two-hop failures with a first information block "
         f"(of {len(two)} test two-hop questions)")
-    return st, two, index_dir
+    return st, two, index_dir, test
 
 
 def measure(cfg: Any, checkpoint: str, st: Any, two: list, index_dir: Any, samples: int, em_questions: int,
-            seed: int) -> dict[str, float]:
-    """The held-out numbers of one checkpoint (see the module docstring)."""
+            seed: int, one_hop: list | None = None) -> dict[str, float]:
+    """The held-out numbers of one checkpoint (see the module docstring); with ``one_hop`` records also their
+    greedy EM (``one_hop_em``: does the decision term cost the questions that need no second search?)."""
     import torch
 
     from hindsearch.hindsight.probe import state_measures, summarize_states
@@ -88,7 +89,8 @@ def measure(cfg: Any, checkpoint: str, st: Any, two: list, index_dir: Any, sampl
     with torch.no_grad():
         s = summarize_states(state_measures(engine, st, samples, seed))
         em = statistics.fmean(t.em for t in engine.rollout(two[:em_questions], greedy=True)) if em_questions else 0.0
-    return {"p_search": s["p_search"], "greedy_search_again": s["search_again"], "hit_missed": s["hit_missed"],
+        extra = {"one_hop_em": statistics.fmean(t.em for t in engine.rollout(one_hop, greedy=True))} if one_hop else {}
+    return {**extra, "p_search": s["p_search"], "greedy_search_again": s["search_again"], "hit_missed": s["hit_missed"],
             "hit_given_search": s["hit_given_search"], "em_from_state": s["em"], "two_hop_em": em}
 
 
@@ -104,7 +106,8 @@ def _done_rows(path: Path) -> dict[tuple[str, int, int], dict[str, Any]]:
 
 def table(rows: list[dict[str, Any]]) -> str:
     """Mean ± standard deviation over seeds, per arm and step (rates in %)."""
-    keys = ("p_search", "greedy_search_again", "hit_missed", "hit_given_search", "em_from_state", "two_hop_em")
+    keys = ("p_search", "greedy_search_again", "hit_missed", "hit_given_search", "em_from_state", "two_hop_em",
+            "one_hop_em")
     head = "| arm | step | seeds | " + " | ".join(keys) + " |"
     out = [head, "|" + "---|" * (head.count("|") - 1)]
     groups: dict[tuple[str, int], list[dict[str, Any]]] = {}
@@ -113,7 +116,10 @@ def table(rows: list[dict[str, Any]]) -> str:
     for (arm, step), g in sorted(groups.items(), key=lambda kv: (kv[0][0] != "start", kv[0][0], kv[0][1])):
         cells = []
         for k in keys:
-            xs = [100 * r[k] for r in g]
+            xs = [100 * r[k] for r in g if k in r]
+            if not xs:
+                cells.append("-")
+                continue
             sd = statistics.stdev(xs) if len(xs) > 1 else 0.0
             cells.append(f"{statistics.fmean(xs):.1f} ± {sd:.1f}" if len(xs) > 1 else f"{xs[0]:.1f}")
         out.append(f"| {arm} | {step} | {len(g)} | " + " | ".join(cells) + " |")
@@ -130,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--states", type=int, default=64, help="held-out failed states")
     ap.add_argument("--samples", type=int, default=4, help="samples per state for P(search again)")
     ap.add_argument("--em-questions", type=int, default=300, help="test two-hop questions for the greedy EM")
+    ap.add_argument("--one-hop-questions", type=int, default=150,
+                    help="test one-hop questions for the greedy one-hop EM of the start and each final checkpoint")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--out", default="runs/distill-check")
     ap.add_argument("--skip-start", action="store_true",
@@ -166,7 +174,10 @@ def main(argv: list[str] | None = None) -> int:
         if (arm, seed, step) in done:
             return
         t0 = time.time()
-        row = {"arm": arm, "seed": seed, "step": step, **measure(base, ckpt, *st, args.samples, args.em_questions, seed),
+        states, two, index_dir, test = st
+        one = [r for r in test if r.hops == 1][: args.one_hop_questions] if step in (0, args.steps) else None
+        row = {"arm": arm, "seed": seed, "step": step,
+               **measure(base, ckpt, states, two, index_dir, args.samples, args.em_questions, seed, one),
                "seconds": time.time() - t0, "checkpoint": ckpt}
         with curve.open("a") as f:
             f.write(json.dumps(row) + "\n")

@@ -334,3 +334,31 @@ def test_compare_out_is_guarded(tmp_path):
         with pytest.raises(UnsafeOutput):
             run_compare("no-such-config.toml", ["grpo"], [0], out, log=lambda *_: None)
     assert sorted(p.name for p in user.iterdir()) == ["mine.txt"]
+
+
+def test_distill_check_runs_its_arms_and_writes_the_curve(tiny_preset, monkeypatch, capsys):
+    """benchmarks/distill_check.py end to end on the tiny preset: GRPO's loss at 0, the three arms, a curve row per
+    (arm, seed, measured step) plus the start, resumable (a rerun trains and measures nothing)."""
+    import importlib.util
+
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
+    spec = importlib.util.spec_from_file_location("distill_check", Path(__file__).parents[1] / "benchmarks" / "distill_check.py")
+    dc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(dc)
+    out = tiny_preset / "dc"
+    argv = ["--config", str(tiny_preset / "preset.toml"), "--arms", "gold,nogold,shuffled", "--seeds", "0",
+            "--steps", "2", "--every", "1", "--states", "2", "--samples", "2", "--em-questions", "2",
+            "--one-hop-questions", "2", "--out", str(out)]
+    assert dc.main(argv) == 0
+    rows = [json.loads(x) for x in (out / "curve.jsonl").read_text().splitlines()]
+    assert sorted((r["arm"], r["step"]) for r in rows) == [("gold", 1), ("gold", 2), ("nogold", 1), ("nogold", 2),
+                                                           ("shuffled", 1), ("shuffled", 2), ("start", 0)]
+    assert all("one_hop_em" in r for r in rows if r["step"] in (0, 2)) and not any("one_hop_em" in r for r in rows if r["step"] == 1)
+    for arm in ("gold", "nogold", "shuffled"):
+        cfg = Config.load(out / f"{arm}-s0" / "config.toml")
+        assert cfg.train.grpo_scale == 0.0 and cfg.hindsearch.distill_on == "decision"
+        assert cfg.hindsearch.judge_sees_gold == (arm != "nogold")
+        assert cfg.hindsearch.critique_source == ("shuffled" if arm == "shuffled" else "own")
+    assert "| gold | 2 | 1 |" in (out / "curve.md").read_text()
+    stamp = (out / "curve.jsonl").stat().st_mtime_ns
+    assert dc.main(argv) == 0 and (out / "curve.jsonl").stat().st_mtime_ns == stamp
