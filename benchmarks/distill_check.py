@@ -34,9 +34,10 @@ import json
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+from hindsearch.sampled import load_engine
 
 ARMS = {
     "gold": ["hindsearch.judge_sees_gold=true", 'hindsearch.critique_source="own"'],
@@ -45,15 +46,6 @@ ARMS = {
 }
 DEFAULT_SET = ['method="hindsearch"', "train.grpo_scale=0.0", "hindsearch.lam=2.0", 'hindsearch.distill_on="decision"',
                "train.eval_steps=0", "train.grad_share_steps=0", "train.trl.save_total_limit=1000"]
-
-
-def _engine(cfg: Any, checkpoint: str, index_dir: Any) -> Any:
-    from hindsearch.models import load_policy
-    from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import eval_engine
-
-    model, tok = load_policy(replace(cfg.model, name=checkpoint, gguf_file=None))
-    return eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))
 
 
 def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[Any, list, Any]:
@@ -70,7 +62,7 @@ def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[A
     if path.exists():
         return HeldOutStates.from_dict(json.loads(path.read_text()), test), two, index_dir, test
     with torch.no_grad():
-        st = held_out_states(_engine(cfg, init, index_dir), two, n)
+        st = held_out_states(load_engine(cfg, init, index_dir), two, n)
     path.write_text(json.dumps(st.to_dict()))
     log(f"held-out states: {len(st.records)} greedy two-hop failures with a first information block "
         f"(of {len(two)} test two-hop questions)")
@@ -85,7 +77,7 @@ def measure(cfg: Any, checkpoint: str, st: Any, two: list, index_dir: Any, sampl
 
     from hindsearch.hindsight.probe import state_measures, summarize_states
 
-    engine = _engine(cfg, checkpoint, index_dir)
+    engine = load_engine(cfg, checkpoint, index_dir)
     with torch.no_grad():
         s = summarize_states(state_measures(engine, st, samples, seed))
         em = statistics.fmean(t.em for t in engine.rollout(two[:em_questions], greedy=True)) if em_questions else 0.0
@@ -170,7 +162,6 @@ def main(argv: list[str] | None = None) -> int:
     st = states_of_start(base, init, args.states, out, print)
 
     def record(arm: str, seed: int, step: int, ckpt: str) -> None:
-        nonlocal done
         if (arm, seed, step) in done:
             return
         t0 = time.time()

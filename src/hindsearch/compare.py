@@ -153,9 +153,9 @@ def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: in
 
 
 def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]], model_dir: Path | None = None,
-                 tag: str = "") -> dict[str, dict[str, Any]]:
-    """Greedy evaluation of ``model_dir`` (default ``run_dir/final``) on every set (each with its own retriever),
-    into ``run_dir/eval/test-<set><tag>``."""
+                 tag: str = "", loaded: tuple[Any, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """Greedy evaluation of ``model_dir`` (default ``run_dir/final``; ``loaded``: its model and tokenizer, when the
+    caller has them) on every set (each with its own retriever), into ``run_dir/eval/test-<set><tag>``."""
     from dataclasses import replace
 
     from hindsearch.eval import evaluate
@@ -163,7 +163,7 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]],
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.setup import eval_engine
 
-    model, tok = load_policy(replace(cfg.model, name=str(model_dir or run_dir / "final"), gguf_file=None))
+    model, tok = loaded or load_policy(replace(cfg.model, name=str(model_dir or run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}
     for name, records, index_dir in sets:
         retriever = load_retriever(cfg.retrieval, index_dir)
@@ -301,11 +301,16 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     from hindsearch.models import resolve_model
 
     sets = eval_sets(resolve_model(Config.load(config, base_ov)), mini, test_limit, mini_limit or cfg.eval.limit)
-    numbers = evaluate_run(rd, cfg, sets)
+    from dataclasses import replace
+
+    from hindsearch.models import load_policy
+
+    final = load_policy(replace(cfg.model, name=str(rd / "final"), gguf_file=None))  # once, for every measurement
+    numbers = evaluate_run(rd, cfg, sets, loaded=final)
     if sampled > 0 or (rd.parent / STATES_NAME).exists():
         from hindsearch.sampled import measure_run
 
-        measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME)
+        measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME, loaded=final)
     curve = {str(n): evaluate_run(rd, cfg, sets[:1], rd / "steps" / f"step-{n}", f"-step-{n}")[WORLD]
              for n in sorted(set(eval_at)) if n < cfg.train.steps and (rd / "steps" / f"step-{n}" / "config.json").exists()}
     if eval_at and WORLD in numbers:

@@ -114,14 +114,16 @@ def summary_markdown(run_dir: Any, methods: Sequence[str], seeds: Sequence[int])
 
 
 # ------------------------------------------------------------------ per run (``hindsearch compare``)
-def _engine(cfg: Any, name: str | Path, index_dir: Any) -> Any:
+def load_engine(cfg: Any, name: str | Path, index_dir: Any, loaded: tuple[Any, Any] | None = None) -> Any:
+    """The evaluation engine (``setup.eval_engine``) of the checkpoint ``name`` over the index ``index_dir``;
+    ``loaded = (model, tokenizer)`` reuses a checkpoint the caller has already loaded."""
     from dataclasses import replace
 
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.setup import eval_engine
 
-    model, tok = load_policy(replace(cfg.model, name=str(name), gguf_file=None))
+    model, tok = loaded or load_policy(replace(cfg.model, name=str(name), gguf_file=None))
     return eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))
 
 
@@ -136,20 +138,21 @@ def save_states(cfg: Any, init: str | None, test: tuple[str, list, Any], path: P
     name = init or cfg.model.name
     _, records, index_dir = test
     with torch.no_grad():
-        st = held_out_states(_engine(cfg, name, index_dir), records, n)
+        st = held_out_states(load_engine(cfg, name, index_dir), records, n)
     path.write_text(json.dumps({"start": str(name), "start_sha256": weights_digest(name), **st.to_dict()}))
     log(f"held-out states: {len(st.records)} two-hop test failures of the start, after their first information block")
 
 
-def measure_run(run_dir: Path, cfg: Any, test: tuple[str, list, Any], k: int, seed: int, states: Path) -> None:
-    """``k`` samples per test question and the held-out states (``states``, when it exists) of ``run_dir/final``;
-    rows already written are kept."""
+def measure_run(run_dir: Path, cfg: Any, test: tuple[str, list, Any], k: int, seed: int, states: Path,
+                loaded: tuple[Any, Any] | None = None) -> None:
+    """``k`` samples per test question and the held-out states (``states``, when it exists) of ``run_dir/final``
+    (``loaded``: its model and tokenizer, when the caller has them); rows already written are kept."""
     import torch
 
     from hindsearch.hindsight.probe import HeldOutStates, state_measures
 
     _, records, index_dir = test
-    engine = _engine(cfg, run_dir / "final", index_dir)
+    engine = load_engine(cfg, run_dir / "final", index_dir, loaded)
     with torch.no_grad():
         if k > 0 and not (run_dir / SAMPLED_FILE).exists():
             write_rows(run_dir / SAMPLED_FILE, sampled_rows(engine, records, k, seed))

@@ -76,6 +76,29 @@ def rerun_stats(trajs: Sequence[Trajectory]) -> dict[str, float]:
             "searches": _mean([float(t.num_searches) for t in trajs])}
 
 
+def hit_missed(cont: Trajectory, failed: Trajectory) -> tuple[bool, bool]:
+    """``(searched, hit)``: whether ``cont`` (a continuation from ``failed``'s state after its first information
+    block) opens with a search, and whether that search retrieved an evidence passage ``failed``'s first search
+    missed (the bridge query)."""
+    first = cont.turns[0] if cont.turns else None
+    searched = bool(first and first.action == "search")
+    missed = {title_key(e) for e in failed.evidence} - {title_key(t) for t in failed.turns[0].doc_titles}
+    got = {title_key(t) for t in first.doc_titles} if searched and first is not None else set()
+    return searched, bool(missed & got)
+
+
+def sampled_at_t1(engine: Any, records: Sequence[QARecord], k: int, seed: int, **kw: Any) -> list[Trajectory]:
+    """``k`` rollouts per record at temperature 1, top-p 1 (the engine's own settings restored after)."""
+    from dataclasses import replace
+
+    old = engine.cfg
+    engine.cfg = replace(old, temperature=1.0, top_p=1.0)
+    try:
+        return engine.rollout(list(records), num_generations=k, greedy=False, seed=seed, **kw)
+    finally:
+        engine.cfg = old
+
+
 def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]], prefixes: Sequence[list[int]],
                 conts: Sequence[Trajectory], failed: Sequence[Trajectory]) -> dict[str, float]:
     """Decision, query quality and EM of continuations from the failed states (see the module doc, probe 2)."""
@@ -83,12 +106,10 @@ def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]
     states, ans = [], []
     for sp, pre, c, f in zip(student_prompts, prefixes, conts, failed):
         first = c.turns[0] if c.turns else None
-        s = bool(first and first.action == "search")
+        s, hit = hit_missed(c, f)
         searched.append(float(s))
         em.append(c.em)
-        missed = {title_key(e) for e in f.evidence} - {title_key(t) for t in f.turns[0].doc_titles}  # first search only
-        got = {title_key(t) for t in first.doc_titles} if s and first is not None else set()
-        hits.append(float(bool(missed & got)))
+        hits.append(float(hit))
         if s and first is not None and first.inject_span[1] > first.inject_span[0]:
             ctx = list(tokenizer("<answer> ", add_special_tokens=False)["input_ids"])
             gold = list(tokenizer(f.golden_answers[0], add_special_tokens=False)["input_ids"])[:16]
@@ -132,15 +153,7 @@ def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Seq
     """P(the next action opens ``<search>``) from each state: ``k`` samples at temperature 1 each."""
     if not records or k <= 0:
         return 0.0
-    from dataclasses import replace
-
-    old = engine.cfg
-    engine.cfg = replace(old, temperature=1.0, top_p=1.0)
-    try:
-        outs = engine.rollout(list(records), num_generations=k, greedy=False, seed=seed, hints=list(hints),
-                              prefixes=list(prefixes))
-    finally:
-        engine.cfg = old
+    outs = sampled_at_t1(engine, records, k, seed, hints=list(hints), prefixes=list(prefixes))
     return _mean([float(bool(t.turns) and t.turns[0].action == "search") for t in outs])
 
 
@@ -294,24 +307,14 @@ def state_measures(engine: Any, st: HeldOutStates, samples: int, seed: int) -> l
     evidence passage the first search missed: the bridge query) and ``em``."""
     if not st.records:
         return []
-    from dataclasses import replace
-
-    old = engine.cfg
-    engine.cfg = replace(old, temperature=1.0, top_p=1.0)
-    try:
-        sampled = engine.rollout(st.records, num_generations=samples, greedy=False, seed=seed, prefixes=st.prefixes)
-    finally:
-        engine.cfg = old
+    sampled = sampled_at_t1(engine, st.records, samples, seed, prefixes=st.prefixes)
     greedy = engine.rollout(st.records, greedy=True, prefixes=st.prefixes)
     out = []
     for i, (c, f) in enumerate(zip(greedy, st.failed)):
         mine = sampled[i * samples: (i + 1) * samples]
-        first = c.turns[0] if c.turns else None
-        searched = bool(first and first.action == "search")
-        missed = {title_key(e) for e in f.evidence} - {title_key(t) for t in f.turns[0].doc_titles}
-        got = {title_key(t) for t in first.doc_titles} if searched and first is not None else set()
+        searched, hit = hit_missed(c, f)
         out.append({"p_search": _mean([float(bool(t.turns) and t.turns[0].action == "search") for t in mine]),
-                    "search_again": float(searched), "hit_missed": float(bool(missed & got)), "em": float(c.em or 0.0)})
+                    "search_again": float(searched), "hit_missed": float(hit), "em": float(c.em or 0.0)})
     return out
 
 
