@@ -150,6 +150,37 @@ def test_oracle_demos_carry_the_judges_exact_text_and_change_the_queries(world):
         ScriptedSearcher(retriever, feedback_kinds=["nope"])
 
 
+def test_answer_query_demos_name_the_answer_and_the_retriever_decides(world):
+    """``answer_query``: IGSD's answer line, and the first query names the answer before the question. Where that
+    search returned a passage holding the gold string the demo answers it after one search; where it returned
+    nothing useful it follows the two-hop chain like an unhinted searcher. Both cases occur in a real world."""
+    from hindsearch.train.scripted import ScriptedSearcher, find_in_docs
+
+    w, retriever = world
+    recs = w.splits["train"] + w.splits["dev"] + w.splits["test"]
+    by_id = {r.id: r for r in recs}
+    demos = ScriptedSearcher(retriever, topk=2, p_bridge=0.0, p_feedback=1.0, max_turns=3,
+                             feedback_kinds=["answer_query"]).demos(recs)
+    found = {True: 0, False: 0}
+    for d in demos:
+        gold = d.golden_answers[0]
+        assert d.extra["hint"] == protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=gold)
+        first = d.turns[0]
+        assert first.action == "search" and first.content == f"{gold} {protocol.format_question(d.question)}"
+        docs = retriever.retrieve([first.content], 2)[0]
+        helped = find_in_docs(d.golden_answers, docs) is not None
+        assert d.extra["answer_query_found"] is helped
+        found[helped] += 1
+        if helped:
+            assert d.num_searches == 1 and d.em == 1.0  # it answers from what the hindsight query retrieved
+        elif d.hops == 2 and by_id[d.qid].metadata.get("bridge"):
+            assert d.extra["followed_chain"] and d.num_searches >= 2  # nothing useful: it searches on
+    assert found[True] and found[False], found
+    # the other kinds are unchanged: the answer line with the question as first query
+    line = ScriptedSearcher(retriever, topk=2, p_bridge=0.0, p_feedback=1.0, feedback_kinds=["answer_line"]).demos(recs)
+    assert all(d.turns[0].content == protocol.format_question(d.question) for d in line)
+
+
 # ------------------------------------------------------------------ diagnostics through the term
 @pytest.mark.parametrize("temperature", [0.5, 1.3])
 def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperature, monkeypatch, one_thread):
@@ -250,6 +281,13 @@ def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_
         assert h[name]["rerun"]["evidence_recall"] == res["student"]["rerun"]["evidence_recall"]
         assert h[name]["state"]["hit_missed"] == res["student"]["state"]["hit_missed"]
     assert "critique_gold" in format_probe(res)
+    # probe 5: IGSD's own driver on the same failures. The scripted tokens are forced by the hook, not the tiny
+    # model's argmax, so its answer-line top token differs from the student's at most query positions
+    g = res["igsd"]
+    assert g["positions_considered"] > 0 and g["teacher_differs"] > 0.5
+    assert g["delta_pos_pairs"] + g["delta_nonpos_pairs"] == g["pairs_verified"] > 0
+    assert 0.0 <= g["precision_pos"] <= 1.0 and 0.0 <= g["precision_nonpos"] <= 1.0
+    assert "the gate's precision" in format_probe(res)
 
 
 # ------------------------------------------------------------------ the new loss options through the trainer

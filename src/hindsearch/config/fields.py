@@ -15,7 +15,7 @@ METHODS = ("grpo", "hindsearch", "igsd", "hindsearch+igsd")
 TEACHERS = ("frozen", "live", "ema")
 
 
-FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
+FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line", "answer_query")
 
 
 DISTILL_ON = ("query", "action", "decision", "decision_query")

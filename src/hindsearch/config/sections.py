@@ -153,7 +153,8 @@ class WarmupConfig:
     """Kinds of hindsight line a feedback demo carries, drawn uniformly (``hindsearch.train.scripted``):
     ``critique`` (a generic line), ``oracle_gold`` / ``oracle_nogold`` (exactly the oracle judge's text about
     the scripted searcher's own failed attempt, followed: it changes the first and the bridge query) and
-    ``answer_line`` (IGSD's ``(The correct answer is: ...)``)."""
+    ``answer_line`` (IGSD's ``(The correct answer is: ...)``; the demo follows the chain) and ``answer_query``
+    (the same line, and the first query names the answer: the retriever decides whether that helps)."""
 
 
 @dataclass

@@ -34,7 +34,15 @@ from ``feedback_kinds``:
   information block). Without gold the critique carries no privileged information, and the
   demonstration is a fresh unhinted draw (the no-gold teacher is a clean control);
 * ``answer_line``: IGSD's ``(The correct answer is: {A[0]}.)``; the demonstration follows the
-  two-hop chain (it searches the bridge) and still answers only from what it retrieved.
+  two-hop chain (it searches the bridge) and still answers only from what it retrieved;
+* ``answer_query``: the same answer line, and the answer **changes the query**, as knowing the answer does in
+  real Wikipedia: the first query names the answer before the question (``{A[0]} {question}``, so the first
+  query token differs from the student's, where IGSD proposes). The real retriever decides whether that helps:
+  when what it returned holds the gold string the demonstration answers from it (about 60% of the micro-mech
+  world's two-hop questions, where the question alone finds it 8% of the time, and every one-hop one); when
+  it returned nothing useful the demonstration goes on as a searcher without hindsight would, following the
+  two-hop chain, and answers from what it read. So the answer-line teacher proposes query tokens that help
+  from some states and not from others: the case IGSD's executed gate exists for.
 
 Output: ``Trajectory`` objects holding text only (``prompt_ids``/``completion_ids`` empty),
 with ``extra["segments"] = [[text, generated], ...]`` and ``extra["hint"]``; tokenisation with
@@ -49,6 +57,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hindsearch.agent import protocol
+from hindsearch.config.fields import FEEDBACK_KINDS
 from hindsearch.records import Passage, QARecord, Trajectory, Turn, title_key
 from hindsearch.rewards import exact_match, f1_score, normalize_answer
 
@@ -101,7 +110,6 @@ def feedback_critique(record: QARecord) -> str:
     return "Search with the question and answer with the name written in the passages."
 
 
-FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line")
 
 
 class ScriptedSearcher:
@@ -135,9 +143,11 @@ class ScriptedSearcher:
         if kind == "critique":
             return self._write(record, rng, protocol.FEEDBACK_TEMPLATE.format(critique=feedback_critique(record)),
                                chain=True, kind=kind)
-        if kind == "answer_line":
+        if kind in ("answer_line", "answer_query"):
             hint = protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=record.golden_answers[0])
-            return self._write(record, rng, hint, chain=True, kind=kind)
+            if kind == "answer_line":
+                return self._write(record, rng, hint, chain=True, kind=kind)
+            return self._write(record, rng, hint, chain=True, kind=kind, answer_query=record.golden_answers[0])
         from hindsearch.hindsight.judge import OracleJudge  # lazy: judge imports torch
 
         # the attempt the judge critiques: the typical failure of a student, answering after one search
@@ -154,13 +164,17 @@ class ScriptedSearcher:
         return self._write(record, rng, hint, chain=True, kind=kind, first_query=first, bridge_by_name=True)
 
     def _write(self, record: QARecord, rng: random.Random, hint: str | None = None, chain: bool | None = None,
-               kind: str | None = None, first_query: str | None = None, bridge_by_name: bool = False) -> Trajectory:
+               kind: str | None = None, first_query: str | None = None, bridge_by_name: bool = False,
+               answer_query: str | None = None) -> Trajectory:
         """The demo itself: ``chain`` forces (True) or forbids (False) the two-hop chain (None: with
         probability ``p_bridge``), ``first_query`` replaces the question as the first query,
-        ``bridge_by_name`` searches the bridge's name instead of the second sub-question."""
+        ``bridge_by_name`` searches the bridge's name instead of the second sub-question, ``answer_query``
+        (the hinted answer) is named before the question in the first query, and the chain is followed only
+        when that search returned no passage holding a gold answer."""
         bridge = record.metadata.get("bridge") if record.hops == 2 else None
         follow_chain = bool(bridge) and (chain if chain is not None else rng.random() < self.p_bridge)
         hq = _hop_questions(record)
+        answer_found: bool | None = None
         segments: list[list[Any]] = []
         turns: list[Turn] = []
         read: list[Passage] = []
@@ -176,7 +190,12 @@ class ScriptedSearcher:
             return docs
 
         question = protocol.format_question(record.question)
-        if first_query:
+        if answer_query:
+            docs = search(f"The answer should be {answer_query}. I search for it with the question.",
+                          f"{answer_query} {question}")
+            answer_found = find_in_docs(record.golden_answers, read) is not None
+            follow_chain = follow_chain and not answer_found  # the hindsight query found what holds the answer
+        elif first_query:
             docs = search(f"The feedback says to search for {first_query} directly.", first_query)
         else:
             docs = search("I need to look this up.", question)
@@ -203,7 +222,7 @@ class ScriptedSearcher:
             f1=f1_score(answer, record.golden_answers), stop_reason="answer", hops=record.hops,
             evidence=list(record.evidence), data_source=record.data_source, completion_text=text,
             extra={"segments": segments, "hint": hint, "hint_kind": kind, "scripted": True,
-                   "followed_chain": follow_chain, "bridge": bridge, "metadata": dict(record.metadata)},
+                   "followed_chain": follow_chain, "answer_query_found": answer_found, "bridge": bridge, "metadata": dict(record.metadata)},
         )
 
     def demos(self, records: Sequence[QARecord]) -> list[Trajectory]:

@@ -220,6 +220,7 @@ def build_demos(cfg: Any, tokenizer: Any, retriever: Any, train_records: Sequenc
                 with_feedback=sum(bool(t.extra.get("hint")) for t in demos),
                 feedback_by_kind={k: sum(t.extra.get("hint_kind") == k and bool(t.extra.get("hint")) for t in demos)
                                   for k in w.feedback_kinds},
+                answer_query_found=sum(t.extra.get("answer_query_found") is True for t in demos),
                 mean_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in demos) / max(1, len(demos)),
                 mean_gen_tokens=sum(sum(t.gen_mask) for t in demos) / max(1, len(demos)))
     return demos, info
