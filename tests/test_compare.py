@@ -50,6 +50,7 @@ def fake_result(method, seed, world, nq=None, step_s=1.0):
 def test_aggregate_and_table():
     res = [fake_result("grpo", 0, 0.2, 0.1, 2.0), fake_result("grpo", 1, 0.4, 0.3, 4.0),
            fake_result("igsd", 0, 0.5, 0.0, 9.0)]
+    res[0]["zero_adv"], res[1]["zero_adv"] = 0.5, 0.7  # igsd's run predates the column: "-"
     agg = aggregate(res, ["grpo", "igsd"])
     m, s, n = agg["grpo"]["world EM"]
     assert (m, n) == (pytest.approx(0.3), 2) and s == pytest.approx(mean_spread([0.2, 0.4])[1])
@@ -58,9 +59,9 @@ def test_aggregate_and_table():
     lines = md.splitlines()
     assert lines[2].split("|")[1:-1][:4] == [" method ", " seeds ", " world EM ", " world 1-hop "]
     grpo = [c.strip() for c in lines[4].split("|")[1:-1]]
-    assert grpo[:3] == ["grpo", "2", "30.0 ± 14.1"] and grpo[-2:] == ["3.0", "1.00x"]
+    assert grpo[:3] == ["grpo", "2", "30.0 ± 14.1"] and grpo[-3:] == ["60%", "3.0", "1.00x"]
     igsd = [c.strip() for c in lines[5].split("|")[1:-1]]
-    assert igsd[2] == "50.0" and igsd[-1] == "3.00x"  # one seed: no spread printed
+    assert igsd[2] == "50.0" and igsd[-3:] == ["-", "9.0", "3.00x"]  # one seed: no spread printed
 
 
 def test_eval_numbers_and_step_time(tmp_path):
@@ -70,6 +71,12 @@ def test_eval_numbers_and_step_time(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step": t}) + "\n" for i, t in
                                                     enumerate([3.0, 1.0, 2.0])))
     assert median_step_time(tmp_path) == 2.0
+    from hindsearch.results import ZERO_ADV_KEY, zero_advantage_share
+
+    assert zero_advantage_share(tmp_path) is None  # not logged
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, ZERO_ADV_KEY: v}) + "\n" for i, v in
+                                                    enumerate([1.0, 0.5, 0.0, 0.5])))
+    assert zero_advantage_share(tmp_path) == pytest.approx(0.5)
 
 
 def test_run_states(tmp_path):
@@ -233,6 +240,11 @@ def test_tiny_compare_parallel_jobs_with_probe_and_bootstrap(tiny_preset, monkey
     probe = json.loads((out / "probe.json").read_text())
     assert probe["n_failed"] <= 2 and set(probe["hints"]) == {"neutral", "critique_gold", "critique_nogold", "answer"}
     assert "paired bootstrap" in md and "Teacher probes" in md and "| hindsearch | 1 | 4 |" in md
+    for m in ("grpo", "hindsearch"):  # each final checkpoint probed too, and summarised beside the start
+        final = json.loads((out / f"{m}-s0" / "probe.json").read_text())
+        assert final["checkpoint"].endswith("final") and "igsd" in final
+        assert any(line.startswith(f"| {m} | 1 | ") for line in md.split("### Probes of the start")[1].splitlines())
+    assert "| start | - | " in md
 
 
 def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):

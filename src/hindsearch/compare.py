@@ -31,7 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.isolated import run_isolated, run_parallel
-from hindsearch.results import MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs
+from hindsearch.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs,
+                                zero_advantage_share)
 
 METHOD_ALIASES: dict[str, list[str]] = {
     "grpo": ["method=grpo"],
@@ -229,7 +230,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     to 12 GB after seven), and a crash names the run that failed. ``jobs > 1`` runs that many of
     them at once, each with ``cpu_count // jobs`` torch threads (small models on a few cores: two
     one-thread runs do more steps per second than one two-thread run). ``probe > 0`` first probes the
-    starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results).
+    starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results), and
+    each run's final checkpoint after its evaluation (``RUN/probe.json``, summarised in the results).
     ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
     run on that many held-out failed states of the start (``hindsearch.sampled``; the paired tables against GRPO
     and the matching controls). ``eval_at`` also evaluates each run greedily on the world test split after those
@@ -255,7 +257,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
     init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log, states)
     if isolate and jobs > 1:
-        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at)), rd.name)
+        pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
         failed = run_parallel(_one_run, pending, jobs, log=log)
         if failed:
@@ -266,7 +268,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
         log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
             f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
-        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at))
+        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe)
         if isolate:
             code = run_isolated(_one_run, job, rd.name)
             if code != 0:
@@ -280,8 +282,9 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
 
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
              mini: str | None, test_limit: int | None, mini_limit: int | None, sampled: int = 0,
-             eval_at: Sequence[int] = (), threads: int | None = None) -> None:
-    """Train (or resume, or only evaluate) one (method, seed) and write its ``results.json`` and ``done.json``."""
+             eval_at: Sequence[int] = (), probe: int = 0, threads: int | None = None) -> None:
+    """Train (or resume, or only evaluate) one (method, seed) and write its ``results.json`` and ``done.json``;
+    ``probe > 0`` also probes its final checkpoint (``run_dir/probe.json``, as the start's)."""
     from hindsearch.config import Config
     from hindsearch.train.run import run_train
 
@@ -315,8 +318,12 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
              for n in sorted(set(eval_at)) if n < cfg.train.steps and (rd / "steps" / f"step-{n}" / "config.json").exists()}
     if eval_at and WORLD in numbers:
         curve[str(cfg.train.steps)] = numbers[WORLD]
+    if probe > 0 and not (rd / "probe.json").exists():
+        from hindsearch.train.probe_cli import probe_checkpoint
+
+        probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None)
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers, "curve": curve,
-           "step_s": median_step_time(rd), "init_model": init, "train_seconds": time.time() - t0}
+           "step_s": median_step_time(rd), "zero_adv": zero_advantage_share(rd), "init_model": init, "train_seconds": time.time() - t0}
     (rd / "results.json").write_text(json.dumps(res, indent=1))
     (rd / "done.json").write_text(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
 
@@ -370,8 +377,8 @@ def register(sub: Any) -> None:
     c.add_argument("--jobs", type=positive_int, default=1,
                    help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
     c.add_argument("--probe", type=positive_int, default=0, metavar="N",
-                   help="first probe the starting checkpoint on N failed training rollouts, into DIR/probe.json "
-                        "(default: no probe)")
+                   help="probe the starting checkpoint on N failed training rollouts, into DIR/probe.json, and each "
+                        "run's final checkpoint, into RUN/probe.json (default: no probe)")
     c.add_argument("--sampled", type=positive_int, default=None, metavar="K",
                    help="also draw K samples per test question of each run at the rollout temperature: sampled EM, "
                         "pass@K, evidence recall (default: greedy only)")

@@ -39,17 +39,33 @@ def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict
     return {n: bench_numbers(table.get(n)) for n in names if n in table}
 
 
-def median_step_time(run_dir: Path) -> float | None:
-    """Median ``time/step`` (seconds) over the run's metrics rows."""
+def metric_values(run_dir: Path, key: str) -> list[float]:
+    """The numeric values of ``key`` over the run's metrics rows, in order (rows without it skipped)."""
     vals = []
     p = run_dir / "metrics.jsonl"
     if p.exists():
         for line in p.read_text().splitlines():
             if line.strip():
-                v = json.loads(line).get("time/step")
+                v = json.loads(line).get(key)
                 if isinstance(v, (int, float)):
                     vals.append(float(v))
+    return vals
+
+
+def median_step_time(run_dir: Path) -> float | None:
+    """Median ``time/step`` (seconds) over the run's metrics rows."""
+    vals = metric_values(run_dir, "time/step")
     return statistics.median(vals) if vals else None
+
+
+ZERO_ADV_KEY = "rollout/frac_zero_std_groups"
+"""The metric of the share of a step's groups whose rewards are all equal: zero advantage, no GRPO signal."""
+
+
+def zero_advantage_share(run_dir: Path) -> float | None:
+    """Mean over the run's steps of the share of groups with all rewards equal (None when not logged)."""
+    vals = metric_values(run_dir, ZERO_ADV_KEY)
+    return statistics.fmean(vals) if vals else None
 
 
 # --------------------------------------------------------------------------- aggregation
@@ -92,6 +108,8 @@ def aggregate(results: Sequence[dict[str, Any]], methods: Sequence[str]) -> dict
             row[header] = (*mean_spread(vals), len(vals)) if vals else None
         steps = [r["step_s"] for r in rs if r.get("step_s") is not None]
         row["step_s"] = statistics.median(steps) if steps else None
+        zero = [float(r["zero_adv"]) for r in rs if isinstance(r.get("zero_adv"), (int, float))]
+        row["zero_adv"] = statistics.fmean(zero) if zero else None
         out[m] = row
     return out
 
@@ -106,7 +124,7 @@ def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tupl
     """Header and rows of the results table: EM x100 as ``mean ± std`` over seeds (one seed: the mean alone),
     the median step time and its ratio to GRPO (``-`` where not recorded)."""
     cols = columns(sorted(benches, key=_bench_order))
-    heads = ["method", "seeds"] + [c[0] for c in cols] + ["step s", "vs GRPO"]
+    heads = ["method", "seeds"] + [c[0] for c in cols] + ["zero-adv groups", "step s", "vs GRPO"]
     base = agg.get("grpo", {}).get("step_s")
     rows = []
     for m, row in agg.items():
@@ -115,6 +133,8 @@ def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tupl
             v = row.get(header)
             # one seed has no spread: print the mean alone rather than a misleading "± 0.0"
             cells.append("-" if v is None else f"{100 * v[0]:.1f} ± {100 * v[1]:.1f}" if v[2] > 1 else f"{100 * v[0]:.1f}")
+        z = row.get("zero_adv")
+        cells.append("-" if z is None else f"{100 * z:.0f}%")
         st = row.get("step_s")
         cells.append("-" if st is None else f"{st:.1f}")
         cells.append("-" if st is None or not base else f"{st / base:.2f}x")
@@ -122,8 +142,10 @@ def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tupl
     return heads, rows
 
 
-RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). Step time: "
-                "median seconds per optimizer step (rollout + reward + hindsight prepare + update), ratio to GRPO.")
+RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). "
+                "Zero-adv groups: the share of training groups whose rewards were all equal (no GRPO signal), mean "
+                "over steps and seeds. Step time: median seconds per optimizer step (rollout + reward + hindsight "
+                "prepare + update), ratio to GRPO.")
 
 
 def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
@@ -261,6 +283,40 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
     return "\n".join(lines) + "\n"
 
 
+def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
+    """The probes of the start (``DIR/probe.json``) and of each run's final checkpoint (``RUN/probe.json``): per
+    method the mean over seeds of ``probe.PROBE_SUMMARY``, rates in % ('' when no run was probed)."""
+    from hindsearch.hindsight.probe import PROBE_SUMMARY, probe_summary
+
+    rows: list[tuple[str, int, dict[str, float | None]]] = []
+
+    def read(p: Path) -> dict[str, float | None] | None:
+        try:
+            return probe_summary(json.loads(p.read_text())) if p.exists() else None
+        except ValueError:
+            return None  # a torn probe file: left out (the run's own probe.json names it)
+
+    start = read(out_dir / "probe.json")
+    for m in methods:
+        got = [x for x in (read(out_dir / run_name(m, s) / "probe.json") for s in seeds) if x is not None]
+        if got:
+            rows.append((m, len(got), {k: (statistics.fmean(v) if (v := [g[k] for g in got if g[k] is not None]) else None)
+                                       for k, _ in PROBE_SUMMARY}))
+    if not rows:
+        return ""
+    labels = [k for k, _ in PROBE_SUMMARY]
+    lines = ["### Probes of the start and of the final checkpoints (failed greedy training rollouts; %, mean over seeds)",
+             "", "| checkpoint | seeds | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+
+    def cells(d: dict[str, float | None]) -> str:
+        return " | ".join("-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels)
+
+    if start is not None:
+        lines.append(f"| start | - | {cells(start)} |")
+    lines += [f"| {m} | {n} | {cells(d)} |" for m, n, d in rows]
+    return "\n".join(lines) + "\n"
+
+
 def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
     """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
     results = load_results(out_dir, methods, seeds)
@@ -280,6 +336,9 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
         text = section(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
         if text:
             md += "\n" + text
+    probes = probes_markdown(out_dir, methods, seeds)
+    if probes:
+        md += "\n" + probes
     if (out_dir / "probe.json").exists():
         from hindsearch.hindsight.probe import format_probe
 

@@ -24,6 +24,11 @@ Four probes per hint:
 4. **token gap** – teacher-forced log-probs of the student's own failed tokens: ``lT - lS`` (teacher =
    hinted prompt, student = plain prompt, same weights, temperature 1) and ``lT - lN`` (net of the
    neutral control), on query tokens and on action tokens (``teacher.action_mask``).
+5. **IGSD's proposal and gate** – IGSD's own driver (``igsd.run_igsd``, as configured in ``[igsd]``, teacher =
+   this checkpoint with the answer line) on the same failures: how often the teacher's top query token differs
+   from the student's, how many pairs were verified, and the gate's precision: among verified pairs with
+   ``delta > 0``, the share whose teacher query retrieved an evidence passage, against the pairs with
+   ``delta <= 0`` (a gate that helps opens where the teacher's query found the evidence).
 
 Everything is written to ``probe.json`` and printed as one table (``format_probe``).
 """
@@ -226,8 +231,49 @@ def run_probe(engine: Any, records: Sequence[QARecord], cfg: Any, n: int = 64, s
         engine, [st_recs[j] for j in two], [st.st_pref[j] for j in two], [None] * len(two), samples, seed)
     for name in HINTS:
         result["hints"][name] = _probe_hint(engine, st, lines[name], lines["neutral"], name, samples, seed)
+    result["igsd"] = igsd_probe(engine, failed, cfg, seed)
     result["seconds"] = time.time() - t0
     return result
+
+
+def igsd_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, seed: int = 0) -> dict[str, float]:
+    """Probe 5: IGSD's proposal and gate on ``failed`` (see the module docstring); ``{}`` without a query.
+
+    Returns ``positions_considered`` (the failures' query tokens), ``teacher_differs`` (share of them where the
+    answer-line teacher's top token is not the student's), ``pairs_verified``, ``delta_pos_pairs`` /
+    ``delta_nonpos_pairs`` and ``precision_pos`` / ``precision_nonpos`` (share of each whose teacher query hit an
+    evidence passage; 0 where there is no such pair).
+    """
+    import random
+
+    from hindsearch.hindsight.igsd import run_igsd
+
+    rows = [t for t in failed if any(t.query_mask)]
+    if not rows:
+        return {}
+    T = max(len(t.completion_ids) for t in rows)
+    _, m, _ = run_igsd(rows, T, policy=engine.model, teacher=engine.model, tokenizer=engine.tokenizer,
+                       retriever=engine.retriever, cfg=cfg.igsd, topk=getattr(engine, "topk", None) or cfg.retrieval.topk,
+                       rng=random.Random(seed))
+    n = m["positions_considered"]
+    out = {"positions_considered": n, "teacher_differs": (n - m["teacher_agree"]) / n if n else 0.0,
+           "pairs_verified": m["positions_verified"], "frac_delta_pos": m["frac_delta_pos"]}
+    for side in ("pos", "nonpos"):
+        pairs = m[f"delta_{side}_pairs"]
+        out[f"delta_{side}_pairs"] = pairs
+        out[f"precision_{side}"] = m[f"delta_{side}_teacher_hits"] / pairs if pairs else 0.0
+    return out
+
+
+def format_igsd_probe(g: dict[str, float]) -> str:
+    """One line of ``igsd_probe``'s result (empty without one)."""
+    if not g:
+        return ""
+    return (f"IGSD, answer-line teacher: its top query token differs from the student's at "
+            f"{100 * g['teacher_differs']:.1f}% of {g['positions_considered']:.0f} query positions; "
+            f"{g['pairs_verified']:.0f} pairs verified; the teacher's query hit an evidence passage in "
+            f"{100 * g['precision_pos']:.1f}% of the {g['delta_pos_pairs']:.0f} pairs with delta > 0 and "
+            f"{100 * g['precision_nonpos']:.1f}% of the {g['delta_nonpos_pairs']:.0f} with delta <= 0 (the gate's precision).")
 
 
 def _replace_gold(hcfg: Any, gold: bool) -> Any:
@@ -255,7 +301,29 @@ def format_probe(res: dict[str, Any]) -> str:
     lines.append(row("student (no hint)", res["student"], res["n_failed"]))
     for name, e in res["hints"].items():
         lines.append(row(name, e, e["usable"]))
+    if res.get("igsd"):
+        lines += ["", format_igsd_probe(res["igsd"])]
     return "\n".join(lines)
+
+
+PROBE_SUMMARY = (("student P(search) 2-hop", ("student", "p_search_two_hop")),
+                 ("gold-critique P(search) 2-hop", ("hints", "critique_gold", "p_search_two_hop")),
+                 ("gold-critique hit missed", ("hints", "critique_gold", "state", "hit_missed")),
+                 ("IGSD teacher differs", ("igsd", "teacher_differs")),
+                 ("gate precision delta>0", ("igsd", "precision_pos")),
+                 ("gate precision delta<=0", ("igsd", "precision_nonpos")))
+"""The few numbers of a probe quoted per run in a comparison's results: (label, path into ``run_probe``'s result)."""
+
+
+def probe_summary(res: dict[str, Any]) -> dict[str, float | None]:
+    """``{label: value}`` of ``PROBE_SUMMARY`` (None where the probe has no such number)."""
+    out: dict[str, float | None] = {}
+    for label, path in PROBE_SUMMARY:
+        v: Any = res
+        for k in path:
+            v = v.get(k) if isinstance(v, dict) else None
+        out[label] = float(v) if isinstance(v, (int, float)) else None
+    return out
 
 
 def write_probe(res: dict[str, Any], out_dir: str | Path) -> Path:
