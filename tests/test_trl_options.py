@@ -80,8 +80,9 @@ def test_tensorboard_run_writes_events(world, tok, tmp_path):  # noqa: F811
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
     trainer.train()
-    events = list((run / "checkpoints").rglob("events.out.tfevents.*"))
+    events = list((run / "tb").glob("events.out.tfevents.*"))  # at the documented path, RUN/tb/
     assert events and events[0].stat().st_size > 0
+    assert not list((run / "checkpoints").rglob("events.out.tfevents.*"))
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     # one warm-up step: the LR of step 1 is 0, then the peak (our default, a constant schedule, logs 0.01 twice)
     assert [r["learning_rate"] for r in rows] == pytest.approx([0.0, 0.01])

@@ -186,6 +186,9 @@ def main(argv: list[str] | None = None) -> int:
     from hindsearch.memory import tune_malloc
 
     tune_malloc()  # before torch loads and starts threads: fewer malloc arenas, big tensors go back to the kernel
+    from hindsearch.progress import quiet_upstream_bars
+
+    quiet_upstream_bars()  # off a terminal, no upstream bar redraws in the log (before transformers is imported)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

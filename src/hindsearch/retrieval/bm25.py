@@ -75,6 +75,9 @@ def tokenize(texts: list[str], stemmer: Stemmer.Stemmer | None = None, show_prog
 
 def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True) -> None:
     """Index ``texts`` (document i = texts[i]) with bm25s and save to ``out_dir``."""
+    from hindsearch.progress import interactive
+
+    show_progress = show_progress and interactive()  # bm25s's bars flood a log file: only on a terminal
     tokens = bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=_stemmer(), show_progress=show_progress)
     model = bm25s.BM25()
     model.index(tokens, show_progress=show_progress)

@@ -215,7 +215,9 @@ def build_dense(
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
     params = search_params(factory, nprobe, ef_search)
     index = new_faiss_index(enc.dim, factory)  # a bad string fails before the encoding
-    vecs = enc.encode(texts, kind="passage", show_progress=show_progress)
+    from hindsearch.progress import interactive
+
+    vecs = enc.encode(texts, kind="passage", show_progress=show_progress and interactive())  # bars only on a terminal
     fill_faiss_index(index, len(vecs), lambda ix: vecs[ix])
     faiss.write_index(index, str(Path(out_dir) / "faiss.index"))
     return {"encoder": enc.name, "dim": int(vecs.shape[1]), "prefixes": list(enc.prefixes), "factory": factory,

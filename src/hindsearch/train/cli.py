@@ -36,12 +36,16 @@ def find_config(name: str | None) -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from hindsearch.cli import positive_int
+
     p = sub.add_parser("train", help="warm-up + GRPO/HindSearch/IGSD training with dev EM before and after")
     p.add_argument("--config", default=None, help=f"TOML file or preset name (default: {DEFAULT_PRESET})")
     p.add_argument("--method", choices=METHODS, default=None, help="override the config's method (default: the config's)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch CPU threads (train.threads; default: torch's, one per core). On a shared machine use 1")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last complete checkpoint (default: start a new run)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: use a RUN_DIR/config.toml edited since the run started in a key that changes "
@@ -49,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_train)
     q = sub.add_parser("sft", help="protocol warm-up: SFT on demonstration rollouts (loss on generated tokens)")
-    q.add_argument("--config", default=None, help="TOML preset (default: built-in defaults)")
+    q.add_argument("--config", default=None, help="TOML file or preset name (default: built-in defaults)")
     q.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field")
     q.add_argument("--demos", default=None, help="trajectories JSONL to imitate (default: scripted searcher)")
     q.add_argument("--out", required=True, help="output folder: model, tokenizer, warmup.json, demos.jsonl")
@@ -61,6 +65,8 @@ def _cmd_sft(args: argparse.Namespace) -> int:
     from hindsearch.fsutil import claim_output, guard_output, json_marker
     from hindsearch.train.warmup import cmd_sft
 
+    if args.config:  # a TOML file or a shipped preset name, from any folder (as for train)
+        args.config = str(find_config(args.config))
     # the model is saved into --out in place: only a new or empty folder, or an earlier warm-up folder
     out = guard_output(args.out, "sft", "warm-up folder", legacy=json_marker("warmup.json", "num_demos"))
     created = not out.exists()
@@ -83,11 +89,15 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.method or args.set or args.out:
             raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out")
+        if args.threads:  # a machine setting, not a training key: it applies to this process only
+            import torch
+
+            torch.set_num_threads(args.threads)
         run_train(resume=args.resume, allow_config_change=args.allow_config_change)
         return 0
     if args.allow_config_change:
         raise ValueError("--allow-config-change goes with --resume RUN_DIR")
-    overrides = list(args.set)
+    overrides = list(args.set) + ([f"train.threads={args.threads}"] if args.threads else [])
     if args.method:
         overrides.append(f'method="{args.method}"')
     cfg = Config.load(find_config(args.config), overrides)

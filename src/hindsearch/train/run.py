@@ -131,6 +131,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
         grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
         keep_steps=cfg.train.keep_steps,
         peft_config=peft_config)
+    tensorboard_to(trainer, Path(run_dir) / TB_DIR)  # RUN/tb/, not RUN/checkpoints/runs/<date>_<host>/
     if ctx is not None:
         if ctx.frozen is None:
             ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term
@@ -214,7 +215,7 @@ def truncate_jsonl(path: Path, max_step: int, log: Any = None) -> int:
 
 
 NOT_TRAINING = ("out", "train.save_steps", "train.keep_steps", "train.eval_steps", "train.eval_limit",
-                "train.samples_per_step",
+                "train.samples_per_step", "train.threads",
                 "eval.", "rollout.vllm_server_host", "rollout.vllm_server_port", "rollout.vllm_server_timeout",
                 "retrieval.timeout_s", "retrieval.retries")
 """Config keys (``eval.``: a whole section) that change no training step: where the run is, how often it saves
@@ -278,6 +279,35 @@ def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any
     return marker
 
 
+TB_DIR = "tb"
+"""Where a run's TensorBoard event files go (``report_to = ["tensorboard"]``): ``RUN/tb/``."""
+
+
+def tensorboard_to(trainer: Any, path: Path) -> bool:
+    """Point the trainer's TensorBoard callback (if ``report_to`` has one) at ``path`` instead of transformers'
+    ``RUN/checkpoints/runs/<date>_<host>/``; a user's ``TENSORBOARD_LOGGING_DIR`` wins. Returns whether it did."""
+    from transformers.integrations import TensorBoardCallback
+
+    done = False
+    for cb in trainer.callback_handler.callbacks:
+        if isinstance(cb, TensorBoardCallback) and cb.logging_dir is None:
+            cb.logging_dir = str(path)
+            done = True
+    return done
+
+
+def set_threads(n: int | None, log: Any = print) -> int:
+    """Set torch's CPU thread count to ``n`` (None: leave torch's default) and say the count in use; returns it."""
+    import torch
+
+    if n:
+        torch.set_num_threads(n)
+    used = torch.get_num_threads()
+    how = "train.threads / --threads" if n else "torch's default; on a shared machine pass --threads 1"
+    log(f"torch CPU threads: {used} ({how})")
+    return used
+
+
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
               allow_config_change: bool = False) -> dict[str, Any]:
@@ -304,6 +334,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         raise ConfigError("out = '': no run folder given (it would write into the current folder); "
                           "set out in the config or pass --out")
     preflight(cfg)
+    set_threads(cfg.train.threads, log)
     from hindsearch.models import resolve_model
 
     resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
@@ -430,9 +461,12 @@ class _Job:
             self.log("[3/5] protocol warm-up disabled")
             return model
         from hindsearch.models import cache_dir, load_policy
-        from hindsearch.train.warmup import ensure_warmup
+        from hindsearch.train.warmup import ensure_warmup, warmup_key
 
-        self.log("[3/5] protocol warm-up (cached)")
+        final = cache_dir() / "warmup" / f"warmup-{warmup_key(self.cfg, self.setup.train)}"
+        cached = (final / "warmup.json").exists()
+        self.log("[3/5] protocol warm-up: " + (f"cached ({final.name})" if cached else
+                                               f"training (cached for later runs as {final.name})"))
         t0 = time.time()
         with self.mem.stage("warmup"):
             wdir = ensure_warmup(self.cfg, model, self.tok, self.setup.retriever, self.setup.train,
@@ -480,6 +514,14 @@ class _Job:
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
         atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
+        from transformers import PrinterCallback, ProgressCallback
+
+        from hindsearch.train.steps import progress_callback
+
+        if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log
+            trainer.remove_callback(PrinterCallback)
+            trainer.remove_callback(ProgressCallback)
+            trainer.add_callback(progress_callback(f"{cfg.method} steps", postfix=("loss", "rollout/reward_mean")))
         trainer.add_callback(release_memory_callback())
         if cfg.train.eval_steps > 0 and not self.distributed:
             trainer.add_callback(dev_curve_callback(cfg, trainer, self.make_engine, setup.dev, run_dir))

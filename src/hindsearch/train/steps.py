@@ -57,23 +57,25 @@ def _step_trainer(step_fn: StepFn, losses: list[float]) -> type:
     return StepTrainer
 
 
-def _progress_bar(desc: str) -> Any:
-    """The Trainer's progress bar labelled ``desc``, the step loss as postfix, and no log dict printed per step."""
+def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] = ("loss",)) -> Any:
+    """A Trainer callback in place of transformers' ``ProgressCallback``: a bar labelled ``desc`` on a terminal,
+    plain progress lines elsewhere (``hindsearch.progress``), the logged ``postfix`` keys shown beside it, and no
+    log dict printed per step (the metrics file has them)."""
     from transformers import ProgressCallback
 
+    from hindsearch.progress import progress_bar
+
     class Bar(ProgressCallback):
-        """The Trainer's bar with our label, the step loss as postfix, and no log dict printed per step."""
-
         def on_train_begin(self, args, state, control, **kwargs):
-            from tqdm.auto import tqdm
-
             if state.is_world_process_zero:
-                self.training_bar = tqdm(total=state.max_steps, desc=desc, dynamic_ncols=True)
-            self.current_step = 0
+                self.training_bar = progress_bar(state.max_steps, desc, unit=unit, initial=state.global_step)
+            self.current_step = state.global_step
 
         def on_log(self, args, state, control, logs=None, **kwargs):
-            if self.training_bar is not None and logs and "loss" in logs:
-                self.training_bar.set_postfix(loss=f"{logs['loss']:.3f}", refresh=False)
+            shown = {k.split("/")[-1]: f"{logs[k]:.3f}" for k in postfix
+                     if logs and isinstance(logs.get(k), (int, float))}
+            if self.training_bar is not None and shown:
+                self.training_bar.set_postfix(shown, refresh=False)
 
     return Bar()
 
@@ -156,7 +158,7 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
         trainer.remove_callback(PrinterCallback)
         trainer.remove_callback(ProgressCallback)
         if progress:
-            trainer.add_callback(_progress_bar(desc))
+            trainer.add_callback(progress_callback(desc))
         trainer.train()
         del trainer
         gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected

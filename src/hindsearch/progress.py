@@ -1,0 +1,115 @@
+"""Progress on long work: a tqdm bar on a terminal, plain progress lines everywhere else.
+
+A bar redraws itself with carriage returns; written to a log file, a CI console or ``nohup`` output, every redraw
+is kept, and one run's log fills with thousands of partial lines (bm25s's indexing bars, the warm-up's, TRL's).
+So the bars are drawn only when stderr is a terminal. Elsewhere ``progress_bar`` returns a ``PlainProgress``,
+which writes one whole line at the start, at most one every ``PLAIN_EVERY_S`` seconds, and one at the end::
+
+    warm-up SFT: 120/375 steps (32%), 4m10s elapsed, eta 8m52s, loss=0.412
+
+``quiet_upstream_bars`` (called by the CLI at start) turns the upstream libraries' own bars off in the same case
+(transformers' weight loading, huggingface_hub's downloads); our lines say the same in fewer bytes.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TextIO
+
+PLAIN_EVERY_S = 30.0
+"""Seconds between two plain progress lines (the first and the last are always written)."""
+
+
+def interactive(stream: TextIO | None = None) -> bool:
+    """Whether ``stream`` (default: stderr) is a terminal, where a redrawn bar is readable."""
+    s = stream if stream is not None else sys.stderr
+    try:
+        return bool(s.isatty())
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        return False
+
+
+def _clock(seconds: float) -> str:
+    s = int(max(0.0, seconds))
+    h, rem = divmod(s, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+class PlainProgress:
+    """The part of tqdm's interface hindsearch uses (``update``, ``set_postfix``, ``close``, ``n``, ``total``),
+    written as whole lines to ``stream`` (default stderr): at the start, at most every ``every_s`` seconds, at the
+    end. ``clock`` is injectable for tests."""
+
+    def __init__(self, total: int | None, desc: str, unit: str = "it", initial: int = 0,
+                 every_s: float = PLAIN_EVERY_S, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.total, self.desc, self.unit, self.n = total, desc, unit, initial
+        self.every_s, self.stream, self.clock = every_s, stream, clock
+        self.postfix: dict[str, Any] = {}
+        self.t0 = self.last = clock()
+        self.start_n = initial
+        self.closed = False
+        self._write()
+
+    def line(self) -> str:
+        """The progress line as it stands."""
+        elapsed = self.clock() - self.t0
+        head = f"{self.desc}: {self.n}"
+        if self.total:
+            head += f"/{self.total} {self.unit} ({100 * self.n / self.total:.0f}%)"
+        else:
+            head += f" {self.unit}"
+        parts = [head, f"{_clock(elapsed)} elapsed"]
+        done = self.n - self.start_n
+        if self.total and done > 0 and self.n < self.total:
+            parts.append(f"eta {_clock(elapsed / done * (self.total - self.n))}")
+        parts += [f"{k}={v}" for k, v in self.postfix.items()]
+        return ", ".join(parts)
+
+    def _write(self) -> None:
+        s = self.stream if self.stream is not None else sys.stderr
+        self.written = self.line()
+        print(self.written, file=s, flush=True)
+        self.last = self.clock()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        if self.clock() - self.last >= self.every_s:
+            self._write()
+
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
+        self.postfix = {**(ordered_dict or {}), **kwargs}
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            if self.line() != self.written:  # the last line already says where it ended
+                self._write()
+
+
+def progress_bar(total: int | None, desc: str, unit: str = "it", initial: int = 0, **kwargs: Any) -> Any:
+    """A tqdm bar on a terminal, else a ``PlainProgress`` (same calls: ``update``, ``set_postfix``, ``close``)."""
+    if interactive():
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True, **kwargs)
+    return PlainProgress(total, desc, unit=unit, initial=initial)
+
+
+UPSTREAM_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
+"""huggingface_hub's switch, read when it is imported; transformers' own bars (weight loading) follow it."""
+
+
+def quiet_upstream_bars(environ: Any = None) -> bool:
+    """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (before they are imported:
+    an environment switch, so nothing heavy loads here); a user's own setting wins. Returns whether it did."""
+    import os
+
+    env = os.environ if environ is None else environ
+    if interactive() or UPSTREAM_BARS_ENV in env:
+        return False
+    env[UPSTREAM_BARS_ENV] = "1"
+    return True

@@ -1,0 +1,42 @@
+"""``hindsearch train --threads N`` / ``train.threads``: the count is set, printed, and not a training key."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hindsearch.config import Config
+
+
+def test_set_threads_sets_and_says_the_count():
+    from hindsearch.train.run import set_threads
+
+    old = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        assert set_threads(1, lines.append) == 1 == torch.get_num_threads()
+        assert lines == ["torch CPU threads: 1 (train.threads / --threads)"]
+        assert set_threads(None, lines.append) == 1  # None leaves the count as it is, and says how to set it
+        assert "on a shared machine pass --threads 1" in lines[-1]
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_threads_flag_becomes_the_config_key(monkeypatch):
+    from hindsearch import cli
+    from hindsearch.train import run
+
+    seen = {}
+    monkeypatch.setattr(run, "run_train", lambda cfg=None, **kw: seen.update(cfg=cfg, **kw) or {})
+    assert cli.main(["train", "--config", "tiny-cpu", "--threads", "1", "--out", "x"]) == 0
+    assert seen["cfg"].train.threads == 1
+    with pytest.raises(SystemExit):
+        cli.build_parser().parse_args(["train", "--threads", "0"])
+    with pytest.raises(Exception, match="train.threads"):
+        Config.load(None, ["train.threads=0"])
+
+
+def test_a_resume_may_change_the_thread_count():
+    from hindsearch.train.run import affects_training
+
+    assert not affects_training("train.threads") and affects_training("train.lr")
