@@ -10,7 +10,9 @@ import torch
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import RolloutConfig
 from hindsearch.data.world import generate_world
-from hindsearch.eval import canonical, column_order, evaluate, read_done
+from hindsearch.eval import (canonical, column_order, describe_data, evaluate, format_table, macro_interval, read_done,
+                             results_markdown, summarize, wilson_interval)
+from hindsearch.records import Trajectory, Turn
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.retrieval.client import RemoteRetriever
 from hindsearch.retrieval.server import BackgroundServer, create_app
@@ -143,23 +145,46 @@ def test_cli_eval(world, index_dir, tmp_path, capsys):
 
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:3]))
-    args = ["eval", "--model", "tiny-random", "--index", str(index_dir), "--data", f"nq={path},world={path}",
+    mini = tmp_path / "mini"  # a `hindsearch data mini` folder: its mini.json names nq.jsonl
+    mini.mkdir()
+    (mini / "nq.jsonl").write_text(path.read_text())
+    (mini / "mini.json").write_text(json.dumps({"passages": 99, "benchmarks": {"nq": {
+        "source": "ros-subsample/nq/test.jsonl", "rule": "single", "total": 50, "kept": 3}}}))
+    args = ["eval", "--model", "tiny-random", "--index", str(index_dir),
+            "--data", f"nq={mini / 'nq.jsonl'},world={path}",
             "--limit", "2", "--out", str(tmp_path / "out"), "--set", "rollout.max_new_tokens_per_turn=8",
             "--set", "rollout.max_turns=1", "--no-progress"]
     assert main(args) == 0
     out = capsys.readouterr().out
-    assert "| metric | NQ | world | Avg |" in out
+    assert "| metric | NQ | world | Avg of 2 |" in out  # "Avg" says how many benchmarks it averages
+    for label in ("| EM 95% CI |", "| invalid turns % |", "| valid questions % |", "Wilson", "MOVER"):
+        assert label in out, label
+    assert "| invalid % |" not in out
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["benchmarks"]["nq"]["n"] == 2 and summary["order"] == ["nq", "world"]
+    assert summary["avg"]["n_benchmarks"] == 2 and len(summary["avg"]["em_ci95"]) == 2
+    lo, hi = summary["benchmarks"]["nq"]["em_ci95"]
+    assert lo <= summary["benchmarks"]["nq"]["em"] <= hi and hi - lo > 0.3  # 2 questions: a wide interval
+    alo, ahi = summary["avg"]["em_ci95"]
+    assert alo <= summary["avg"]["em"] <= ahi and ahi - alo > 0.2  # 4 questions in all: wide too
+    # results.md names the data: the file, its rows (3, of which --limit 2 evaluated), mini-wiki or not
+    md = (tmp_path / "out" / "results.md").read_text()
+    assert summary["data"]["nq"] == {"file": str((mini / "nq.jsonl").resolve()), "rows": 3, "evaluated": 2,
+                                     "mini_wiki": {"source": "ros-subsample/nq/test.jsonl", "kept": 3, "total": 50,
+                                                   "rule": "single", "passages": 99}}
+    assert f"- NQ (`nq`): `{(mini / 'nq.jsonl').resolve()}`, 3 rows, 2 evaluated; a mini-wiki subset: 3 of the 50" in md
+    assert f"- world: `{path.resolve()}`, 3 rows, 2 evaluated; not a mini-wiki subset" in md
     bad = list(args)
     bad[bad.index("--data") + 1] = "no-equals-sign"
     assert main(bad) == 1
     assert "--data item 'no-equals-sign' must be name=path" in capsys.readouterr().err
 
 
-def test_cli_eval_resolves_the_micro_alias_like_train(world, index_dir, model, tok, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize("how", ["path", "preset name"])
+def test_cli_eval_resolves_the_micro_alias_like_train(how, world, index_dir, model, tok, tmp_path, monkeypatch, capsys):
     """``hindsearch eval --config configs/micro.toml`` goes through the one setup path: ``model.name = "micro"``
-    becomes its world's micro model folder (``models.resolve_model``), not a hub id named "micro"."""
+    becomes its world's micro model folder (``models.resolve_model``), not a hub id named "micro". ``--config micro``
+    (a preset's name) does the same from a folder without ``configs/``, as for ``train`` and ``compare``."""
     from pathlib import Path
 
     import hindsearch.models.micro as micro
@@ -173,9 +198,102 @@ def test_cli_eval_resolves_the_micro_alias_like_train(world, index_dir, model, t
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:2]))
     preset = Path(__file__).resolve().parents[1] / "configs" / "micro.toml"
-    args = ["eval", "--config", str(preset), "--index", str(index_dir), "--data", f"world={path}", "--limit", "2",
+    if how == "preset name":
+        monkeypatch.chdir(tmp_path)
+    args = ["eval", "--config", str(preset) if how == "path" else "micro", "--index", str(index_dir),
+            "--data", f"world={path}", "--limit", "2",
             "--out", str(tmp_path / "out"), "--set", "rollout.max_new_tokens_per_turn=8", "--set", "rollout.max_turns=1",
             "--no-progress"]
     assert main(args) == 0, capsys.readouterr().err
     assert len(seen) == 1 and seen[0].world_seed == 0
     assert json.loads((tmp_path / "out" / "summary.json").read_text())["benchmarks"]["world"]["n"] == 2
+
+
+def test_cli_eval_config_that_is_neither_file_nor_preset_is_one_line(tmp_path, capsys):
+    from hindsearch.cli import main
+
+    assert main(["eval", "--config", "no-such-preset", "--out", str(tmp_path / "o")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "config 'no-such-preset' not found" in err and "micro" in err  # the presets are listed
+
+
+@pytest.mark.parametrize("flag", ["--retrieval-url", "--retriever-url"])
+def test_cli_eval_retrieval_url_and_its_deprecated_alias(flag, world, index_dir, tmp_path, capsys):
+    """``--retrieval-url`` (the config's ``retrieval.url``) reaches the server; the former ``--retriever-url`` still
+    does, with one deprecation line on stderr."""
+    from hindsearch.cli import main
+
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:2]))
+    srv = BackgroundServer(create_app(load_index(index_dir), default_topk=3))
+    try:
+        rc = main(["eval", "--model", "tiny-random", flag, srv.url, "--data", f"d={path}", "--out", str(tmp_path / "o"),
+                   "--set", "rollout.max_new_tokens_per_turn=8", "--set", "rollout.max_turns=1", "--no-progress"])
+    finally:
+        srv.stop()
+    err = capsys.readouterr().err
+    assert rc == 0, err
+    notes = [ln for ln in err.splitlines() if "deprecated" in ln]
+    if flag == "--retriever-url":
+        assert notes == ["hindsearch eval: --retriever-url is deprecated, use --retrieval-url (same meaning)"]
+    else:
+        assert notes == []
+    marker = json.loads((tmp_path / "o" / ".hindsearch-output.json").read_text())
+    assert marker["retriever"]["config"] == "remote" and marker["retriever"]["url"] == srv.url
+    assert marker["config"]["retrieval"]["url"] == srv.url
+
+
+def _traj(qid: str, actions: list[str], em: float) -> Trajectory:
+    return Trajectory(qid=qid, question="q", golden_answers=["a"], prompt_ids=[1],
+                      turns=[Turn(action=a) for a in actions], em=em, answer="a" if "answer" in actions else None)
+
+
+def test_invalid_turns_are_a_share_of_turns_and_validity_one_of_questions():
+    """Issue 24's case: 3 invalid turns before an answer on one question reads 75% of turns, while every question
+    is valid; a question with only invalid turns is the invalid one."""
+    one = summarize([_traj("a", ["invalid", "invalid", "invalid", "answer"], 1.0)])
+    assert one["invalid_rate"] == 0.75 and one["validity_rate"] == 1.0
+    three = summarize([_traj("a", ["invalid", "invalid", "invalid", "answer"], 1.0),
+                       _traj("b", ["search", "answer"], 0.0), _traj("c", ["invalid", "invalid"], 0.0)])
+    assert three["invalid_rate"] == pytest.approx(5 / 8) and three["validity_rate"] == pytest.approx(2 / 3)
+    table = format_table({"x": three}, ["x"], {"em": three["em"], "f1": three["f1"], "em_ci95": [0.1, 0.9]})
+    assert "| invalid turns % | 62.5 |  |" in table and "| valid questions % | 66.7 |  |" in table
+    assert "| EM 95% CI | 6.1-79.2 | 10.0-90.0 |" in table  # Wilson for 1 of 3
+
+
+def test_em_intervals():
+    # Wilson score interval (the values of statsmodels' proportion_confint(..., method="wilson"))
+    assert wilson_interval(40, 100) == pytest.approx((0.30940, 0.49800), abs=1e-4)
+    assert wilson_interval(0, 3) == pytest.approx((0.0, 0.56150), abs=1e-4)  # not empty at 0 hits
+    assert wilson_interval(3, 3) == pytest.approx((0.43850, 1.0), abs=1e-4)
+    # macro average: the Wilson intervals combined by MOVER; with many questions it agrees with a bootstrap over
+    # each benchmark's questions, with few it does not collapse to 0-0 when every answer is wrong
+    import numpy as np
+
+    a, b = [1.0] * 400 + [0.0] * 600, [1.0] * 90 + [0.0] * 10
+    lo, hi = macro_interval([(sum(x) / len(x), *wilson_interval(sum(x), len(x))) for x in (a, b)])
+    rng = np.random.default_rng(0)
+    boot = sum(np.asarray(x)[rng.integers(0, len(x), (4000, len(x)))].mean(axis=1) for x in (a, b)) / 2
+    assert (lo, hi) == pytest.approx(tuple(np.percentile(boot, [2.5, 97.5])), abs=0.006)
+    assert macro_interval([(0.0, *wilson_interval(0, 2))] * 2) == pytest.approx((0.0, 0.4650), abs=1e-4)
+    assert macro_interval([(1.0, *wilson_interval(2, 2)), (0.0, *wilson_interval(0, 2))]) == pytest.approx(
+        (0.1712, 0.8288), abs=1e-4)
+
+
+def test_results_markdown_without_files_and_the_avg_interval(world, index_dir, model, tok, tmp_path):
+    dev, test = world.splits["dev"][:3], world.splits["test"][:2]
+    eng = make_engine(model, tok, load_index(index_dir), dev + test, correct={dev[0].id, test[0].id})
+    res = evaluate(eng, {"hotpotqa": dev, "mine": test}, out_dir=tmp_path, progress=False)
+    assert res["avg"]["em"] == pytest.approx((1 / 3 + 1 / 2) / 2) and res["avg"]["n_benchmarks"] == 2
+    lo, hi = res["avg"]["em_ci95"]
+    assert lo < res["avg"]["em"] < hi
+    md = (tmp_path / "results.md").read_text()
+    assert md == results_markdown(res)
+    assert "| metric | HotpotQA | mine | Avg of 2 |" in md and f"| {100 * lo:.1f}-{100 * hi:.1f} |" in md
+    assert "- HotpotQA (`hotpotqa`): questions given in memory (no file), 3 questions evaluated; not a mini-wiki" in md
+    # rows that carry mini-wiki evidence ids are a subset even without a mini.json beside them
+    dev[0].metadata["evidence_ids"] = ["mw0"]
+    try:
+        assert describe_data({"h": dev}, None)["h"]["mini_wiki"] == {"source": None}
+    finally:
+        del dev[0].metadata["evidence_ids"]

@@ -1,14 +1,19 @@
 """Evaluation: batched (greedy by default) rollouts over QA sets, EM/F1 per benchmark, resumable.
 
 ``evaluate(engine, datasets, out_dir)`` rolls out every question once, in batches, and
-returns (and writes to ``summary.json``) per benchmark: ``n``, ``em``, ``f1``,
-``searches_per_question``, ``invalid_rate`` (invalid turns / all model turns),
+returns (and writes to ``summary.json``) per benchmark: ``n``, ``em``, ``em_ci95`` (95% Wilson
+score interval of the EM, a share of questions), ``f1``, ``searches_per_question``,
+``invalid_rate`` (invalid turns / all model turns: a share of turns, not of questions),
 ``gen_tokens_per_question`` (tokens the model produced), ``validity_rate`` (fraction of
-trajectories with at least one well-formed search or answer), ``errors`` (trajectories with a
-recorded retrieval error), ``stop_reasons`` and ``em_by_hops`` (when records have ``hops``);
-plus the macro average of EM/F1 over benchmarks and a markdown table in the papers' column
-order (NQ, TriviaQA, PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then other names in the
-given order, then Avg).
+questions whose trajectory has at least one well-formed search or answer), ``errors``
+(trajectories with a recorded retrieval error), ``stop_reasons`` and ``em_by_hops`` (when
+records have ``hops``); plus the macro average of EM/F1 over benchmarks (``avg``, with
+``n_benchmarks`` and ``em_ci95``: the benchmarks' Wilson intervals combined by MOVER, see
+``macro_interval``), ``data`` (per
+benchmark: the QA file, its row count, the questions evaluated, and whether it is a mini-wiki
+subset, see ``describe_data``) and a markdown table in the papers' column order (NQ, TriviaQA,
+PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then other names in the given order, then
+"Avg of K").
 
 Resume: each finished batch is appended to ``trajectories.jsonl`` (one row per question, with
 its ``benchmark``); a rerun skips every (benchmark, question id) already there, except rows that
@@ -17,7 +22,8 @@ redone, and the rerun says how many (``redo_errors=False``, ``hindsearch eval --
 keeps them). A torn last line (a crash mid-write) is dropped and redone; any other bad line is an
 error naming it. One writer per folder: ``OUT/.hindsearch.lock`` holds the evaluating process'
 PID and a second evaluation into the same folder is refused (a stale lock is taken over).
-``OUT/results.md`` holds the markdown table.
+``OUT/results.md`` holds the markdown table, a note on what its rows measure, the data (each QA file, its
+row count, the questions evaluated, whether it is a mini-wiki subset) and the overall counts.
 
 What produced the rows: ``OUT/.hindsearch-output.json`` (kind ``eval``) records the model (name or
 folder, with the size and time of its weight files), the decoding (greedy or sampled, and the seed),
@@ -61,6 +67,35 @@ def column_order(names: Iterable[str]) -> list[str]:
     return paper + [n for n in names if not canonical(n)]
 
 
+Z95 = 1.959963984540054
+"""The two-sided 95% normal quantile."""
+
+
+def wilson_interval(hits: float, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval of a proportion ``hits / n``: unlike the normal one it stays inside [0, 1]
+    and is not empty at 0 or n hits (with 3 questions all wrong: [0, 0.56])."""
+    if n <= 0:
+        return (0.0, 1.0)
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * ((p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5) / (1 + z * z / n)
+    return (0.0 if hits <= 0 else max(0.0, centre - half), 1.0 if hits >= n else min(1.0, centre + half))
+
+
+def macro_interval(parts: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """95% interval of the unweighted mean of K benchmarks' EM from each one's ``(em, lo, hi)`` (its Wilson interval),
+    by MOVER (Zou & Donner 2008): mean -+ sqrt(sum(((em - lo) / K)^2)), sqrt(sum(((hi - em) / K)^2)). With many
+    questions it is the normal interval of the mean; with few it stays as wide as the benchmarks' own intervals
+    (a bootstrap over the questions would give 0-0 when every answer is wrong)."""
+    if not parts:
+        return (0.0, 0.0)
+    k = len(parts)
+    mean = sum(p for p, _, _ in parts) / k
+    down = sum(((p - lo) / k) ** 2 for p, lo, _ in parts) ** 0.5
+    up = sum(((hi - p) / k) ** 2 for p, _, hi in parts) ** 0.5
+    return (max(0.0, mean - down), min(1.0, mean + up))
+
+
 def is_valid(t: Trajectory) -> bool:
     """At least one well-formed search or answer action."""
     return any(tr.action in ("search", "answer") for tr in t.turns)
@@ -75,6 +110,7 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     res: dict[str, Any] = {
         "n": n,
         "em": sum(t.em for t in trajs) / n,
+        "em_ci95": list(wilson_interval(sum(t.em for t in trajs), n)),
         "f1": sum(t.f1 for t in trajs) / n,
         "searches_per_question": sum(t.num_searches for t in trajs) / n,
         "invalid_rate": sum(t.num_invalid for t in trajs) / turns if turns else 0.0,
@@ -92,23 +128,116 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
     return res
 
 
-def format_table(benchmarks: dict[str, dict[str, Any]], order: list[str]) -> str:
-    """Markdown table: one column per benchmark (+ Avg), rows EM, F1 (x100), searches/q, invalid %, tokens/q, n."""
-    cols = [DISPLAY.get(canonical(n) or "", n) for n in order] + ["Avg"]
-    avg = {k: sum(benchmarks[n][k] for n in order) / len(order) for k in ("em", "f1")} if order else {}
+def format_table(benchmarks: dict[str, dict[str, Any]], order: list[str], avg: dict[str, Any] | None = None) -> str:
+    """Markdown table: one column per benchmark (+ "Avg of K"), rows EM, its 95% interval, F1 (x100), searches/q,
+    invalid turns %, valid questions %, tokens/q, n. ``avg`` is ``evaluate``'s (with the macro EM interval);
+    without it the Avg column is the plain mean and has no interval."""
+    cols = [DISPLAY.get(canonical(n) or "", n) for n in order] + [f"Avg of {len(order)}"]
+    if avg is None:
+        avg = {k: sum(benchmarks[n][k] for n in order) / len(order) for k in ("em", "f1")} if order else {}
 
     def row(label: str, key: str, scale: float, fmt: str, with_avg: bool) -> str:
-        vals = [format(benchmarks[n][key] * scale, fmt) for n in order]
-        vals.append(format(avg[key] * scale, fmt) if with_avg and order else "")
+        vals = [format(benchmarks[n].get(key, 0.0) * scale, fmt) for n in order]
+        vals.append(format(avg[key] * scale, fmt) if with_avg and key in avg else "")
         return f"| {label} | " + " | ".join(vals) + " |"
 
+    def interval(ci: Any) -> str:
+        return f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
+
     lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    lines += [row("EM", "em", 100, ".1f", True), row("F1", "f1", 100, ".1f", True),
+    lines += [row("EM", "em", 100, ".1f", True),
+              "| EM 95% CI | " + " | ".join(interval(benchmarks[n].get("em_ci95")) for n in order)
+              + " | " + interval(avg.get("em_ci95")) + " |",
+              row("F1", "f1", 100, ".1f", True),
               row("searches/q", "searches_per_question", 1, ".2f", False),
-              row("invalid %", "invalid_rate", 100, ".1f", False),
+              row("invalid turns %", "invalid_rate", 100, ".1f", False),
+              row("valid questions %", "validity_rate", 100, ".1f", False),
               row("gen tokens/q", "gen_tokens_per_question", 1, ".1f", False)]
     lines.append("| n | " + " | ".join(str(benchmarks[n]["n"]) for n in order) + " | " + str(sum(benchmarks[n]["n"] for n in order)) + " |")
     return "\n".join(lines)
+
+
+def table_note(n_benchmarks: int) -> str:
+    """What the table's rows measure (below the table in ``results.md`` and after it on the console)."""
+    return (f"EM 95% CI: Wilson score interval over each benchmark's questions; for Avg of {n_benchmarks} (the "
+            f"unweighted mean of the {n_benchmarks} benchmark{'s' * (n_benchmarks != 1)}' EM and F1), those intervals "
+            "combined by MOVER (Zou & Donner 2008). invalid turns %: the model turns without a well-formed search or "
+            "answer, of all model turns (a share of turns, not of questions); valid questions %: the questions with "
+            "at least one well-formed search or answer.")
+
+
+def count_rows(path: str | Path) -> int:
+    """Rows in a QA file (JSON Lines: its non-blank lines; a JSON list or parquet: its items), bad ones included."""
+    from hindsearch.data.qa import read_rows
+
+    path = Path(path)
+    if path.suffix in (".json", ".parquet"):
+        return sum(1 for _ in read_rows(path))
+    with path.open("rb") as f:
+        return sum(1 for line in f if line.strip())
+
+
+def mini_wiki_subset(path: str | Path | None, records: list[QARecord]) -> dict[str, Any] | None:
+    """How a QA file is a subset of a mini-wiki's benchmark (``hindsearch data mini``), or None when it is not:
+    its folder's ``mini.json`` names the file (``source``, ``kept`` of ``total`` questions, ``rule``), or its rows
+    carry the evidence ids that ``data mini`` records (then only that)."""
+    if path is not None:
+        meta_path = Path(path).parent / "mini.json"
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            b = meta["benchmarks"][Path(path).stem]
+            return {"source": b.get("source"), "kept": b.get("kept"), "total": b.get("total"), "rule": b.get("rule"),
+                    "passages": meta.get("passages")}
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            pass
+    if any("evidence_ids" in r.metadata or "answer_passage_ids" in r.metadata for r in records):
+        return {"source": None}
+    return None
+
+
+def describe_data(datasets: dict[str, list[QARecord]], files: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Per benchmark: ``file`` (the QA file, when ``files`` names one: ``{name: path or {"path": ...}}``), ``rows``
+    (its row count), ``evaluated`` (questions evaluated, after ``--limit``) and ``mini_wiki`` (``mini_wiki_subset``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, recs in datasets.items():
+        f = (files or {}).get(name)
+        path = f.get("path") if isinstance(f, dict) else f
+        rows = None
+        if path is not None:
+            try:
+                rows = count_rows(path)
+            except (OSError, ValueError):
+                rows = None
+        out[name] = {"file": None if path is None else str(path), "rows": rows, "evaluated": len(recs),
+                     "mini_wiki": mini_wiki_subset(path, recs)}
+    return out
+
+
+def data_lines(data: dict[str, dict[str, Any]], order: list[str]) -> list[str]:
+    """``results.md``'s data section: one line per benchmark."""
+    lines = []
+    for name in order:
+        d = data.get(name)
+        if not isinstance(d, dict):
+            continue
+        label = DISPLAY.get(canonical(name) or "", name)
+        label = label if label == name else f"{label} (`{name}`)"
+        where = f"`{d['file']}`" if d.get("file") else "questions given in memory (no file)"
+        if d.get("rows") is not None:
+            ev = d.get("evaluated")
+            where += f", {d['rows']} rows, " + ("all evaluated" if ev == d["rows"] else f"{ev} evaluated")
+        else:
+            where += f", {d.get('evaluated')} questions evaluated"
+        m = d.get("mini_wiki")
+        if not m:
+            sub = "not a mini-wiki subset"
+        elif m.get("source"):
+            sub = (f"a mini-wiki subset: {m.get('kept')} of the {m.get('total')} questions of {m['source']} "
+                   f"whose evidence is in the mini-wiki corpus (rule {m.get('rule')})")
+        else:
+            sub = "a mini-wiki subset (its rows carry mini-wiki evidence ids; no mini.json beside it)"
+        lines.append(f"- {label}: {where}; {sub}")
+    return lines
 
 
 def drop_error_rows(path: Path) -> int:
@@ -348,18 +477,21 @@ def evaluate(
                 raise ValueError(f"benchmark {name!r}: duplicate question id {r.id!r} (ids key the resume)")
             seen.add(r.id)
     if out_dir is None:
-        return _evaluate(engine, datasets, None, batch_size, greedy, seed, progress, redo_errors, log)
+        return _evaluate(engine, datasets, None, batch_size, greedy, seed, progress, redo_errors, log,
+                         (record or {}).get("data"))
     from hindsearch.fsutil import FolderLock, guard_output
 
     out = guard_output(out_dir, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
     full = full_record(record, greedy, seed)
     with FolderLock(out, "evaluation folder", log=log):
         _prepare_folder(out, full, fresh, redo_on_change, log)
-        return _evaluate(engine, datasets, out, batch_size, greedy, seed, progress, redo_errors, log)
+        return _evaluate(engine, datasets, out, batch_size, greedy, seed, progress, redo_errors, log,
+                         (record or {}).get("data"))
 
 
 def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None, batch_size: int, greedy: bool,
-              seed: int, progress: bool, redo_errors: bool, log: Any) -> dict[str, Any]:
+              seed: int, progress: bool, redo_errors: bool, log: Any, files: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
     traj_path = out / "trajectories.jsonl" if out else None
     if traj_path and redo_errors:
         n = drop_error_rows(traj_path)
@@ -397,14 +529,20 @@ def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None
     order = column_order(datasets)
     benchmarks = {n: summarize([done[(n, r.id)] for r in datasets[n]]) for n in datasets}
     scored = [n for n in order if benchmarks[n]["n"]]
+    avg: dict[str, Any] = {k: sum(benchmarks[n][k] for n in scored) / len(scored) if scored else 0.0
+                           for k in ("em", "f1")}
+    avg["n_benchmarks"] = len(scored)
+    avg["em_ci95"] = list(macro_interval([(benchmarks[n]["em"], *benchmarks[n]["em_ci95"]) for n in scored]))
     result: dict[str, Any] = {
         "benchmarks": benchmarks,
         "order": order,
-        "avg": {k: sum(benchmarks[n][k] for n in scored) / len(scored) if scored else 0.0 for k in ("em", "f1")},
+        "avg": avg,
         "overall": summarize([done[(n, r.id)] for n in datasets for r in datasets[n]]),
         "greedy": greedy,
         "seed": seed,
-        "table": format_table(benchmarks, scored),
+        "data": describe_data(datasets, files),
+        "table": format_table(benchmarks, scored, avg),
+        "table_note": table_note(len(scored)),
     }
     if out:
         (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -413,13 +551,19 @@ def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None
 
 
 def results_markdown(result: dict[str, Any]) -> str:
-    """``results.md``: the EM/F1 table and the overall validity, errors and stop reasons."""
+    """``results.md``: the EM/F1 table and what it measured (its note), the data evaluated (each QA file, its
+    row count, whether it is a mini-wiki subset) and the overall validity, errors and stop reasons."""
     o = result.get("overall", {})
     mode = "greedy" if result.get("greedy") else f"sampled (seed {result.get('seed')})"
-    return (f"# Evaluation results\n\n{result['table']}\n\n"
+    note = result.get("table_note") or table_note(int((result.get("avg") or {}).get("n_benchmarks") or 0))
+    data = data_lines(result.get("data") or {}, list(result.get("order") or []))
+    return (f"# Evaluation results\n\n{result['table']}\n\n{note}\n\n"
+            + ("## Data\n\n" + "\n".join(data) + "\n\n" if data else "")
+            + "## Overall\n\n"
             f"- decoding: {mode}\n"
             f"- questions: {o.get('n', 0)}\n"
-            f"- valid protocol: {100 * o.get('validity_rate', 0):.1f}%\n"
+            f"- valid questions (at least one well-formed search or answer): {100 * o.get('validity_rate', 0):.1f}%\n"
+            f"- invalid turns (of all model turns): {100 * o.get('invalid_rate', 0):.1f}%\n"
             f"- trajectories with a retrieval error: {o.get('errors', 0)}\n"
             f"- stop reasons: {o.get('stop_reasons', {})}\n")
 

@@ -1,12 +1,14 @@
 """``hindsearch eval``: evaluate a model on QA sets with Search-R1 rollouts (greedy by default).
 
-    hindsearch eval --model M [--index DIR | --retriever-url URL] --data name=path[,name=path...]
-                    [--limit N] --out DIR [--config FILE] [--set k=v ...]
+    hindsearch eval --model M [--index DIR | --retrieval-url URL] --data name=path[,name=path...]
+                    [--limit N] --out DIR [--config FILE|PRESET] [--set k=v ...]
 
 Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
-``--retriever-url`` the config's retriever (default: the world's BM25 index, built on first use).
-Prints the EM/F1 table and writes ``OUT/summary.json``, ``OUT/results.md`` and
-``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
+``--retrieval-url`` (the config's ``retrieval.url``; ``--retriever-url`` is its deprecated former name)
+the config's retriever (default: the world's BM25 index, built on first use). ``--config`` takes a TOML
+file or a shipped preset's name, from any folder, as ``train`` does (default: the built-in defaults).
+Prints the EM/F1 table (with 95% intervals, see ``hindsearch.eval``) and writes ``OUT/summary.json``,
+``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
 rows recorded an error unless ``--keep-errors``. Rows are reused only when the model, decoding,
 config, retriever and each QA file are those that made them (recorded in OUT); otherwise the rerun
 is refused naming what changed, and ``--fresh`` starts OUT anew.
@@ -19,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hindsearch.cli import http_url, nonneg_int, positive_int
+from hindsearch.cli import RETRIEVAL_URL, add_deprecated_alias, http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -49,14 +51,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", help="alias (smollm2-135m, tiny-random), HF id or local path (default: config model.name)")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index", help="index folder from `hindsearch index` (default: the config's retriever)")
-    g.add_argument("--retriever-url", type=http_url,
-                   help="Search-R1-compatible retrieval server URL (default: the config's retriever)")
+    g.add_argument(RETRIEVAL_URL, type=http_url, metavar="URL",
+                   help="Search-R1-compatible retrieval server URL, the config's retrieval.url (--retriever-url, its "
+                        "former name, still works) (default: the config's retriever)")
+    add_deprecated_alias(g, "--retriever-url", RETRIEVAL_URL)
     p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
     p.add_argument("--limit", type=positive_int, help="questions per benchmark (default: eval.limit)")
     p.add_argument("--skip-bad", action="store_true",
                    help="skip and count malformed QA rows (each named on stderr) instead of failing on the first")
     p.add_argument("--out", required=True, help="output folder (summary.json, results.md, trajectories.jsonl); reruns resume")
-    p.add_argument("--config", help="TOML preset (default: built-in defaults)")
+    p.add_argument("--config", help="TOML file or shipped preset name, e.g. micro (default: built-in defaults)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
     p.add_argument("--batch-size", type=positive_int, help="trajectories per batch (default: eval.batch_size)")
     p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
@@ -94,6 +98,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.models import load_policy, resolve_model
     from hindsearch.retrieval.factory import load_index
     from hindsearch.setup import open_retriever, resolve_data
+    from hindsearch.train.cli import find_config  # a file or a preset name, as train and compare take it
 
     from hindsearch.eval import (EvalMismatch, config_record, full_record, is_legacy_eval_folder, model_identity,
                                  qa_file_record, refuse_message, reuse_problem)
@@ -105,9 +110,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     overrides = list(args.set)
     if args.model:
         overrides.append(f"model.name={json.dumps(args.model)}")
-    if args.retriever_url:
-        overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retriever_url)}"]
-    cfg = Config.load(args.config, overrides)
+    if args.retrieval_url:
+        overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
+    cfg = Config.load(find_config(args.config) if args.config else None, overrides)
     resolve_model(cfg)  # e.g. --config configs/micro.toml: model.name "micro" is its world's micro model
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
@@ -140,8 +145,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    greedy=greedy, seed=seed, progress=not args.no_progress, redo_errors=not args.keep_errors,
                    record=record, fresh=args.fresh)
     print(res["table"])
+    print(f"\n{res['table_note']}")
     o = res["overall"]
-    print(f"\nvalid protocol {100 * o.get('validity_rate', 0):.1f}% | retrieval errors {o.get('errors', 0)} | "
+    print(f"\nvalid questions {100 * o.get('validity_rate', 0):.1f}% | "
+          f"invalid turns {100 * o.get('invalid_rate', 0):.1f}% | retrieval errors {o.get('errors', 0)} | "
           f"stop reasons {o.get('stop_reasons', {})}")
     print(f"wrote {out / 'summary.json'}, {out / 'results.md'} and {out / 'trajectories.jsonl'}")
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hindsearch.cli import http_url, port_number, positive_float, positive_int
+from hindsearch.cli import RETRIEVAL_URL, add_deprecated_alias, http_url, port_number, positive_float, positive_int
 from hindsearch.retrieval.limits import ServerLimits
 
 
@@ -59,12 +59,12 @@ def index_folder(args: argparse.Namespace) -> str:
 
 
 def cmd_search(args: argparse.Namespace) -> int:
-    if bool(args.index or args.faiss_index) == bool(args.url):
-        raise ValueError("give exactly one of --index DIR, --faiss-index FILE --corpus FILE, or --url URL")
-    if args.url:
+    if bool(args.index or args.faiss_index) == bool(args.retrieval_url):
+        raise ValueError(f"give exactly one of --index DIR, --faiss-index FILE --corpus FILE, or {RETRIEVAL_URL} URL")
+    if args.retrieval_url:
         from hindsearch.retrieval.client import RemoteRetriever
 
-        retriever = RemoteRetriever(args.url, timeout_s=args.timeout, retries=1)
+        retriever = RemoteRetriever(args.retrieval_url, timeout_s=args.timeout, retries=1)
     else:
         from hindsearch.retrieval.factory import load_index
 
@@ -176,14 +176,18 @@ def register_search(sub: argparse._SubParsersAction) -> None:
                        description="Print the top-k passages for each query, from an index folder, a prebuilt FAISS file "
                                    "with its corpus, or a retrieval server.")
     p.add_argument("query", nargs="+", help="one or more queries (quote each)")
-    p.add_argument("--index", help="index folder (default: none; give this, --faiss-index or --url)")
-    p.add_argument("--url", type=http_url, help="retrieval server URL instead of --index (default: none)")
+    p.add_argument("--index", help=f"index folder (default: none; give this, --faiss-index or {RETRIEVAL_URL})")
+    p.add_argument(RETRIEVAL_URL, type=http_url, metavar="URL",
+                   help="retrieval server URL instead of --index, as the config's retrieval.url and `eval "
+                        f"{RETRIEVAL_URL}` (--url, its former name, still works) (default: none)")
+    add_deprecated_alias(p, "--url", RETRIEVAL_URL)
     add_faiss_flags(p)
     add_dense_search_flags(p)
     p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")
     p.add_argument("-k", type=positive_int, default=3, help="passages per query")
     p.add_argument("--snippet", type=positive_int, default=160, help="characters of text shown per hit")
-    p.add_argument("--timeout", type=positive_float, default=10.0, help="seconds to wait for the server (--url)")
+    p.add_argument("--timeout", type=positive_float, default=10.0,
+                   help=f"seconds to wait for the server ({RETRIEVAL_URL})")
     p.set_defaults(func=cmd_search)
 
 
