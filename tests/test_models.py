@@ -52,3 +52,19 @@ def test_cuda_is_this_ranks_gpu(monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "3")
     assert resolve_device("cuda") == torch.device("cuda", 3) and resolve_device("cuda:1") == torch.device("cuda", 1)
     assert resolve_device("cpu") == torch.device("cpu")
+
+
+def test_a_saved_tokenizer_pads_on_the_left_for_whoever_loads_it(tmp_path):
+    """Checkpoints are loaded for generation: the tokenizer they hold pads on the left even under a plain
+    ``AutoTokenizer`` load (transformers' default is the right; the trainer pads per call either way)."""
+    from tokenizers import Tokenizer, models as tm, pre_tokenizers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    raw = Tokenizer(tm.WordLevel({"<pad>": 0, "<eos>": 1, "a": 2, "b": 3}, unk_token="<pad>"))
+    raw.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok = models._prepare_tokenizer(PreTrainedTokenizerFast(tokenizer_object=raw, eos_token="<eos>"))
+    assert tok.padding_side == "left" and tok.pad_token == "<eos>"
+    tok.save_pretrained(tmp_path)
+    plain = AutoTokenizer.from_pretrained(tmp_path)
+    assert plain.padding_side == "left"
+    assert plain(["a", "a b"], padding=True)["input_ids"][0][0] == plain.pad_token_id  # padded at the start

@@ -163,6 +163,27 @@ def test_two_grpo_steps_train_only_the_adapter(world, tok, tmp_path):  # noqa: F
     trainer2.train(resume_from_checkpoint=str(last_checkpoint(run)))
     assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2]
 
+    # the run folder is relocatable: moved elsewhere (the original gone), its final/ still loads and evaluates
+    from hindsearch.agent.engine import RolloutEngine
+    from hindsearch.agent.hf_backend import HFBackend
+    from hindsearch.eval import evaluate
+
+    trainer2.save_model(str(run / "final"))
+    final_logits = load_policy(ModelConfig(name=str(run / "final"), device="cpu"))[0](input_ids=ids).logits
+    moved = tmp_path / "elsewhere" / "run-copy"
+    shutil.move(str(run), str(moved))
+    assert json.loads((moved / "final" / "adapter_config.json").read_text())["base_model_name_or_path"] == \
+        str((run / "init").resolve())  # the recorded base is gone
+    m2, t2 = load_policy(ModelConfig(name=str(moved / "final"), device="cpu"))
+    with torch.no_grad():
+        assert torch.allclose(m2(input_ids=ids).logits, final_logits, atol=1e-5)
+    eng = RolloutEngine(m2, t2, retriever, cfg.rollout, topk=2, backend=HFBackend(m2, t2))
+    res = evaluate(eng, {"world": w.splits["dev"][:2]}, out_dir=tmp_path / "eval-moved", progress=False)
+    assert res["benchmarks"]["world"]["n"] == 2
+    (moved / "init").rename(moved / "init-gone")  # no base anywhere: a one-line error naming both
+    with pytest.raises(FileNotFoundError, match="does not exist and no init/ folder encloses"):
+        load_policy(ModelConfig(name=str(moved / "final"), device="cpu"))
+
 
 def test_lora_with_the_frozen_lm_judge_and_teacher(world, tok, tmp_path):  # noqa: F811
     """HindSearch with LoRA and a KL term (TRL then keeps no reference copy): the judge and the frozen teacher

@@ -75,9 +75,14 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _prepare_tokenizer(tok: Any) -> Any:
+    """Pad token set (the EOS where the model has none) and left padding, the side generation needs. Written into
+    ``init_kwargs`` too, so that ``save_pretrained`` stores it and a user's plain ``AutoTokenizer`` load of a
+    checkpoint pads on the left as well (transformers' default is the right). The trainer does not depend on it:
+    TRL pads prompts on the left and completions on the right, per call."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
+    tok.init_kwargs["padding_side"] = "left"
     return tok
 
 
@@ -185,8 +190,13 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
             path = name
             if model_cfg.gguf_file:
                 kw["gguf_file"] = model_cfg.gguf_file
+        base = moved_adapter_base(path)
         try:
-            model = AutoModelForCausalLM.from_pretrained(path, **kw)
+            if base is not None:  # a LoRA run folder that was moved or copied: its base is its own init/
+                model = AutoModelForCausalLM.from_pretrained(base, **kw)
+                model.load_adapter(str(path))
+            else:
+                model = AutoModelForCausalLM.from_pretrained(path, **kw)
         except OSError as e:
             raise FileNotFoundError(
                 f"model.name = {name!r}: not an alias ({SMOLLM2_ALIAS}, {TINY_ALIAS}), a local model folder "
@@ -198,6 +208,33 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
         model.generation_config.pad_token_id = tok.pad_token_id
     return model, tok
+
+
+def moved_adapter_base(folder: str | Path) -> Path | None:
+    """The base model of a LoRA adapter folder whose recorded base is gone, found in the run folder it sits in.
+
+    A run's adapter (``RUN/final``, ``RUN/checkpoints/checkpoint-N``, ``RUN/steps/step-N``) records the absolute
+    path of ``RUN/init`` in ``adapter_config.json`` (peft's ``base_model_name_or_path``). After the run folder is
+    moved, copied elsewhere or unpacked on another machine, that path is gone: the base is then the ``init/``
+    folder of the nearest enclosing folder that has one (at most three levels up). Returns None when ``folder``
+    is no adapter, or its base is a hub id or still exists (loaded as recorded); raises ``FileNotFoundError``
+    naming both when the recorded base is a missing path and no ``init/`` is found.
+    """
+    import json
+
+    d = Path(folder)
+    cfg_path = d / "adapter_config.json"
+    if not cfg_path.is_file():
+        return None
+    recorded = str(json.loads(cfg_path.read_text()).get("base_model_name_or_path") or "")
+    looks_local = recorded.startswith(("/", ".", "~")) or "\\" in recorded or Path(recorded).is_absolute()
+    if not recorded or not looks_local or Path(recorded).expanduser().exists():
+        return None
+    for parent in list(d.resolve().parents)[:3]:
+        if (parent / "init" / "config.json").is_file():
+            return parent / "init"
+    raise FileNotFoundError(f"{cfg_path}: the LoRA base {recorded!r} does not exist and no init/ folder encloses "
+                            f"{d}; copy the run folder whole, or set base_model_name_or_path to the base model")
 
 
 def load_tokenizer_from(path: str | Path, gguf_file: str | None = None) -> Any:
