@@ -214,6 +214,9 @@ def main(argv: list[str] | None = None) -> int:
     from hindsearch.progress import quiet_upstream_bars
 
     quiet_upstream_bars()  # off a terminal, no upstream bar redraws in the log (before transformers is imported)
+    from hindsearch import upstream_warnings
+
+    upstream_warnings.install()  # known upstream deprecation notices once each, with a note; others untouched
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

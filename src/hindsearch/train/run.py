@@ -334,6 +334,9 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         raise ConfigError("out = '': no run folder given (it would write into the current folder); "
                           "set out in the config or pass --out")
     preflight(cfg)
+    from hindsearch import upstream_warnings
+
+    upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
     set_threads(cfg.train.threads, log)
     from hindsearch.models import resolve_model
 
