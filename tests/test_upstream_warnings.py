@@ -56,6 +56,8 @@ def test_the_known_list_matches_the_installed_libraries_messages():
     assert U.match("You are using 'rollout_func', which is an experimental feature. This API may change", UserWarning)
     assert U.match("`gradient_checkpointing` is deprecated and will be removed in v6. Use `activation_checkpointing` "
                    "instead.", FutureWarning)
+    assert U.match("`gradient_checkpointing_disable` is deprecated and will be removed in v6. Use "
+                   "`activation_checkpointing_disable` instead.", FutureWarning)
     assert U.match("unrelated", FutureWarning) is None
 
 

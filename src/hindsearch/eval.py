@@ -509,9 +509,9 @@ def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None
     total = sum(len(v) for v in datasets.values())
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from hindsearch.progress import progress_bar
 
-        bar = tqdm(total=total, initial=total - len(todo), desc="eval", unit="q", dynamic_ncols=True)
+        bar = progress_bar(total, "eval", unit="q", initial=total - len(todo))  # plain lines off a terminal
     for b, start in enumerate(range(0, len(todo), batch_size)):
         batch = todo[start : start + batch_size]
         trajs = engine.rollout([r for _, r in batch], num_generations=1, greedy=greedy, seed=None if greedy else seed + b)

@@ -29,6 +29,8 @@ KNOWN: tuple[Known, ...] = (
     Known(r"`gradient_checkpointing` is deprecated", FutureWarning,
           "transformers 5 renamed the argument to activation_checkpointing and TRL 1.16 still passes the old one; "
           "harmless"),
+    Known(r"`gradient_checkpointing_(enable|disable)` is deprecated", FutureWarning,
+          "transformers 5 renamed the methods and TRL 1.16 still calls the old names around generation; harmless"),
     Known(r"`is_gradient_checkpointing` is deprecated", FutureWarning,
           "transformers 5 renamed the attribute and its own Trainer still reads the old name; harmless"),
     Known(r"`past_key_values` is deprecated", FutureWarning,
