@@ -160,7 +160,7 @@ def format_table(benchmarks: dict[str, dict[str, Any]], order: list[str], avg: d
 def table_note(n_benchmarks: int) -> str:
     """What the table's rows measure (below the table in ``results.md`` and after it on the console)."""
     return (f"EM 95% CI: Wilson score interval over each benchmark's questions; for Avg of {n_benchmarks} (the "
-            f"unweighted mean of the {n_benchmarks} benchmark{'s' * (n_benchmarks != 1)}' EM and F1), those intervals "
+            f"unweighted mean of the EM and F1 of {n_benchmarks} benchmark{'s' * (n_benchmarks != 1)}), those intervals "
             "combined by MOVER (Zou & Donner 2008). invalid turns %: the model turns without a well-formed search or "
             "answer, of all model turns (a share of turns, not of questions); valid questions %: the questions with "
             "at least one well-formed search or answer.")
