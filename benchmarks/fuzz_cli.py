@@ -203,8 +203,8 @@ def base_invocations() -> list[list[str]]:
         # search
         ["search", "q"], ["search", "--index", "notarun", "q"], ["search", "--index", "afile", "q"],
         ["search", "--index", "missing", "q"], ["search", *idx, "q", "-k", "0"], ["search", *idx, "q", "-k", "-3"],
-        ["search", *idx, "--url", "http://127.0.0.1:9", "q"], ["search", "--url", "ftp://x", "q"],
-        ["search", "--url", "http://127.0.0.1:9", "--timeout", "0", "q"], ["search", "--url", "http://127.0.0.1:9", "q"],
+        ["search", *idx, "--retrieval-url", "http://127.0.0.1:9", "q"], ["search", "--retrieval-url", "ftp://x", "q"],
+        ["search", "--retrieval-url", "http://127.0.0.1:9", "--timeout", "0", "q"], ["search", "--retrieval-url", "http://127.0.0.1:9", "q"],
         ["search", *idx, "q", "--snippet", "0"],
         # serve: each must fail before it serves
         ["serve", *idx, "--port", "99999"], ["serve", *idx, "--port", "-1"], ["serve", *idx, "--port", "http"],
@@ -214,7 +214,7 @@ def base_invocations() -> list[list[str]]:
         ["serve", "--index", "missing"], ["serve", *idx, "--host", "256.1.1.1"], ["serve", *idx, "--host", "no such host"],
         # eval (all fail before a model loads, or right after)
         ["eval", "--out", "o", "--limit", "-1"], ["eval", "--out", "o", "--limit", "0"],
-        ["eval", "--out", "o", "--retriever-url", "ftp://x"], ["eval", "--out", "o", "--retriever-url", "not a url"],
+        ["eval", "--out", "o", "--retrieval-url", "ftp://x"], ["eval", "--out", "o", "--retrieval-url", "not a url"],
         ["eval", "--out", "o", "--batch-size", "0"], ["eval", "--out", "o", "--seed", "-2"],
         [*ev[:-1], "--out", "afile"], [*ev[:-1], "--out", "afile/x"],
         ["eval", "--out", "o", "--data", "d=empty.jsonl"], ["eval", "--out", "o", "--data", "d=missing.jsonl"],
@@ -222,7 +222,7 @@ def base_invocations() -> list[list[str]]:
         ["eval", "--out", "o", "--data", "d=qa.jsonl,d=qa.jsonl"], ["eval", "--out", "o", "--data", "d=data"],
         ["eval", "--out", "o", "--config", "missing.toml"], ["eval", "--out", "o", "--config", "bad.toml"],
         ["eval", "--out", "o", "--set", "rollout.max_turns=-1"], ["eval", "--out", "o", "--set", "nosuch.key=1"],
-        ["eval", "--out", "o", "--index", "idx", "--retriever-url", "http://x"],
+        ["eval", "--out", "o", "--index", "idx", "--retrieval-url", "http://x"],
         [*ev[:-1], "--out", "o2", "--index", "notarun"],
         # train / sft
         ["train", "--set", "train.lr=nan"], ["train", "--set", "train.lr=inf"], ["train", "--set", "train.lr=-inf"],
