@@ -140,10 +140,14 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
-    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the marker)."""
+    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the marker, with the
+    ``provenance``: the hindsearch commit and the machine that made the folder, which ``hindsearch report`` shows)."""
+    from hindsearch.provenance import provenance
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **record}
+    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "provenance": provenance(),
+            **record}
     write_json_atomic(out / OUTPUT_MARKER, meta)
     return meta
 
