@@ -34,32 +34,97 @@ def plain(label: Any) -> str:
     return s if len(s) <= MAX_LABEL else s[:MAX_LABEL - 1] + "…"
 
 
+LEGEND_BELOW = 3
+"""A legend with this many entries or more is drawn below the plot (in up to 3 columns), not over the lines."""
+
+
 def legend(ax: Any, **kw: Any) -> None:
-    """The legend with its texts taken verbatim (no mathtext)."""
+    """The legend with its texts taken verbatim (no mathtext): over the plot where it covers least when it is
+    short, below the plot when it has ``LEGEND_BELOW`` entries or more; 8 pt, so it reads at the page's size."""
+    n = len(ax.get_legend_handles_labels()[0])
+    if not n:
+        return
+    kw.setdefault("fontsize", 7.5 if n >= LEGEND_BELOW else 8)
+    if n >= LEGEND_BELOW:
+        kw.update(loc="upper center", bbox_to_anchor=(0.5, -0.24), ncol=min(3, n), frameon=False)
+    else:
+        kw.setdefault("framealpha", 0.7)
     for t in ax.legend(**kw).get_texts():
         t.set_parse_math(False)
 
 
+def integer_steps(ax: Any) -> None:
+    """Ticks on whole steps only (a two-step run is not labelled 1.25, 1.5, 1.75)."""
+    from matplotlib.ticker import MaxNLocator
+
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def plain_y(ax: Any) -> None:
+    """y tick labels as values (``%.3g``), not as an offset or a power of ten above the axis: a learning rate of
+    2e-05 reads 2e-05."""
+    from matplotlib.ticker import FuncFormatter
+
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+
+
+def axes(title: str, xlabel: str = "step") -> tuple[Any, Any]:
+    """A figure and its axes with the report's sizes: 10 pt title, 8 pt labels and ticks."""
+    fig, ax = _pyplot().subplots(figsize=(4.4, 2.7))
+    ax.set_title(plain(title), fontsize=10, parse_math=False)
+    ax.set_xlabel(xlabel, fontsize=8)
+    ax.tick_params(labelsize=8)
+    return fig, ax
+
+
 def fig_to_b64(fig: Any) -> str:
     buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    fig.savefig(buf, format="png", dpi=DPI, bbox_inches="tight")
     _pyplot().close(fig)
     return base64.b64encode(buf.getvalue()).decode()
 
 
-def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str) -> str | None:
-    """Base64 PNG of ``(label, steps, values)`` lines (None when none has a value)."""
+DPI = 100
+"""Pixels per inch of the PNGs (a 4.4 x 2.7 inch plot is 440 x 270 pixels: three abreast on a wide screen)."""
+
+SMOOTH_FROM = 15
+"""With ``smooth``, a series of this many points or more is drawn as its moving average over about a tenth of
+its points (at least 3), over its per-step values drawn faint."""
+
+
+def moving_mean(ys: list[float], window: int) -> list[float]:
+    """Trailing mean over up to ``window`` values (the first points average what there is)."""
+    out, acc = [], 0.0
+    for i, y in enumerate(ys):
+        acc += y
+        if i >= window:
+            acc -= ys[i - window]
+        out.append(acc / min(i + 1, window))
+    return out
+
+
+def smoothing_window(n: int) -> int:
+    return max(3, n // 10)
+
+
+def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str, smooth: bool = False) -> str | None:
+    """Base64 PNG of ``(label, steps, values)`` lines (None when none has a value). ``smooth``: series of
+    ``SMOOTH_FROM`` points or more are drawn as a moving average over their faint per-step values."""
     pts = [(k, [(x, y) for x, y in zip(xs, ys) if plottable(x) and plottable(y)]) for k, xs, ys in data]
     pts = [(k, xy) for k, xy in pts if xy]
     if not pts:
         return None
-    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
+    fig, ax = axes(title)
     for k, xy in pts:
-        ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o" if len(xy) < 30 else None, ms=3, label=plain(k))
-    ax.set_title(title, fontsize=10)
-    ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(labelsize=7)
-    legend(ax, fontsize=6, framealpha=0.6)
+        xs, ys = [x for x, _ in xy], [y for _, y in xy]
+        if smooth and len(xy) >= SMOOTH_FROM:
+            (line,) = ax.plot(xs, ys, lw=0.8, alpha=0.3)
+            ax.plot(xs, moving_mean(ys, smoothing_window(len(ys))), lw=1.6, color=line.get_color(), label=plain(k))
+        else:
+            ax.plot(xs, ys, marker="o" if len(xy) < 30 else None, ms=3, label=plain(k))
+    integer_steps(ax)
+    plain_y(ax)
+    legend(ax)
     ax.grid(alpha=0.3)
     return fig_to_b64(fig)
 
@@ -79,21 +144,19 @@ def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     keys = [k for k in keys if any(plottable(r.get(k)) for r in rows)]
     if not keys:
         return None
-    fig, ax = _pyplot().subplots(figsize=(4.2, 2.6))
+    fig, ax = axes("Step time split (s)")
     bottom = [0.0] * len(rows)
     for k in keys:
         vals = [float(r[k]) if plottable(r.get(k)) else 0.0 for r in rows]
         ax.bar(steps, vals, bottom=bottom, label=plain(k.removeprefix("time/")))
         bottom = [b + v for b, v in zip(bottom, vals)]
-    ax.set_title("Step time split (s)", fontsize=10)
-    ax.set_xlabel("step", fontsize=8)
-    ax.tick_params(labelsize=7)
-    legend(ax, fontsize=6)
+    integer_steps(ax)
+    legend(ax)
     return fig_to_b64(fig)
 
 
 def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, float] | None]], title: str,
-             ylabel: str, zero_line: bool = False) -> str | None:
+             ylabel: str, zero_line: bool = False, show_legend: bool = True) -> str | None:
     """Base64 PNG of grouped bars: per group (x), one bar per key of ``bars`` at ``value`` with the error
     bar from ``low`` to ``high`` (``(value, low, high)``; None leaves the bar out). None when nothing to draw."""
     bars = {k: [v if v is not None and all(plottable(x) for x in v) else None for v in vals] for k, vals in bars.items()}
@@ -110,11 +173,12 @@ def bar_plot(groups: Sequence[str], bars: dict[str, list[tuple[float, float, flo
                    yerr=[[p[0] - p[1] for p in pts], [p[2] - p[0] for p in pts]], capsize=3, error_kw={"lw": 1})
     if zero_line:
         ax.axhline(0, color="#444", lw=0.8)
-    ax.set_xticks(range(len(groups)), [plain(g) for g in groups], fontsize=7, rotation=20 if len(groups) > 4 else 0,
+    ax.set_xticks(range(len(groups)), [plain(g) for g in groups], fontsize=8, rotation=20 if len(groups) > 4 else 0,
                   parse_math=False)
-    ax.set_title(title, fontsize=10)
+    ax.set_title(plain(title), fontsize=10, parse_math=False)
     ax.set_ylabel(ylabel, fontsize=8)
-    ax.tick_params(labelsize=7)
-    legend(ax, fontsize=6, framealpha=0.6)
+    ax.tick_params(labelsize=8)
+    if show_legend:
+        legend(ax)
     ax.grid(alpha=0.3, axis="y")
     return fig_to_b64(fig)

@@ -124,6 +124,10 @@ class Run:
     config_text: str = ""
     results: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    marker: dict[str, Any] = field(default_factory=dict)
+    """``.hindsearch-output.json``: when the run started (``created``), its ``provenance`` (commit, machine)."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """``config.toml`` parsed ({} when absent or unreadable: the page says why)."""
     bad_lines: list[str] = field(default_factory=list)
 
 
@@ -209,7 +213,36 @@ def load_run(path: str | Path) -> Run:
     run.config_text = read_text(p / "config.toml", run.bad_lines)
     run.results = read_json(p / "results.json", run.bad_lines)
     run.summary = read_json(p / "summary.json", run.bad_lines)
+    run.marker = read_json(p / MARKER, run.bad_lines)
+    run.config = parse_toml(run.config_text, p / "config.toml", run.bad_lines)
     return run
+
+
+MARKER = ".hindsearch-output.json"
+"""The marker every hindsearch output folder holds (``fsutil.OUTPUT_MARKER``)."""
+
+
+def parse_toml(raw: str, path: Path, bad: list[str]) -> dict[str, Any]:
+    """``raw`` TOML as a dict ({} when empty; a parse error is reported in ``bad``)."""
+    import tomllib
+
+    if not raw.strip():
+        return {}
+    try:
+        return tomllib.loads(raw)
+    except (tomllib.TOMLDecodeError, RecursionError) as e:
+        bad.append(f"{path}: not TOML ({_reason(e)})")
+        return {}
+
+
+def is_eval_dir(path: Path) -> bool:
+    """An evaluation folder (``hindsearch eval --out``): its marker says ``eval``, or it holds the ``summary.json``
+    of an evaluation (``benchmarks``) with ``trajectories.jsonl`` and no ``metrics.jsonl``."""
+    if (path / "metrics.jsonl").exists():
+        return False
+    if read_json(path / MARKER, []).get("kind") == "eval":
+        return True
+    return (path / "trajectories.jsonl").exists() and isinstance(read_json(path / "summary.json", []).get("benchmarks"), dict)
 
 
 def is_compare_dir(path: Path) -> bool:
@@ -277,7 +310,7 @@ def metric_groups(keys: set[str]) -> dict[str, list[str]]:
         "Reward": first("reward_mean", "reward", "rewards/em_reward/mean") + first("reward_std"),
         "Exact match (training rollouts, greedy dev)": first("em", "train/em") + [k for k in numeric if k.startswith("dev") and "em" in k],
         "Searches per rollout": first("searches_per_rollout", "num_searches"),
-        "Validity": present("validity_rate", "invalid_turn_rate", "answered_rate"),
+        "Validity": present("validity_rate", "invalid_turn_rate", "answered_rate") + present("completions/clipped_ratio"),
         "Loss parts": [k for k in numeric if k == "loss" or k.startswith("loss/") or k in ("hind/L_hind", "igsd/L_igsd")],
         "HindSearch weights": present("hind/mean_w", "hind/frac_w_pos", "hind/mean_lT_minus_lS", "hind/critique_minus_neutral",
                                       "hind/failed_frac"),
@@ -285,6 +318,23 @@ def metric_groups(keys: set[str]) -> dict[str, list[str]]:
         "IGSD gate statistics": [k for k in numeric if k.startswith("igsd/") and any(s in k for s in ("gate", "delta"))],
         "Lengths": present("completion_len", "generated_len", "prompt_len"),
     }
+
+
+CLIP_KEYS = ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/low_min",
+             "clip_ratio/high_max")
+"""TRL's PPO-clip statistics, in the order drawn: the share of tokens whose ratio was clipped (both sides), below
+1 - epsilon, above 1 + epsilon, and the extreme shares over processes."""
+
+
+def health_groups(keys: set[str]) -> dict[str, list[str]]:
+    """The training-health panels (TRL's names in ``metrics.jsonl``): learning rate, gradient norm, KL to the
+    reference model, token entropy and the clip ratios (any other ``clip_ratio/*`` after the known ones)."""
+    clip = [k for k in CLIP_KEYS if k in keys] + sorted(k for k in keys if k.startswith("clip_ratio/") and k not in CLIP_KEYS)
+    return {"Learning rate": [k for k in ("learning_rate",) if k in keys],
+            "Gradient norm (before clipping)": [k for k in ("grad_norm",) if k in keys],
+            "KL to the reference model": [k for k in ("kl",) if k in keys],
+            "Entropy (nats per token)": [k for k in ("entropy",) if k in keys],
+            "Clip ratios": clip}
 
 
 def time_keys(keys: set[str]) -> list[str]:

@@ -9,11 +9,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+from hindsearch.report.browse import Evidence, evidence_of, grouped, hops_key, read_qa, train_qa_path, turn_quality
 from hindsearch.report.env import environment
+from hindsearch.report.header import run_header
 from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (MAX_BAD_SHOWN, Run, finite, is_number, is_value, left_out, metric_groups,
-                                   plottable, read_json, read_jsonl, scaled, series, show_number, sub_runs,
-                                   summary_rows, text, time_keys)
+from hindsearch.report.runs import (MAX_BAD_SHOWN, Run, finite, health_groups, is_number, is_value, left_out,
+                                   metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
+                                   sub_runs, summary_rows, text, time_keys)
 
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
@@ -112,7 +114,38 @@ def metrics_view(run: Run) -> dict[str, Any]:
             tks, extra_t = capped(time_keys(keys))
             panels.append(panel("Step time split", lambda tks=tks: time_plot(run.metrics, tks),
                                 [(k, left_out(run.metrics, k)) for k in tks], extra_t))
-    return {"steps": len(run.metrics), "summary": summary_rows(run.metrics), "panels": panels}
+    health = []
+    for title, ks in health_groups(keys).items():
+        data = [(k, *series(run.metrics, k)) for k in ks]
+        why = "; ".join(n for n in (health_note(title, ks, run.config), constant_note(data)) if n) or None
+        health.append(panel(title, lambda data=data, title=title: plot_lines(data, title),
+                            [(k, left_out(run.metrics, k)) for k in ks], why))
+    cut = next((i + 1 for i, p in enumerate(panels) if p["title"] == "Step time split"), 0)
+    return {"steps": len(run.metrics), "summary": summary_rows(run.metrics), "headline": panels[:cut],
+            "health": health, "panels": panels[cut:]}
+
+
+def constant_note(data: Sequence[tuple[str, list[float], list[float]]]) -> str | None:
+    """The series that hold one value at every logged step (their lines lie on top of each other): named, with
+    the value, so a flat line at 0 is not read as missing."""
+    same: dict[float, list[str]] = {}
+    for k, xs, ys in data:
+        if len(ys) > 1 and min(ys) == max(ys):
+            same.setdefault(ys[0], []).append(text(k))
+    if not same:
+        return None
+    if len(same) == 1 and len(next(iter(same.values()))) == len(data) > 3:
+        return f"all {len(data)} lines = {next(iter(same)):.3g} at every step"
+    return "; ".join(f"{', '.join(ks)} = {v:.3g} at every step" for v, ks in same.items())
+
+
+def health_note(title: str, keys: list[str], cfg: dict[str, Any]) -> str | None:
+    """Why a training-health panel is empty, where the config says (no KL is computed when ``train.kl_coef = 0``)."""
+    if title.startswith("KL") and not keys:
+        beta = cfg.get("train", {}).get("kl_coef") if isinstance(cfg.get("train"), dict) else None
+        if is_number(beta) and beta == 0:
+            return "train.kl_coef = 0: TRL computes no KL to the reference model (it is not in the loss)"
+    return None
 
 
 # --------------------------------------------------------------------------- evaluation and probes
@@ -292,51 +325,108 @@ def sample_reward(s: dict[str, Any]) -> float:
     return finite(s.get("reward")) or 0.0
 
 
-def sample_view(s: dict[str, Any]) -> dict[str, Any]:
-    """One rollout of the trajectory browser (the fields ``rollout_adapter.sample_records`` writes)."""
+def sample_view(s: dict[str, Any], ev: Evidence | None = None, ok: bool | None = None) -> dict[str, Any]:
+    """One rollout of the trajectory browser (the fields ``rollout_adapter.sample_records`` writes, or a row of an
+    evaluation's ``trajectories.jsonl``: its ``benchmark`` and ``completion_text``). ``ok``: whether it succeeded
+    (default: reward > 0); ``ev``: the evidence its searches are scored against (``browse.turn_quality``)."""
     reward = sample_reward(s)
-    ok = reward > 0
-    comp = s.get("completion")
+    ok = reward > 0 if ok is None else ok
+    comp = s.get("completion", s.get("completion_text"))
     raw = s.get("reward")
+    turns = turns_of(s)
+    recall = share = None
+    if turns is not None:
+        quality, recall, share = turn_quality([t for t in s["turns"] if isinstance(t, dict)], ev or Evidence())
+        turns = [{**t, **q, "marked": list(zip(t["titles"], q["hits"] + [False] * (len(t["titles"]) - len(q["hits"]))))}
+                 for t, q in zip(turns, quality)]
+    bench = s.get("benchmark")
     return {"ok": ok, "reward": show_number(raw, "g") if is_value(raw) else f"{reward:g}",
-            "step": text(s.get("step", "?")), "question": text(s.get("question", "?")), "hops": text(s.get("hops", "?")),
-            "gold": texts(s.get("golden_answers")), "turns": turns_of(s), "answer": text(s.get("answer")),
+            "step": None if "step" not in s and bench is not None else text(s.get("step", "?")),
+            "benchmark": None if bench is None else text(bench),
+            "question": text(s.get("question", "?")), "hops": "?" if s.get("hops") is None else text(s["hops"]),
+            "gold": texts(s.get("golden_answers")), "turns": turns, "answer": text(s.get("answer")),
             "stop": text(s.get("stop_reason", "")), "hind": None if ok else hind_view(s.get("hind")),
-            "igsd": igsd_view(s.get("igsd")), "completion": None if comp is None else text(comp)}
+            "igsd": igsd_view(s.get("igsd")), "completion": None if comp is None else text(comp), "recall": recall,
+            "recall_share": share}
 
 
 def broken_sample(s: dict[str, Any], reason: str) -> dict[str, Any]:
     """A rollout ``sample_view`` could not show: its step and question (as far as they show) and the reason."""
+    bench = s.get("benchmark")
     return {"ok": False, "reward": "?", "step": text(s.get("step", "?")), "question": text(s.get("question", "?")),
+            "benchmark": None if bench is None else text(bench),
             "hops": "?", "gold": [], "turns": [], "answer": f"(not shown: {reason})", "stop": "", "hind": None,
-            "igsd": None, "completion": None}
+            "igsd": None, "completion": None, "recall": None, "recall_share": None}
 
 
-def trajectories_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
-    samples = run.samples[-max_samples:]
-    views = []
-    for s in reversed(samples):
+def sample_views(samples: Sequence[dict[str, Any]], qa: dict[str, Any] | None = None,
+                 ok: Callable[[dict[str, Any]], bool] | None = None) -> tuple[list[dict[str, Any]], int, set[str]]:
+    """``sample_view`` of each sample (a sample that cannot be shown says why), how many had evidence to score
+    their searches against, and where that evidence came from."""
+    views, scored, sources = [], 0, set()
+    for s in samples:
         errs: list[str] = []
-        views.append(guarded("sample", errs, lambda s=s: sample_view(s), None) or broken_sample(s, errs[0]))
+
+        def one(s: dict[str, Any] = s) -> dict[str, Any]:
+            nonlocal scored
+            ev = evidence_of(s, qa)
+            if ev:
+                scored += 1
+                sources.add(ev.source)
+            return sample_view(s, ev, None if ok is None else ok(s))
+
+        views.append(guarded("sample", errs, one, None) or broken_sample(s, errs[0]))
+    return views, scored, sources
+
+
+def retrieval_note(scored: int, shown: int, sources: set[str], qa_path: Path | None,
+                   missing: str = "the training QA file was not found") -> str:
+    """What the per-search retrieval quality of the browser is measured against, or why there is none."""
+    if not shown:
+        return ""
+    if not scored:
+        return ("Retrieval quality per search: not recorded (the rollouts carry no evidence"
+                + (f", and {missing}" if qa_path is None else
+                   f", and {text(str(qa_path))} names none for these questions") + ").")
+    where = "; ".join(sorted(sources))
+    if qa_path is not None and "the question's row of its QA file" in sources:
+        where = where.replace("its QA file", text(str(qa_path)))
+    return (f"Retrieval quality per search ({scored} of {shown} rollouts; evidence from {where}): the share of the "
+            "question's evidence retrieved so far; retrieved passages that are evidence are marked ✓.")
+
+
+def trajectories_view(run: Run, max_samples: int = MAX_SAMPLES, anchor: str = "run") -> dict[str, Any]:
+    samples = list(reversed(run.samples[-max_samples:]))
+    qa_path, qa = None, None
+    if any(not s.get("evidence") and s.get("qid") is not None for s in samples):
+        qa_path = train_qa_path(run)
+        qa = read_qa(qa_path, run.bad_lines)
+    views, scored, sources = sample_views(samples, qa)
     return {"total": len(run.samples), "shown": len(samples),
             "failed": sum(1 for s in samples if sample_reward(s) <= 0),
             "critiques": sum(1 for s in samples if isinstance(s.get("hind"), dict)),
-            "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples), "samples": views}
+            "igsd_pairs": sum(len(igsd_pairs(s.get("igsd"))) for s in samples),
+            "browser": grouped(views, anchor, "hops", hops_key),
+            "retrieval_note": retrieval_note(scored, len(samples), sources, qa_path)}
 
 
-NO_TRAJECTORIES = {"total": 0, "shown": 0, "failed": 0, "critiques": 0, "igsd_pairs": 0, "samples": []}
+NO_TRAJECTORIES = {"total": 0, "shown": 0, "failed": 0, "critiques": 0, "igsd_pairs": 0, "browser": None,
+                   "retrieval_note": ""}
 
 
-def run_view(run: Run, max_samples: int = MAX_SAMPLES) -> dict[str, Any]:
-    """Everything the template shows of one run: metrics, evaluation, probes, trajectories (the last
-    ``max_samples``), config, and the lines and parts that could not be read (all counted, the first
-    ``MAX_BAD_SHOWN`` named)."""
+def run_view(run: Run, max_samples: int = MAX_SAMPLES, anchor: str = "run") -> dict[str, Any]:
+    """Everything the template shows of one run: the header (``header.run_header``), metrics (headline,
+    training health, the rest), evaluation, probes, trajectories (the last ``max_samples``, grouped), config,
+    and the lines and parts that could not be read (all counted, the first ``MAX_BAD_SHOWN`` named).
+    ``anchor``: the prefix of the page's ids for this run (unique on a page of several runs)."""
     bad = run.bad_lines
-    view = {"name": text(run.path.name),
+    view = {"name": text(run.path.name), "anchor": anchor,
+            "header": guarded("header", bad, lambda: run_header(run), []),
             "metrics": guarded("metrics", bad, lambda: metrics_view(run), None) if run.metrics else None,
             "evaluation": guarded("evaluation", bad, lambda: evaluation_view(run), []),
             "probe": guarded("probe.json", bad, lambda: probe_view(run.path), None),
-            "trajectories": guarded("trajectories", bad, lambda: trajectories_view(run, max_samples), NO_TRAJECTORIES),
+            "trajectories": guarded("trajectories", bad, lambda: trajectories_view(run, max_samples, anchor),
+                                    NO_TRAJECTORIES),
             "config_text": run.config_text}
     return {**view, "bad_count": len(bad), "bad_lines": bad[:MAX_BAD_SHOWN]}
 
