@@ -14,8 +14,8 @@ from typing import Any
 from hindsearch.report.browse import grouped, bench_key, read_qa
 from hindsearch.report.header import eval_header
 from hindsearch.report.plots import bar_plot
-from hindsearch.report.runs import (MARKER, MAX_BAD_SHOWN, _reason, finite, is_value, parse_json, read_json, scaled,
-                                   text)
+from hindsearch.report.runs import (MARKER, MAX_BAD_SHOWN, finite, is_value, iter_jsonl, read_json,
+                                   scaled, text)
 from hindsearch.report.views import guarded, retrieval_note, sample_views
 
 EVAL_SHOWN = 12
@@ -113,28 +113,12 @@ def read_trajectories(path: Path, bad: list[str], per_group: int = EVAL_SHOWN
     kept: list[dict[str, Any]] = []
     counts: dict[tuple[str, str], int] = {}
     n = 0
-    if not path.exists():
-        return kept, counts, n
-    try:
-        with path.open("rb") as f:
-            for i, raw in enumerate(f, 1):
-                if not raw.strip():
-                    continue
-                try:
-                    row = parse_json(raw.decode("utf-8"))
-                except (UnicodeDecodeError, ValueError) as e:
-                    bad.append(f"{path.name}:{i}: {_reason(e)}")
-                    continue
-                if not isinstance(row, dict):
-                    bad.append(f"{path.name}:{i}: not a JSON object")
-                    continue
-                n += 1
-                key = ("ok" if (finite(row.get("em")) or 0.0) > 0 else "fail", text(row.get("benchmark", "?")))
-                counts[key] = counts.get(key, 0) + 1
-                if counts[key] <= per_group:
-                    kept.append({k: v for k, v in row.items() if k not in HEAVY})
-    except OSError as e:
-        bad.append(f"{path.name}: unreadable ({type(e).__name__}: {_reason(e)})")
+    for row in iter_jsonl(path, bad, name=path.name):  # one row at a time: an eval's file can be large
+        n += 1
+        key = ("ok" if (finite(row.get("em")) or 0.0) > 0 else "fail", text(row.get("benchmark", "?")))
+        counts[key] = counts.get(key, 0) + 1
+        if counts[key] <= per_group:
+            kept.append({k: v for k, v in row.items() if k not in HEAVY})
     return kept, counts, n
 
 

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from hindsearch.report.runs import clean, plottable, series
+from hindsearch.results import moving_average
 
 MAX_LABEL = 60
 """Characters of a label drawn (a longer metric name is cut with an ellipsis)."""
@@ -92,17 +93,6 @@ SMOOTH_FROM = 15
 its points (at least 3), over its per-step values drawn faint."""
 
 
-def moving_mean(ys: list[float], window: int) -> list[float]:
-    """Trailing mean over up to ``window`` values (the first points average what there is)."""
-    out, acc = [], 0.0
-    for i, y in enumerate(ys):
-        acc += y
-        if i >= window:
-            acc -= ys[i - window]
-        out.append(acc / min(i + 1, window))
-    return out
-
-
 def smoothing_window(n: int) -> int:
     return max(3, n // 10)
 
@@ -119,7 +109,7 @@ def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str,
         xs, ys = [x for x, _ in xy], [y for _, y in xy]
         if smooth and len(xy) >= SMOOTH_FROM:
             (line,) = ax.plot(xs, ys, lw=0.8, alpha=0.3)
-            ax.plot(xs, moving_mean(ys, smoothing_window(len(ys))), lw=1.6, color=line.get_color(), label=plain(k))
+            ax.plot(xs, moving_average(ys, smoothing_window(len(ys))), lw=1.6, color=line.get_color(), label=plain(k))
         else:
             ax.plot(xs, ys, marker="o" if len(xy) < 30 else None, ms=3, label=plain(k))
     integer_steps(ax)

@@ -7,6 +7,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 # --------------------------------------------------------------------------- values
@@ -135,12 +136,13 @@ def _reason(e: BaseException) -> str:
     return text(str(e))[:200]
 
 
-def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
-    """Rows of a JSONL file. A line that is not UTF-8, not JSON, too deeply nested or not an object is skipped
-    and reported in ``bad`` as ``file:line: reason`` (not dropped silently); an unreadable file as ``file: reason``."""
-    rows: list[dict[str, Any]] = []
+def iter_jsonl(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
+    """The objects of a JSONL file, one at a time (nothing when absent). A line that is not UTF-8, not JSON, too
+    deeply nested or not an object is skipped and reported in ``bad`` as ``file:line: reason`` (not dropped
+    silently); an unreadable file as ``file: reason``. ``name``: how the file is named there (default: its path)."""
+    where = name or str(path)
     if not path.exists():
-        return rows
+        return
     try:
         with path.open("rb") as f:
             for i, raw in enumerate(f, 1):
@@ -149,20 +151,24 @@ def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
                 try:
                     line = raw.decode("utf-8")
                 except UnicodeDecodeError as e:
-                    bad.append(f"{path}:{i}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
+                    bad.append(f"{where}:{i}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
                     continue
                 try:
                     obj = parse_json(line)
                 except ValueError as e:
-                    bad.append(f"{path}:{i}: {_reason(e)}")
+                    bad.append(f"{where}:{i}: {_reason(e)}")
                     continue
                 if isinstance(obj, dict):
-                    rows.append(obj)
+                    yield obj
                 else:
-                    bad.append(f"{path}:{i}: not a JSON object")
+                    bad.append(f"{where}:{i}: not a JSON object")
     except OSError as e:
-        bad.append(f"{path}: unreadable ({type(e).__name__}: {_reason(e)})")
-    return rows
+        bad.append(f"{where}: unreadable ({type(e).__name__}: {_reason(e)})")
+
+
+def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
+    """All rows of a JSONL file (``iter_jsonl``: bad lines skipped and reported in ``bad``)."""
+    return list(iter_jsonl(path, bad))
 
 
 def read_text(path: Path, bad: list[str]) -> str:
