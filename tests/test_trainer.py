@@ -542,3 +542,89 @@ def test_micro_batches_do_not_change_the_hindsight_weight(method, world, tok, tm
     full, micro = deltas["none"], deltas["1"]
     assert full.norm() > 0
     assert (micro - full).norm() / full.norm() < 1e-4, float((micro - full).norm() / full.norm())
+
+
+class NoSearchEngine(ScriptedEngine):
+    """Rollouts that never search: even ones answer the gold at once, odd ones answer ``nobody``. GRPO has a
+    gradient (rewards 1 / 0 in every group) and HindSearch has failed rollouts but none eligible (no query token)."""
+
+    def rollout(self, records, num_generations=1, **kw):
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        rows = [r for r in records for _ in range(num_generations)]
+        self._scripts = [[enc(f"<answer> {r.golden_answers[0] if i % 2 == 0 else 'nobody'} </answer>")]
+                         for i, r in enumerate(rows)]
+        return RolloutEngine.rollout(self, records, num_generations, **kw)
+
+
+@pytest.mark.parametrize("method", ["hindsearch", "igsd"])
+def test_a_step_with_nothing_to_distil_is_grpos_step(method, world, tok, tmp_path, monkeypatch):
+    """With no eligible rollout (one process), a hindsight step does GRPO's work and nothing more: no judge or
+    teacher forward, no LM head over the captured hidden states, no gradient-share backwards (GRPO has a gradient,
+    the term has no position: its share is 0 without computing it); its metrics are still logged (exact zeros) and
+    the weights after the step are GRPO's, bit for bit. Before, each micro-batch ran the LM head on zero positions
+    and a gradient-share step two extra backwards through it."""
+    import hindsearch.train.trainer as trainer_mod
+
+    w, retriever = world
+    records = w.splits["train"][:2]
+    shares = []
+    real_shares = trainer_mod.update_shares
+    monkeypatch.setattr(trainer_mod, "update_shares", lambda *a: shares.append(1) or real_shares(*a))
+    weights, counts = {}, {}
+    for m in ("grpo", method):
+        cfg = Config.load(None, OVERRIDES + [f'method="{m}"', "train.steps=1", "train.kl_coef=0.0",
+                                             'hindsearch.judge_kind="lm"', "igsd.max_positions_per_rollout=2",
+                                             "igsd.max_query_tokens=4", "igsd.n_controls=1", "train.micro_batch_size=1"])
+        model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+        ensure_on_disk(model, tok, tmp_path / m / "init")
+        model.train()
+        engine = NoSearchEngine(model, tok, retriever, cfg.rollout)
+        trainer = build_trainer(cfg, model, tok, engine, retriever, records, tmp_path / m)
+        n = {"lm_head": 0, "frozen": 0}
+        model.get_output_embeddings().register_forward_hook(lambda *_: n.__setitem__("lm_head", n["lm_head"] + 1))
+        if trainer.aux_ctx is not None:  # the LM judge and the frozen teacher (IGSD's proposer too)
+            trainer.aux_ctx.frozen.register_forward_hook(lambda *_: n.__setitem__("frozen", n["frozen"] + 1))
+        trainer.train()
+        weights[m] = [p.detach().clone() for p in model.parameters()]
+        counts[m] = n
+        rows = [json.loads(x) for x in (tmp_path / m / "metrics.jsonl").read_text().splitlines()]
+    row = rows[0]
+    name = {"hindsearch": "hind", "igsd": "igsd"}[method]
+    assert row["rollout/reward_mean"] == pytest.approx(0.5) and row["grad_norm"] > 0  # GRPO has work
+    assert row[f"{name}/loss"] == 0.0 and row[f"{name}/grad_share"] == 0.0  # logged as before, computed for free
+    if method == "hindsearch":
+        assert row["hind/failed"] == 2.0 and row["hind/eligible"] == 0.0 and row["hind/distill_tokens"] == 0.0
+        assert row["hind/tokens"] == 0.0 and "hind/mean_lT_minus_lS" in row
+    assert counts[method]["frozen"] == 0 and counts[method] == counts["grpo"], counts  # lm_head: the rollouts' only
+    assert shares == []
+    assert all(torch.equal(a, b) for a, b in zip(weights["grpo"], weights[method]))
+
+
+def test_with_several_processes_the_lm_head_still_runs_on_every_micro_batch(world, tok, tmp_path, monkeypatch):
+    """The shortcut is for one process only: under ``sync.active()`` (emulated here, the collectives answered by
+    this rank alone) every micro-batch applies the LM head even with nothing to distil (a sharded head's gather
+    must pair up on every rank), and the gradient-share backwards are skipped when no rank has a position."""
+    import hindsearch.train.trainer as trainer_mod
+    from hindsearch.hindsight import sync
+
+    monkeypatch.setattr(sync, "active", lambda: True)
+    monkeypatch.setattr(sync, "any_rank", lambda flag: flag)
+    shares = []
+    real_shares = trainer_mod.update_shares
+    monkeypatch.setattr(trainer_mod, "update_shares", lambda *a: shares.append(1) or real_shares(*a))
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.steps=1", "train.kl_coef=0.0",
+                                         'hindsearch.judge_kind="oracle"', "train.micro_batch_size=1"])
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
+    ensure_on_disk(model, tok, tmp_path / "init")
+    model.train()
+    trainer = build_trainer(cfg, model, tok, NoSearchEngine(model, tok, retriever, cfg.rollout), retriever,
+                            w.splits["train"][:2], tmp_path)
+    losses, empty_heads = [], []
+    trainer.compute_loss = (lambda f: lambda *a, **k: losses.append(1) or f(*a, **k))(trainer.compute_loss)
+    model.get_output_embeddings().register_forward_hook(
+        lambda _m, args, _o: empty_heads.append(1) if args[0].numel() == 0 else None)
+    trainer.train()
+    row = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[0])
+    assert row["hind/eligible"] == 0.0 and row["hind/grad_share"] == 0.0 and shares == []
+    assert len(losses) == 4 and len(empty_heads) == 4  # 4 micro-batches of one rollout, the head on 0 positions

@@ -56,7 +56,8 @@ Which models are sharded (``train/run.py: build_trainer``):
 
 The loss side needs nothing here: the hindsight losses reuse the hidden states of TRL's own training
 forward (the same number on every rank) and apply the LM head once per ``compute_loss`` on every
-rank, even with no selected position.
+rank, even with no selected position (a single process skips the LM head, and the hidden-state capture,
+on a micro-batch with nothing to distil: no collective to pair there).
 """
 
 from __future__ import annotations

@@ -25,7 +25,12 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    forward hook on ``model.base_model``) and project through the LM head **only the positions a term
    distils** (``term.positions``: query/action tokens of failed rollouts, IGSD's verified positions), never
    ``[B, T, V]``: ``logits[n]`` predicts ``completion_ids[idx[n]]`` (raw, not temperature-scaled). The hook
-   is installed only when there are terms, so plain GRPO pays nothing.
+   is installed only when there are terms, so plain GRPO pays nothing; in a single process a micro-batch in
+   which no term has a position (no eligible rollout, nothing verified) runs exactly GRPO's forward and
+   backward too (no hook, no LM head, no gradient share; the terms log their exact zeros). With several
+   processes every rank still applies the LM head once per ``compute_loss`` (``hindsearch.hindsight.sync``).
+   ``<term>/grad_share`` is computed only when GRPO has a gradient and some term a position (else skipped,
+   or 0 without the two backwards).
 5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
    (``record_metrics``), which TRL's ``log`` averages per optimizer step; on several processes each value
    is first reduced over the processes (``gather_metrics``: counts and seconds summed, rates and means
@@ -306,39 +311,84 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             handle.remove()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        from hindsearch.hindsight import sync
+
         if not self.terms:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
         else:
-            with self._capture_hidden(model) as captured:
+            need = self._needed_positions(inputs)
+            if not sync.active() and not bool(need.any()):
+                # nothing to distil in this micro-batch, one process: exactly GRPO's forward and backward (no hidden
+                # capture, no LM head, no gradient share); the terms' metrics are their exact zeros, as before
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
-            hidden = torch.cat(captured, dim=0) if len(captured) > 1 else captured[0]
-            completion_ids = inputs["completion_ids"]
-            lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
-            C = completion_ids.size(1)
-            need = torch.zeros(completion_ids.shape, dtype=torch.bool, device=completion_ids.device)
-            for term in self.terms:
-                need |= term.positions(term_inputs(inputs, term.name), C).to(need.device)
-            logits, idx = selected_logits(hidden, lm_head, C, need)
-            grpo_loss = loss
-            weighted: list[tuple[str, torch.Tensor]] = []
-            metrics: dict[str, float] = {}
-            for term in self.terms:
-                term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
-                w = self._micro_batch_weight(term, inputs, need.shape[1])
-                loss = loss + term.lam * term_loss * w
-                weighted.append((term.name, term.lam * term_loss * w))
-                metrics[f"{term.name}/loss"] = float(term_loss.detach())
-                metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
-            if (self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0
-                    and self._grpo_has_gradient(inputs)):
-                metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
-            self.record_metrics(metrics)
+                self.record_metrics(self._idle_term_metrics(model, inputs))
+            else:  # a position to distil, or several processes: every rank runs the LM head, even on no position
+                loss = self._loss_with_terms(model, inputs, need, return_outputs, num_items_in_batch)
         if not torch.isfinite(loss.detach()).all():
             raise NonFiniteLoss(
                 f"non-finite training loss ({float(loss.detach())}) at step {self.state.global_step + 1}"
             )
         self.record_metrics({"loss/total": float(loss.detach())})
         return loss
+
+    def _needed_positions(self, inputs: dict[str, Any]) -> torch.Tensor:
+        """Bool ``[B, C]``: the union of the positions the terms distil in this micro-batch."""
+        completion_ids = inputs["completion_ids"]
+        C = completion_ids.size(1)
+        need = torch.zeros(completion_ids.shape, dtype=torch.bool, device=completion_ids.device)
+        for term in self.terms:
+            need |= term.positions(term_inputs(inputs, term.name), C).to(need.device)
+        return need
+
+    def _loss_with_terms(self, model: Any, inputs: dict[str, Any], need: torch.Tensor, return_outputs: bool,
+                         num_items_in_batch: Any) -> torch.Tensor:
+        """TRL's loss plus ``sum_k lam_k L_k`` from the hidden states of TRL's own forward, the terms' metrics and,
+        on a gradient-share step, ``<term>/grad_share``."""
+        from hindsearch.hindsight import sync
+
+        with self._capture_hidden(model) as captured:
+            loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
+        hidden = torch.cat(captured, dim=0) if len(captured) > 1 else captured[0]
+        completion_ids = inputs["completion_ids"]
+        lm_head = self.accelerator.unwrap_model(model).get_output_embeddings()
+        logits, idx = selected_logits(hidden, lm_head, completion_ids.size(1), need)
+        grpo_loss = loss
+        weighted: list[tuple[str, torch.Tensor]] = []
+        metrics: dict[str, float] = {}
+        for term in self.terms:
+            term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
+            w = self._micro_batch_weight(term, inputs, need.shape[1])
+            loss = loss + term.lam * term_loss * w
+            weighted.append((term.name, term.lam * term_loss * w))
+            metrics[f"{term.name}/loss"] = float(term_loss.detach())
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
+        if self._grad_share_step() and self._grpo_has_gradient(inputs):
+            if sync.any_rank(bool(need.any())):
+                metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
+            else:  # no term has a position on any process: every share is 0 (not two backwards to find it)
+                metrics.update({f"{term.name}/grad_share": 0.0 for term in self.terms})
+        self.record_metrics(metrics)
+        return loss
+
+    def _idle_term_metrics(self, model: Any, inputs: dict[str, Any]) -> dict[str, float]:
+        """The metrics ``_loss_with_terms`` logs for a micro-batch without a position to distil: each term's loss and
+        metrics on zero selected logits (its exact zeros), and a zero ``<term>/grad_share`` where a share is due."""
+        completion_ids = inputs["completion_ids"]
+        weight = self.accelerator.unwrap_model(model).get_output_embeddings().weight
+        logits = torch.zeros((0, weight.shape[0]), dtype=weight.dtype, device=completion_ids.device)
+        idx = torch.zeros((0, 2), dtype=torch.long, device=completion_ids.device)
+        metrics: dict[str, float] = {}
+        for term in self.terms:
+            term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
+            metrics[f"{term.name}/loss"] = float(term_loss.detach())
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
+        if self._grad_share_step() and self._grpo_has_gradient(inputs):
+            metrics.update({f"{term.name}/grad_share": 0.0 for term in self.terms})
+        return metrics
+
+    def _grad_share_step(self) -> bool:
+        """Whether this training step logs ``<term>/grad_share`` (every ``train.grad_share_steps`` steps)."""
+        return bool(self.grad_share_steps and self.model.training and self.state.global_step % self.grad_share_steps == 0)
 
     def _grpo_has_gradient(self, inputs: dict[str, Any]) -> bool:
         """False when GRPO's loss has no gradient on any process: ``train.grpo_scale = 0``, or every advantage 0
