@@ -662,3 +662,29 @@ def test_claimed_folders_record_provenance(tmp_path):
     host = prov["host"]
     assert host["cpus"] == os.cpu_count() and host["torch"] == torch.__version__ and isinstance(host["gpus"], list)
     assert not any(k in json.dumps(prov) for k in (os.uname().nodename, os.environ.get("USER") or "\0"))
+
+
+def test_a_resume_records_what_made_it_and_the_header_names_a_change(tmp_path):
+    """The marker's provenance is the start's; each resume appends its own, and the run header says when the last
+    resume ran on another commit."""
+    import copy
+
+    from hindsearch.config import Config
+    from hindsearch.fsutil import claim_output, read_marker
+    from hindsearch.report.header import run_header
+    from hindsearch.report.runs import Run
+    from hindsearch.train.run import check_resume_config
+
+    run = tmp_path / "run"
+    claim_output(run, "run")
+    cfg = Config.load(None, [f'out="{run.as_posix()}"'])
+    marker = check_resume_config(cfg, run, False, lambda *_: None)
+    assert len(marker["resumes"]) == 1 and marker["resumes"][0]["provenance"]["hindsearch"]["commit"] == git_head()
+    started = read_marker(run)
+    moved = copy.deepcopy(marker)
+    moved["resumes"][0]["provenance"]["hindsearch"]["commit"] = "f" * 40  # resumed on another commit
+    note = next(x for x in run_header(Run(path=run, marker=moved)) if x["label"] == "git commit")["note"]
+    assert "resumed 1 time" in note and "last resume on commit ffffffffffff" in note
+    same = next(x for x in run_header(Run(path=run, marker=marker)) if x["label"] == "git commit")["note"]
+    assert "resumed 1 time" in same and "last resume on" not in same  # same commit and machine: only the count
+    assert started.get("provenance", {}).get("hindsearch", {}).get("commit") == git_head()

@@ -151,6 +151,16 @@ def run_header(run: Run) -> list[dict[str, Any]]:
         per_step = f"{text(q)} questions × {text(g)} rollouts = {text(q * g)} rollouts"
     wall, wall_note = wall_time(run)
     commit, commit_note = commit_text(marker)
+    resumes = [r for r in marker.get("resumes", []) if isinstance(r, dict)] if isinstance(marker.get("resumes"), list) else []
+    if resumes:  # a resume on another commit or machine is named beside the start's
+        last_commit, _ = commit_text(resumes[-1])
+        last_hw = hardware_text(resumes[-1])
+        said = [f"resumed {len(resumes)} time{'s' * (len(resumes) != 1)}"]
+        if last_commit and last_commit != commit:
+            said.append(f"last resume on commit {last_commit}")
+        if last_hw and last_hw != hardware_text(marker):
+            said.append(f"last resume on {last_hw}")
+        commit_note = "; ".join(x for x in (commit_note, *said) if x)
     hw = hardware_text(marker)
     hw_note = []
     if dig(cfg, "model", "device"):

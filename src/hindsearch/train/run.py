@@ -250,6 +250,11 @@ def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any
     from hindsearch.fsutil import read_marker
 
     marker = read_marker(run_dir) or {"kind": "run"}
+    from hindsearch.provenance import provenance
+
+    # what made each resume (the marker's own provenance is the start's): the report names a commit or machine change
+    marker.setdefault("resumes", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                                             "provenance": provenance()})
     started = marker.get("config")
     now = _normal(cfg.to_dict())
     if not isinstance(started, dict):
