@@ -232,6 +232,36 @@ def test_held_out_states_round_trip_and_measures(world, tok, one_thread):
         HeldOutStates.from_dict(st.to_dict(), recs[:0])
 
 
+def test_sampled_rows_roll_out_a_few_questions_at_a_time(world, tok, one_thread):
+    """K samples of every test question, rolled out ``batch`` questions per call (all 600 x 4 at once were killed
+    for memory): one row per question, each call at most batch x K rows, the same rows for any batch size's
+    bookkeeping (ids, k, hop counts)."""
+    from test_mechanism import HintReader
+
+    from hindsearch.sampled import sampled_rows
+
+    w, retriever = world
+    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=8"])
+    model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
+    eng = HintReader(model, tok, retriever, cfg.rollout)
+    calls: list[int] = []
+    real = eng.rollout
+
+    def counted(records, **kw):
+        calls.append(len(records) * kw.get("num_generations", 1))
+        return real(records, **kw)
+
+    eng.rollout = counted
+    recs = w.splits["test"][:5]
+    with torch.no_grad():
+        rows = sampled_rows(eng, recs, k=3, seed=0, batch=2)
+    assert calls == [6, 6, 3]  # 2 + 2 + 1 questions, 3 samples each
+    assert [r["id"] for r in rows] == [r.id for r in recs] and all(r["k"] == 3 for r in rows)
+    assert all(0.0 <= r["em"] <= r["pass_k"] <= 1.0 for r in rows)
+    with pytest.raises(ValueError, match="batch must be >= 1"):
+        sampled_rows(eng, recs, k=3, seed=0, batch=0)
+
+
 # ------------------------------------------------------------------ sampled behaviour in compare's tables
 def _fake_run(d, em2, p_search, seeds_done=True):
     from hindsearch.records import Trajectory

@@ -28,15 +28,23 @@ SAMPLED_FILE = Path("eval") / "sampled-world" / "per_question.jsonl"
 STATES_FILE = Path("eval") / "states" / "per_state.jsonl"
 
 
-def sampled_rows(engine: Any, records: Sequence[QARecord], k: int, seed: int) -> list[dict[str, Any]]:
-    """``k`` samples per question at the engine's rollout temperature; one row per question (see the module doc)."""
-    trajs = engine.rollout(list(records), num_generations=k, greedy=False, seed=seed)
+def sampled_rows(engine: Any, records: Sequence[QARecord], k: int, seed: int, batch: int = 8) -> list[dict[str, Any]]:
+    """``k`` samples per question at the engine's rollout temperature; one row per question (see the module doc).
+
+    The questions are rolled out ``batch`` at a time (``batch * k`` rows per call, chunk ``j`` seeded ``seed + j``):
+    all 600 test questions x 4 samples in one call held 2,400 rows' caches at once and were killed for memory
+    (18 GB resident on the micro model)."""
+    if batch < 1:
+        raise ValueError(f"sampled_rows: batch must be >= 1, got {batch}")
     rows = []
-    for i, r in enumerate(records):
-        mine = trajs[i * k: (i + 1) * k]
-        ems = [float(t.em or 0.0) for t in mine]
-        rows.append({"id": r.id, "hops": float(r.hops or 0), "em": statistics.fmean(ems), "pass_k": float(max(ems)),
-                     "recall": statistics.fmean(t.evidence_recall for t in mine), "k": k})
+    for j, start in enumerate(range(0, len(records), batch)):
+        chunk = list(records[start: start + batch])
+        trajs = engine.rollout(chunk, num_generations=k, greedy=False, seed=seed + j)
+        for i, r in enumerate(chunk):
+            mine = trajs[i * k: (i + 1) * k]
+            ems = [float(t.em or 0.0) for t in mine]
+            rows.append({"id": r.id, "hops": float(r.hops or 0), "em": statistics.fmean(ems), "pass_k": float(max(ems)),
+                         "recall": statistics.fmean(t.evidence_recall for t in mine), "k": k})
     return rows
 
 
@@ -155,7 +163,8 @@ def measure_run(run_dir: Path, cfg: Any, test: tuple[str, list, Any], k: int, se
     engine = load_engine(cfg, run_dir / "final", index_dir, loaded)
     with torch.no_grad():
         if k > 0 and not (run_dir / SAMPLED_FILE).exists():
-            write_rows(run_dir / SAMPLED_FILE, sampled_rows(engine, records, k, seed))
+            per_call = max(1, cfg.eval.batch_size // k)  # as many rows per call as a greedy evaluation batch
+            write_rows(run_dir / SAMPLED_FILE, sampled_rows(engine, records, k, seed, batch=per_call))
         if states.exists() and not (run_dir / STATES_FILE).exists():
             st = HeldOutStates.from_dict(json.loads(states.read_text()), records)
             rows = state_rows(state_measures(engine, st, max(k, 4), seed), [r.id for r in st.records])
