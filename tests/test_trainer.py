@@ -106,6 +106,8 @@ def test_two_grpo_steps_then_resume(world, tok, tmp_path):
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters())), "parameters did not change"
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert {s["step"] for s in samples} == {1, 2} and all("completion" in s for s in samples)
+    by_id = {r.id: r for r in records}
+    assert all(s["evidence"] == list(by_id[s["qid"]].evidence) for s in samples)  # self-contained for the report
     assert last_checkpoint(run).name == "checkpoint-2"
 
     # resume: pretend step 2 never finished -> drop its checkpoint and log rows, continue from checkpoint-1

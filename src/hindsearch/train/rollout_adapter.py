@@ -172,7 +172,8 @@ def sample_records(
     trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], k: int, step: int
 ) -> list[dict[str, Any]]:
     """Up to ``k`` rollouts for ``samples.jsonl``: failed ones first (they carry the aux samples). Each carries
-    its ``turns`` (``Turn.record``: action, query or answer, retrieved ids and titles), so readers parse nothing.
+    its ``turns`` (``Turn.record``: action, query or answer, retrieved ids and titles) and its question's
+    ``evidence`` titles, so readers parse nothing and need no QA file.
 
     ``aux_samples[name][i]`` is term ``name``'s record for trajectory ``i`` (may be shorter).
     """
@@ -187,6 +188,7 @@ def sample_records(
             "question": t.question,
             "golden_answers": t.golden_answers,
             "hops": t.hops,
+            "evidence": list(t.evidence),  # the question's evidence titles: the report's retrieval quality needs no QA file
             "completion": t.completion_text,
             "answer": t.answer,
             "reward": t.reward,
