@@ -30,6 +30,9 @@ def test_threads_flag_becomes_the_config_key(monkeypatch):
     monkeypatch.setattr(run, "run_train", lambda cfg=None, **kw: seen.update(cfg=cfg, **kw) or {})
     assert cli.main(["train", "--config", "tiny-cpu", "--threads", "1", "--out", "x"]) == 0
     assert seen["cfg"].train.threads == 1
+    seen.clear()  # with --resume the count goes to run_train, which sets and prints it (not the config)
+    assert cli.main(["train", "--resume", "some-run", "--threads", "1"]) == 0
+    assert seen["resume"] == "some-run" and seen["threads"] == 1
     with pytest.raises(SystemExit):
         cli.build_parser().parse_args(["train", "--threads", "0"])
     with pytest.raises(Exception, match="train.threads"):

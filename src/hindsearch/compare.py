@@ -321,7 +321,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     if probe > 0 and not (rd / "probe.json").exists():
         from hindsearch.train.probe_cli import probe_checkpoint
 
-        probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None)
+        probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None, loaded=final)
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers, "curve": curve,
            "step_s": median_step_time(rd), "zero_adv": zero_advantage_share(rd), "init_model": init, "train_seconds": time.time() - t0}
     (rd / "results.json").write_text(json.dumps(res, indent=1))

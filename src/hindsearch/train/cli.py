@@ -89,11 +89,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.resume:
         if args.config or args.method or args.set or args.out:
             raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out")
-        if args.threads:  # a machine setting, not a training key: it applies to this process only
-            import torch
-
-            torch.set_num_threads(args.threads)
-        run_train(resume=args.resume, allow_config_change=args.allow_config_change)
+        run_train(resume=args.resume, allow_config_change=args.allow_config_change, threads=args.threads)
         return 0
     if args.allow_config_change:
         raise ValueError("--allow-config-change goes with --resume RUN_DIR")

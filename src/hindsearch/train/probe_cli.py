@@ -33,8 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: int = 256, samples: int = 4,
-                     out: str | Path | None = None, log: Any = print) -> dict[str, Any]:
-    """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result."""
+                     out: str | Path | None = None, log: Any = print,
+                     loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result.
+    ``loaded``: the checkpoint's model and tokenizer, when the caller has them (not loaded again)."""
     from dataclasses import replace
 
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
@@ -50,7 +52,7 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
             checkpoint = str(ensure_warmup(cfg, model, tok, retriever, train, cache_dir() / "warmup"))
         else:
             checkpoint = cfg.model.name
-    model, tok = load_policy(replace(cfg.model, name=str(checkpoint), gguf_file=None))
+    model, tok = loaded or load_policy(replace(cfg.model, name=str(checkpoint), gguf_file=None))
     model.eval()
     engine = eval_engine(cfg, model, tok, retriever)
     recs = select_records(train, questions, cfg.train.seed + 7)

@@ -315,13 +315,14 @@ def set_threads(n: int | None, log: Any = print) -> int:
 
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
-              allow_config_change: bool = False) -> dict[str, Any]:
+              allow_config_change: bool = False, threads: int | None = None) -> dict[str, Any]:
     """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``).
 
     A new run writes only into a new or empty folder, or a run folder hindsearch made (its marker
     ``.hindsearch-output.json`` says ``run``) that holds no checkpoint. A resume refuses a
     ``config.toml`` edited since the start in a key that changes training, unless
-    ``allow_config_change`` (recorded in the run)."""
+    ``allow_config_change`` (recorded in the run). ``threads`` (``--threads`` with ``--resume``) overrides
+    ``train.threads`` for this process: a machine setting, not a training key."""
     from hindsearch.fsutil import FolderLock, UnsafeOutput, complete_checkpoints, expand_out, guard_output, output_kind
 
     t_start = time.time()
@@ -342,7 +343,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
-    set_threads(cfg.train.threads, log)
+    set_threads(threads or cfg.train.threads, log)
     from hindsearch.models import resolve_model
 
     resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
@@ -469,9 +470,9 @@ class _Job:
             self.log("[3/5] protocol warm-up disabled")
             return model
         from hindsearch.models import cache_dir, load_policy
-        from hindsearch.train.warmup import ensure_warmup, warmup_key
+        from hindsearch.train.warmup import ensure_warmup, warmup_dir
 
-        final = cache_dir() / "warmup" / f"warmup-{warmup_key(self.cfg, self.setup.train)}"
+        final = warmup_dir(self.cfg, self.setup.train, cache_dir() / "warmup")
         cached = (final / "warmup.json").exists()
         self.log("[3/5] protocol warm-up: " + (f"cached ({final.name})" if cached else
                                                f"training (cached for later runs as {final.name})"))
@@ -522,14 +523,10 @@ class _Job:
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
         atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
-        from transformers import PrinterCallback, ProgressCallback
-
-        from hindsearch.train.steps import progress_callback
+        from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log
-            trainer.remove_callback(PrinterCallback)
-            trainer.remove_callback(ProgressCallback)
-            trainer.add_callback(progress_callback(f"{cfg.method} steps", postfix=("loss", "rollout/reward_mean")))
+            use_progress(trainer, f"{cfg.method} steps", postfix=("loss", "rollout/reward_mean"))
         trainer.add_callback(release_memory_callback())
         if cfg.train.eval_steps > 0 and not self.distributed:
             trainer.add_callback(dev_curve_callback(cfg, trainer, self.make_engine, setup.dev, run_dir))

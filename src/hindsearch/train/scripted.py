@@ -110,8 +110,6 @@ def feedback_critique(record: QARecord) -> str:
     return "Search with the question and answer with the name written in the passages."
 
 
-
-
 class ScriptedSearcher:
     """Writes demonstration trajectories with real retrieval (see the module docstring).
 
@@ -144,10 +142,9 @@ class ScriptedSearcher:
             return self._write(record, rng, protocol.FEEDBACK_TEMPLATE.format(critique=feedback_critique(record)),
                                chain=True, kind=kind)
         if kind in ("answer_line", "answer_query"):
-            hint = protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=record.golden_answers[0])
-            if kind == "answer_line":
-                return self._write(record, rng, hint, chain=True, kind=kind)
-            return self._write(record, rng, hint, chain=True, kind=kind, answer_query=record.golden_answers[0])
+            gold = record.golden_answers[0]
+            return self._write(record, rng, protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=gold), chain=True, kind=kind,
+                               answer_query=gold if kind == "answer_query" else None)
         from hindsearch.hindsight.judge import OracleJudge  # lazy: judge imports torch
 
         # the attempt the judge critiques: the typical failure of a student, answering after one search

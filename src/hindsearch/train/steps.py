@@ -80,6 +80,17 @@ def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] =
     return Bar()
 
 
+def use_progress(trainer: Any, desc: str, postfix: tuple[str, ...] = ("loss",), show: bool = True) -> None:
+    """Replace transformers' ``ProgressCallback`` / ``PrinterCallback`` of ``trainer`` by ``progress_callback``
+    (nothing shown with ``show = False``): one bar or plain lines, never a log dict per step."""
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(PrinterCallback)
+    trainer.remove_callback(ProgressCallback)
+    if show:
+        trainer.add_callback(progress_callback(desc, postfix=postfix))
+
+
 def _metrics_writer(metrics_path: str | Path | None) -> Any:
     """A callback appending one JSON row per logged step (step, loss, lr, grad norm, seconds since it was made)
     to ``metrics_path`` (nothing when None)."""
@@ -139,8 +150,6 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
     step (``hindsearch.memory.release_memory_callback``; for big models, where a step's activations are GBs).
     Returns ``{"loss": [per step], "steps", "seconds"}``.
     """
-    from transformers import PrinterCallback, ProgressCallback
-
     from hindsearch.memory import release_memory_callback
 
     losses: list[float] = []
@@ -155,10 +164,7 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
             data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
             callbacks=[_metrics_writer(metrics_path), *([release_memory_callback()] if release_memory else []),
                        *callbacks])
-        trainer.remove_callback(PrinterCallback)
-        trainer.remove_callback(ProgressCallback)
-        if progress:
-            trainer.add_callback(progress_callback(desc))
+        use_progress(trainer, desc, show=progress)
         trainer.train()
         del trainer
         gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected

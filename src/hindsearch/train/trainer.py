@@ -354,36 +354,43 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         logits, idx = selected_logits(hidden, lm_head, completion_ids.size(1), need)
         grpo_loss = loss
         weighted: list[tuple[str, torch.Tensor]] = []
-        metrics: dict[str, float] = {}
-        for term in self.terms:
-            term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
+        term_losses, metrics = self._term_losses(logits, idx, inputs)
+        for term, term_loss in term_losses:
             w = self._micro_batch_weight(term, inputs, need.shape[1])
             loss = loss + term.lam * term_loss * w
             weighted.append((term.name, term.lam * term_loss * w))
-            metrics[f"{term.name}/loss"] = float(term_loss.detach())
-            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
         if self._grad_share_step() and self._grpo_has_gradient(inputs):
             if sync.any_rank(bool(need.any())):
                 metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
             else:  # no term has a position on any process: every share is 0 (not two backwards to find it)
-                metrics.update({f"{term.name}/grad_share": 0.0 for term in self.terms})
+                metrics.update(self._zero_shares())
         self.record_metrics(metrics)
         return loss
+
+    def _term_losses(self, logits: torch.Tensor, idx: torch.Tensor, inputs: dict[str, Any]
+                     ) -> tuple[list[tuple[Any, torch.Tensor]], dict[str, float]]:
+        """Each term's loss from the selected logits ``[N, V]`` at ``idx [N, 2]``, and the metrics every micro-batch
+        logs of it (``<term>/loss`` and the term's own)."""
+        out, metrics = [], {}
+        for term in self.terms:
+            term_loss, term_metrics = term.loss(logits, idx, inputs["completion_ids"], term_inputs(inputs, term.name))
+            out.append((term, term_loss))
+            metrics[f"{term.name}/loss"] = float(term_loss.detach())
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
+        return out, metrics
+
+    def _zero_shares(self) -> dict[str, float]:
+        return {f"{term.name}/grad_share": 0.0 for term in self.terms}
 
     def _idle_term_metrics(self, model: Any, inputs: dict[str, Any]) -> dict[str, float]:
         """The metrics ``_loss_with_terms`` logs for a micro-batch without a position to distil: each term's loss and
         metrics on zero selected logits (its exact zeros), and a zero ``<term>/grad_share`` where a share is due."""
-        completion_ids = inputs["completion_ids"]
+        device = inputs["completion_ids"].device
         weight = self.accelerator.unwrap_model(model).get_output_embeddings().weight
-        logits = torch.zeros((0, weight.shape[0]), dtype=weight.dtype, device=completion_ids.device)
-        idx = torch.zeros((0, 2), dtype=torch.long, device=completion_ids.device)
-        metrics: dict[str, float] = {}
-        for term in self.terms:
-            term_loss, term_metrics = term.loss(logits, idx, completion_ids, term_inputs(inputs, term.name))
-            metrics[f"{term.name}/loss"] = float(term_loss.detach())
-            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
+        logits = torch.zeros((0, weight.shape[0]), dtype=weight.dtype, device=device)
+        _, metrics = self._term_losses(logits, torch.zeros((0, 2), dtype=torch.long, device=device), inputs)
         if self._grad_share_step() and self._grpo_has_gradient(inputs):
-            metrics.update({f"{term.name}/grad_share": 0.0 for term in self.terms})
+            metrics.update(self._zero_shares())
         return metrics
 
     def _grad_share_step(self) -> bool:

@@ -289,6 +289,12 @@ def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Pa
     return h.hexdigest()[:16]
 
 
+def warmup_dir(cfg: Any, train_records: Sequence[QARecord], cache_dir: str | Path) -> Path:
+    """The cached warm-up folder of this config and data (``cache_dir/warmup-<key>``); it is complete, and
+    ``ensure_warmup`` trains nothing, when its ``warmup.json`` exists."""
+    return Path(cache_dir) / f"warmup-{warmup_key(cfg, train_records)}"
+
+
 def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
                   cache_dir: str | Path, progress: bool = True) -> Path:
     """The warmed-up checkpoint folder, built once per (model, warm-up config, data).
@@ -297,7 +303,7 @@ def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_re
     the cached folder is returned (load the policy from it). Written atomically: a folder is
     only used when its ``warmup.json`` exists.
     """
-    final = Path(cache_dir) / f"warmup-{warmup_key(cfg, train_records)}"
+    final = warmup_dir(cfg, train_records, cache_dir)
     if (final / "warmup.json").exists():
         return final
     tmp = final.with_name(final.name + ".tmp")
