@@ -85,6 +85,63 @@ def test_select_positions():
         G.select_positions(qm, a, b, pref, "best", 2, rng)
 
 
+def test_unseen_answer_positions():
+    # completion 5 6 7 8, query at 1..3; the teacher proposes answer token 42 at 1 and 3, and answer token 5 at 2
+    comp, prop, qm = [5, 6, 7, 8], [9, 42, 5, 42], [0, 1, 1, 1]
+    assert G.unseen_answer_positions(comp, prop, qm, [1, 2], {42, 5}) == {1, 3}  # 5 was already generated at 0
+    assert G.unseen_answer_positions(comp, prop, qm, [1, 42], {42, 5}) == set()  # 42 is in the prompt
+    assert G.unseen_answer_positions(comp, prop, [0, 0, 0, 0], [1], {42}) == set()  # not a query token
+    assert G.unseen_answer_positions([5, 42, 7, 8], prop, qm, [1], {42}) == {1}  # seen at 1 only after position 1
+
+
+def test_answer_token_ids(tok):
+    ids = G.answer_token_ids(tok, ["Kestrel Bay"])
+    assert set(tok(" Kestrel Bay", add_special_tokens=False)["input_ids"]) <= ids
+    assert set(tok("Kestrel Bay", add_special_tokens=False)["input_ids"]) <= ids
+    assert not ids & set(tok(" lighthouse", add_special_tokens=False)["input_ids"]) - set(
+        tok("Kestrel Bay", add_special_tokens=False)["input_ids"] + tok(" Kestrel Bay", add_special_tokens=False)["input_ids"])
+
+
+def _prefers(model, token_id: int):
+    """A copy of ``model`` whose LM head adds a large bias to ``token_id``: a teacher whose top token is always it."""
+    import copy
+
+    teacher = copy.deepcopy(model)
+    old = teacher.lm_head
+    head = torch.nn.Linear(old.in_features, old.out_features, bias=True)
+    with torch.no_grad():
+        head.weight.copy_(old.weight)
+        head.bias.zero_()
+        head.bias[token_id] = 1e3
+    teacher.lm_head = head
+    return teacher
+
+
+def test_propose_drops_unseen_answer_tokens(tok, model):
+    """``answer_tokens = drop``: a proposed token of the gold answer that the student never saw is neither verified
+    nor distilled (counted); the same token is kept when the question contains it, and always under ``keep``."""
+    gold = "Kestrel Bay"
+    x = tok(" Kestrel", add_special_tokens=False)["input_ids"][0]
+    teacher = _prefers(model, x)
+    keep_cfg = IGSDConfig(positions="all", max_positions_per_rollout=64)
+    drop_cfg = IGSDConfig(positions="all", max_positions_per_rollout=64, answer_tokens="drop")
+
+    def propose(tr, cfg):
+        m = dict.fromkeys(G.METRIC_KEYS, 0.0)
+        return G.propose_pairs([tr], len(tr.completion_ids), teacher, tok, cfg, random.Random(0), m), m
+
+    unseen = make_traj(tok, "Where was Edwin Marlow born?", [gold], "Edwin Marlow birthplace")
+    assert x not in unseen.prompt_ids and x not in unseen.completion_ids
+    kept, m_keep = propose(unseen, keep_cfg)
+    n_query = sum(unseen.query_mask)
+    assert len(kept) == n_query and all(p.b == x for p in kept) and m_keep["answer_tokens_dropped"] == 0
+    left, m = propose(unseen, drop_cfg)
+    assert left == [] and m["answer_tokens_dropped"] == n_query
+    seen = make_traj(tok, "Was Edwin Marlow born in Kestrel Bay?", [gold], "Edwin Marlow birthplace")
+    left, m = propose(seen, drop_cfg)  # the student read " Kestrel" in its question: the teacher's token is fair
+    assert len(left) == sum(seen.query_mask) and m["answer_tokens_dropped"] == 0
+
+
 def test_cache_dedupes_identical_queries(retriever):
     cache = G.QueryCache()
     res = cache.fetch(retriever, ["Edwin Marlow", "bread", "Edwin Marlow", "", "bread"], 2)

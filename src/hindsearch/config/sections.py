@@ -289,6 +289,12 @@ class IGSDConfig:
     """Query-token positions verified per failed rollout."""
     positions: str = choice("disagree", ("disagree", "all", "random"))
     """``disagree`` (teacher top token != student token), ``all`` or ``random``."""
+    answer_tokens: str = choice("keep", ("keep", "drop"))
+    """``keep`` (the paper's form): any query position may be verified and distilled. ``drop``: a position whose
+    proposed teacher token is a token of a gold answer that the student has not seen (not in its prompt or its
+    completion before the position) is neither verified nor distilled: the student cannot produce that token
+    without the hindsight, and distilling it teaches the student to put *some* name there (the micro-scarce run
+    of 2026-12-02: the share of first queries made of the question's words fell from 96% to 29%)."""
     max_query_tokens: int = bounded(24, gt=0)
     """Cap of a matched query completion (cut and still executed when ``</search>`` never comes)."""
     n_controls: int = bounded(2, ge=0)

@@ -40,13 +40,15 @@ ranks run the same number of forwards through sharded weights; a single process 
 from hindsearch.hindsight.igsd.decode import (CLOSE, _close_ids, cached_greedy_complete, cached_utilities, cut_completion,
                                              greedy_complete, query_text)
 from hindsearch.hindsight.igsd.driver import pair_record, run_igsd
-from hindsearch.hindsight.igsd.propose import propose_pairs, query_start, select_positions
+from hindsearch.hindsight.igsd.propose import (answer_token_ids, propose_pairs, query_start, select_positions,
+                                              unseen_answer_positions)
 from hindsearch.hindsight.igsd.stages import (QueryCache, answer_split, complete_stage, control_sampler, execute_stage,
                                              gate_stage, score_stage, verify_pairs)
 from hindsearch.hindsight.igsd.types import METRIC_KEYS, SIDES, Completion, Pair, Scored
 
 __all__ = [
     "CLOSE", "METRIC_KEYS", "SIDES", "Completion", "Pair", "QueryCache", "Scored", "_close_ids", "answer_split",
+    "answer_token_ids", "unseen_answer_positions",
     "cached_greedy_complete", "cached_utilities", "complete_stage", "control_sampler", "cut_completion",
     "execute_stage", "gate_stage", "greedy_complete", "pair_record", "propose_pairs", "query_start", "query_text",
     "run_igsd", "score_stage", "select_positions", "verify_pairs",

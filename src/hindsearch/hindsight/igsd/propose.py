@@ -37,6 +37,34 @@ def select_positions(
     return sorted(cand)
 
 
+def answer_token_ids(tokenizer: Any, golds: Sequence[str]) -> set[int]:
+    """Token ids of the gold answers as they can appear in a query: each answer tokenised alone and after a
+    space (no special tokens)."""
+    ids: set[int] = set()
+    for g in golds:
+        for text in (g, " " + g):
+            ids.update(tokenizer(text, add_special_tokens=False)["input_ids"])
+    return ids
+
+
+def unseen_answer_positions(
+    completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int], prompt_ids: Sequence[int],
+    answer_ids: set[int],
+) -> set[int]:
+    """Query positions ``t`` whose proposed teacher token ``proposed[t]`` is one of ``answer_ids`` and occurs
+    neither in ``prompt_ids`` nor in ``completion[:t]``: tokens only the hindsight can supply.
+
+    All sequences are per rollout; ``completion``, ``proposed`` and ``query_mask`` have length n (the scored
+    completion)."""
+    seen = set(prompt_ids)
+    out: set[int] = set()
+    for t, (tok, b) in enumerate(zip(completion, proposed)):
+        if query_mask[t] and b in answer_ids and b not in seen:
+            out.add(t)
+        seen.add(tok)
+    return out
+
+
 
 def propose_pairs(
     trajs: Sequence[Trajectory], T: int, teacher: Any, tokenizer: Any, cfg: Any, rng: random.Random,
@@ -59,6 +87,10 @@ def propose_pairs(
         qm = list(tr.query_mask[:n])
         m["positions_considered"] += sum(qm)
         m["teacher_agree"] += sum(1 for t in range(n) if qm[t] and a[t] == b[t])
+        if cfg.answer_tokens == "drop":  # tokens only the hindsight can supply: not verified, not distilled
+            drop = unseen_answer_positions(a, b, qm, tr.prompt_ids, answer_token_ids(tokenizer, tr.golden_answers))
+            m["answer_tokens_dropped"] += len(drop)
+            qm = [0 if t in drop else q for t, q in enumerate(qm)]
         for t in select_positions(qm, a, b, pref, cfg.positions, cfg.max_positions_per_rollout, rng):
             p_T = losses.pair_probs(top_lp[j, t, 0:1], lT[j, t : t + 1])[0].tolist()
             pairs.append(Pair(i, t, a[t], b[t], (p_T[0], p_T[1]), query_start(tr.query_mask, t)))
