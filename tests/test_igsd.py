@@ -95,11 +95,9 @@ def test_unseen_answer_positions():
 
 
 def test_answer_token_ids(tok):
-    ids = G.answer_token_ids(tok, ["Kestrel Bay"])
-    assert set(tok(" Kestrel Bay", add_special_tokens=False)["input_ids"]) <= ids
-    assert set(tok("Kestrel Bay", add_special_tokens=False)["input_ids"]) <= ids
-    assert not ids & set(tok(" lighthouse", add_special_tokens=False)["input_ids"]) - set(
-        tok("Kestrel Bay", add_special_tokens=False)["input_ids"] + tok(" Kestrel Bay", add_special_tokens=False)["input_ids"])
+    ids = lambda text: set(tok(text, add_special_tokens=False)["input_ids"])  # noqa: E731
+    assert G.answer_token_ids(tok, ["Kestrel Bay"]) == ids("Kestrel Bay") | ids(" Kestrel Bay")
+    assert G.answer_token_ids(tok, ["Kestrel Bay", "Oak"]) == ids("Kestrel Bay") | ids(" Kestrel Bay") | ids("Oak") | ids(" Oak")
 
 
 def _prefers(model, token_id: int):
