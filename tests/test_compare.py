@@ -326,6 +326,7 @@ def test_tiny_compare_sampled_states_and_eval_at(tiny_preset, monkeypatch):
         assert len(read_rows(rd / STATES_FILE)) == len(st["failed"])
     assert Config.load(out / "hindsearch-shuffled-s0" / "config.toml").hindsearch.critique_source == "shuffled"
     assert "EM along the way" in md and "| step 1 | step 2 |" in md
+    assert "### Along the way: each method against GRPO" in md and "| hindsearch-shuffled | grpo | EM |" in md
     assert "Sampled behaviour on the test split (2 samples" in md and "| hindsearch-shuffled | grpo | 1 |" in md
     assert parse_steps("25,10,10") == [10, 25] and parse_steps("") == []
     with pytest.raises(ValueError, match="--eval-at"):

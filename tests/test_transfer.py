@@ -311,6 +311,54 @@ def test_sampled_tables_pair_each_method_with_grpo_and_its_controls(tmp_path):
     assert pairs_markdown(rd, ["grpo"], [0, 1]) == ""
 
 
+def _greedy_evals(d, final, at, steps=200):
+    """A run folder's greedy world evaluations: the final one (``results.json`` names its step) and ``{step: ems}``."""
+    from hindsearch.records import Trajectory
+
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "done.json").write_text("{}")
+    (d / "results.json").write_text(json.dumps({"steps": steps}))
+    for tag, ems in [("", final)] + [(f"-step-{n}", e) for n, e in at.items()]:
+        g = d / "eval" / f"test-world{tag}"
+        g.mkdir(parents=True)
+        g.joinpath("trajectories.jsonl").write_text("".join(
+            json.dumps(Trajectory(qid=f"q{i}", question="x", golden_answers=["a"], prompt_ids=[], hops=1 + i % 2,
+                                  em=e).to_dict()) + "\n" for i, e in enumerate(ems)))
+
+
+def test_paired_differences_along_the_way_and_seed_by_seed(tmp_path):
+    from hindsearch.paired import curve_pair_rows, curve_pairs_markdown, evaluated_steps, pair_rows, seeds_markdown
+    from hindsearch.paired import SEED_METRICS
+
+    n = 20  # questions q0..q19: the odd ones are two-hop
+    zeros, ones = [0.0] * n, [1.0] * n
+    half = [float(i < n // 2) for i in range(n)]  # q0..q9 right
+    for s in (0, 1):
+        _greedy_evals(tmp_path / f"grpo-s{s}", zeros, {10: zeros, 50: zeros})
+    _greedy_evals(tmp_path / "hindsearch-s0", half, {10: zeros, 50: ones})
+    _greedy_evals(tmp_path / "hindsearch-s1", ones, {10: ones})  # no step-50 evaluation in seed 1
+    rd = lambda m, s: tmp_path / f"{m}-s{s}"  # noqa: E731
+    assert evaluated_steps(rd("hindsearch", 1)) == {10: "-step-10", 200: ""}
+    assert evaluated_steps(tmp_path / "missing") == {}
+
+    rows = {r["step"]: r for r in curve_pair_rows(rd, ["grpo", "hindsearch"], [0, 1])}
+    assert sorted(rows) == [10, 50, 200]
+    assert rows[10]["seeds"] == 2 and rows[10]["EM"][0] == pytest.approx(0.5)       # seed 0: 0, seed 1: 1
+    assert rows[50]["seeds"] == 1 and rows[50]["EM 2-hop"][:3] == pytest.approx((1.0, 1.0, 1.0))
+    assert rows[200]["EM"][0] == pytest.approx(0.75) and rows[200]["EM"][3] == n   # per question, the seeds' mean
+    assert rows[200]["EM 2-hop"][0] == pytest.approx(0.5 * (0.5 + 1.0)) and rows[200]["EM 2-hop"][3] == n // 2
+    md = curve_pairs_markdown(rd, ["grpo", "hindsearch"], [0, 1])
+    assert "| step 10 | step 50 | step 200 |" in md and "+100.0 [+100.0, +100.0] (1 seeds)" in md
+
+    by_seed = {r["seed"]: r for r in pair_rows(rd, ["grpo", "hindsearch"], [0, 1], metrics=SEED_METRICS, per_seed=True)}
+    assert by_seed[0]["greedy EM"][0] == pytest.approx(0.5) and by_seed[1]["greedy EM"][:3] == pytest.approx((1, 1, 1))
+    assert by_seed[0]["greedy EM 2-hop"][0] == pytest.approx(0.5)  # q1, q3, ..., q9: 5 of the 10 two-hop ones
+    md = seeds_markdown(rd, ["grpo", "hindsearch"], [0, 1])
+    assert "| metric | seed 0 | seed 1 |" in md and "| hindsearch | grpo | greedy EM | +50.0 [" in md
+    assert seeds_markdown(rd, ["grpo", "hindsearch"], [0]) == ""  # one seed: the pooled tables say it all
+    assert curve_pairs_markdown(rd, ["grpo"], [0, 1]) == ""
+
+
 def test_weights_digest_pins_the_weights_not_the_files(tok, tmp_path):
     from hindsearch.models import weights_digest
 

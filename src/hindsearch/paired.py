@@ -3,7 +3,9 @@
 ``per_question`` reads a run's greedy test trajectories; ``bootstrap_rows`` averages each question over the
 seeds both methods finished and resamples questions (``paired_bootstrap``) for each method minus GRPO on EM,
 two-hop EM and evidence recall; ``bootstrap_markdown`` is the section ``hindsearch compare`` appends to
-``results.md``. ``run_dir(method, seed)`` names a run's folder, so nothing here depends on ``compare``.
+``results.md``. ``pair_rows`` pairs each method with GRPO and its matching controls on the sampled measures,
+``curve_pair_rows`` on greedy EM at every evaluated step, and ``seeds_markdown`` shows each pair seed by seed.
+``run_dir(method, seed)`` names a run's folder, so nothing here depends on ``compare``.
 """
 
 from __future__ import annotations
@@ -27,11 +29,12 @@ def paired_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) 
     return sum(xs) / n, means[int(0.025 * n_boot)], means[min(n_boot - 1, int(0.975 * n_boot))]
 
 
-def per_question(run_dir: Path, bench: str = "world") -> dict[str, dict[str, float]]:
-    """``{question id: {em, recall, hops}}`` of a run's greedy test trajectories (``eval/test-<bench>``)."""
+def per_question(run_dir: Path, bench: str = "world", tag: str = "") -> dict[str, dict[str, float]]:
+    """``{question id: {em, recall, hops}}`` of a run's greedy test trajectories (``eval/test-<bench><tag>``;
+    ``tag`` ``-step-N``: the checkpoint of step N, ``compare --eval-at``)."""
     from hindsearch.records import Trajectory
 
-    path = run_dir / "eval" / f"test-{bench}" / "trajectories.jsonl"
+    path = run_dir / "eval" / f"test-{bench}{tag}" / "trajectories.jsonl"
     out: dict[str, dict[str, float]] = {}
     if not path.exists():
         return out
@@ -129,27 +132,48 @@ def comparison_pairs(methods: Sequence[str], base: str = "grpo") -> list[tuple[s
     return pairs
 
 
-def pair_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int],
-              n_boot: int = 2000) -> list[dict[str, Any]]:
-    """Per pair of ``comparison_pairs`` and per metric of ``PAIRED_METRICS``: the paired bootstrap of the
-    per-item difference (each item the mean over the seeds both runs finished)."""
-    def means(method: str, ok: list[int], read: Callable[[Path], dict[str, dict[str, Any]]], key: str):
-        runs = [read(run_dir(method, s)) for s in ok]
-        ids = set.intersection(*(set(r) for r in runs)) if runs and all(runs) else set()
-        return {i: {"v": sum(float(r[i][key]) for r in runs) / len(runs), "row": runs[0][i]} for i in ids}
+def _item_means(run_dir: Callable[[str, int], Path], method: str, ok: Sequence[int],
+                read: Callable[[Path], dict[str, dict[str, Any]]], key: str) -> dict[str, dict[str, Any]]:
+    """``{item id: {"v": mean of key over the seeds ok, "row": the first seed's row}}``, the items every seed has."""
+    runs = [read(run_dir(method, s)) for s in ok]
+    ids = set.intersection(*(set(r) for r in runs)) if runs and all(runs) else set()
+    return {i: {"v": sum(float(r[i][key]) for r in runs) / len(runs), "row": runs[0][i]} for i in ids}
 
+
+def _paired(run_dir: Callable[[str, int], Path], a: str, b: str, ok: Sequence[int],
+            metric: tuple[str, Callable[[Path], dict[str, dict[str, Any]]], str, Callable[[dict[str, Any]], bool]],
+            n_boot: int) -> tuple[float, float, float, int] | None:
+    """``(mean, lo, hi, n items)`` of ``a`` minus ``b`` on one metric over the seeds ``ok`` (None: no item)."""
+    _, read, key, sel = metric
+    x, y = _item_means(run_dir, a, ok, read, key), _item_means(run_dir, b, ok, read, key)
+    ids = sorted(i for i in set(x) & set(y) if sel(y[i]["row"]))
+    if not ids:
+        return None
+    return (*paired_bootstrap([x[i]["v"] - y[i]["v"] for i in ids], n_boot), len(ids))
+
+
+def _both_done(run_dir: Callable[[str, int], Path], a: str, b: str, seeds: Sequence[int]) -> list[int]:
+    return [s for s in seeds if (run_dir(a, s) / "done.json").exists() and (run_dir(b, s) / "done.json").exists()]
+
+
+def pair_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int],
+              n_boot: int = 2000, metrics: Sequence[tuple] = PAIRED_METRICS,
+              per_seed: bool = False) -> list[dict[str, Any]]:
+    """Per pair of ``comparison_pairs`` and per metric of ``metrics``: the paired bootstrap of the per-item
+    difference (each item the mean over the seeds both runs finished). ``per_seed``: one row per pair and
+    seed instead, each over that seed's items alone (``row["seed"]``)."""
     rows = []
     for a, b in comparison_pairs(methods):
-        ok = [s for s in seeds if (run_dir(a, s) / "done.json").exists() and (run_dir(b, s) / "done.json").exists()]
-        if not ok:
-            continue
-        row: dict[str, Any] = {"method": a, "against": b, "seeds": len(ok)}
-        for label, read, key, sel in PAIRED_METRICS:
-            x, y = means(a, ok, read, key), means(b, ok, read, key)
-            ids = sorted(i for i in set(x) & set(y) if sel(y[i]["row"]))
-            if ids:
-                row[label] = (*paired_bootstrap([x[i]["v"] - y[i]["v"] for i in ids], n_boot), len(ids))
-        rows.append(row)
+        ok = _both_done(run_dir, a, b, seeds)
+        for group in ([[s] for s in ok] if per_seed else [ok] if ok else []):
+            row: dict[str, Any] = {"method": a, "against": b, "seeds": len(group)}
+            if per_seed:
+                row["seed"] = group[0]
+            for metric in metrics:
+                got = _paired(run_dir, a, b, group, metric, n_boot)
+                if got is not None:
+                    row[metric[0]] = got
+            rows.append(row)
     return rows
 
 
@@ -167,4 +191,102 @@ def pairs_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], 
         lines.append(f"| {r['method']} | {r['against']} | {r['seeds']} | " + " | ".join(cells) + " |")
     lines += ["", "Points; items are test questions (EM, pass@k, recall) or held-out failed states of the starting "
               "checkpoint (P(search again), bridge hit), each the mean over the seeds both runs finished."]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------ per seed, and along the way (issue 21)
+GREEDY_EM = ("greedy EM", _greedy, "em", lambda r: True)
+SEED_METRICS = (GREEDY_EM,) + PAIRED_METRICS
+"""What the per-seed table pairs: greedy world EM, then every metric of ``PAIRED_METRICS``."""
+
+
+def _cell(v: tuple[float, float, float, int]) -> str:
+    return f"{100 * v[0]:+.1f} [{100 * v[1]:+.1f}, {100 * v[2]:+.1f}]"
+
+
+def seeds_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int]) -> str:
+    """Each pair's paired difference seed by seed ('' with fewer than two seeds): whether the pooled tables'
+    sign holds in every seed, or comes from one."""
+    rows = pair_rows(run_dir, methods, seeds, metrics=SEED_METRICS, per_seed=True)
+    done = sorted({r["seed"] for r in rows})
+    if len(done) < 2:
+        return ""
+    lines = ["### Per seed: each method against GRPO and its matching controls (paired bootstrap, 95% interval)", "",
+             "| method | against | metric | " + " | ".join(f"seed {s}" for s in done) + " |",
+             "|---|---|---|" + "---|" * len(done)]
+    for a, b in comparison_pairs(methods):
+        got = {r["seed"]: r for r in rows if r["method"] == a and r["against"] == b}
+        for label, *_ in SEED_METRICS:
+            if any(label in r for r in got.values()):
+                cells = [_cell(got[s][label]) if s in got and label in got[s] else "-" for s in done]
+                lines.append(f"| {a} | {b} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Points; within one seed, items are resampled (test questions, or held-out failed states), so "
+              "each interval measures the questions' spread in that seed, not the seeds' spread."]
+    return "\n".join(lines) + "\n"
+
+
+def evaluated_steps(rd: Path, bench: str = "world") -> dict[int, str]:
+    """``{step: tag}`` of a run's greedy test evaluations: ``-step-N`` for each ``compare --eval-at`` checkpoint,
+    ``""`` for the final one (its step from ``results.json``)."""
+    out: dict[int, str] = {}
+    ev = rd / "eval"
+    prefix = f"test-{bench}-step-"
+    if ev.is_dir():
+        for d in ev.iterdir():
+            n = d.name[len(prefix):]
+            if d.name.startswith(prefix) and n.isdigit() and (d / "trajectories.jsonl").exists():
+                out[int(n)] = f"-step-{n}"
+    res = rd / "results.json"
+    if res.exists() and (ev / f"test-{bench}" / "trajectories.jsonl").exists():
+        try:
+            steps = json.loads(res.read_text()).get("steps")
+        except ValueError as e:
+            raise ValueError(f"{res}: not JSON ({e})") from None
+        if isinstance(steps, int) and steps > 0:
+            out[steps] = ""
+    return out
+
+
+def curve_pair_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int],
+                    n_boot: int = 2000) -> list[dict[str, Any]]:
+    """Per pair of ``comparison_pairs`` and per evaluated step (``evaluated_steps`` of both runs): the paired
+    bootstrap of greedy world EM and two-hop EM at that step, each question the mean over the seeds where both
+    runs have it: a difference at some step budget, not only at the end."""
+    metrics = {"EM": ("em", lambda r: True), "EM 2-hop": ("em", _two_hop)}
+    rows = []
+    for a, b in comparison_pairs(methods):
+        ok = _both_done(run_dir, a, b, seeds)
+        steps = {s: (evaluated_steps(run_dir(a, s)), evaluated_steps(run_dir(b, s))) for s in ok}
+        for n in sorted({n for x, y in steps.values() for n in set(x) & set(y)}):
+            group = [s for s in ok if n in steps[s][0] and n in steps[s][1]]
+            tag = steps[group[0]][0][n]
+            row: dict[str, Any] = {"method": a, "against": b, "step": n, "seeds": len(group)}
+            for label, (key, sel) in metrics.items():
+                got = _paired(run_dir, a, b, group, (label, lambda rd, t=tag: per_question(rd, tag=t), key, sel), n_boot)
+                if got is not None:
+                    row[label] = got
+            rows.append(row)
+    return rows
+
+
+def curve_pairs_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int]) -> str:
+    """The markdown section of ``curve_pair_rows`` ('' when no pair has two evaluated steps)."""
+    rows = curve_pair_rows(run_dir, methods, seeds)
+    steps = sorted({r["step"] for r in rows})
+    if len(steps) < 2:
+        return ""
+    lines = ["### Along the way: each method against GRPO and its matching controls, greedy (paired bootstrap, 95% interval)",
+             "", "| method | against | metric | " + " | ".join(f"step {n}" for n in steps) + " |",
+             "|---|---|---|" + "---|" * len(steps)]
+    for a, b in comparison_pairs(methods):
+        got = {r["step"]: r for r in rows if r["method"] == a and r["against"] == b}
+        for label in ("EM 2-hop", "EM"):
+            if any(label in r for r in got.values()):
+                cells = [_cell(got[n][label]) + ("" if got[n]["seeds"] == max(r["seeds"] for r in got.values())
+                                                 else f" ({got[n]['seeds']} seeds)") if n in got and label in got[n]
+                         else "-" for n in steps]
+                lines.append(f"| {a} | {b} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", "Points, world test split; per question the mean over the seeds both runs evaluated at that step. "
+              "Many steps are read, so one interval that excludes 0 is weaker evidence than the same interval "
+              "fixed in advance."]
     return "\n".join(lines) + "\n"
