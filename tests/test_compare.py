@@ -247,6 +247,20 @@ def test_tiny_compare_parallel_jobs_with_probe_and_bootstrap(tiny_preset, monkey
     assert "| start | - | " in md
 
 
+def test_the_start_is_the_presets_whichever_seeds_are_listed(tiny_preset, monkeypatch):
+    """'--seeds 1' builds the start a '--seeds 0,1' comparison has (the preset's train.seed): the first listed
+    seed used to seed the warm-up, so a comparison extended by its other seeds started from another checkpoint."""
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
+    inits = {}
+    for seeds in ([1], [0, 1]):
+        out = tiny_preset / f"out-start-{'-'.join(map(str, seeds))}"
+        run_compare(str(tiny_preset / "preset.toml"), ["grpo"], seeds, out, steps=1, test_limit=2,
+                    log=lambda *_: None, isolate=False)
+        inits[len(seeds)] = json.loads((out / "init.json").read_text())
+    assert inits[1]["warmup_seed"] == inits[2]["warmup_seed"] == 0
+    assert inits[1]["init_model"] == inits[2]["init_model"] and inits[1]["sha256"] == inits[2]["sha256"]
+
+
 def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):
     """``--config tiny-cpu`` resolves like ``hindsearch train --config tiny-cpu`` (the checkout's configs/), from
     a folder without configs/; an unknown name fails with one line listing the presets."""

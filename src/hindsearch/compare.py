@@ -248,7 +248,9 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     base_ov = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     if eval_at:
         base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")
-    base_cfg = Config.load(config, base_ov + [f"train.seed={seeds[0]}"])
+    # the shared start (warm-up, held-out states, probe) is the preset's, built with its own train.seed whichever
+    # seeds are listed: '--seeds 1,2' must extend a '--seeds 0' comparison, not start from another checkpoint
+    base_cfg = Config.load(config, base_ov)
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
             Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
