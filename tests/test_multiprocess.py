@@ -152,6 +152,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
         trainer.train()
         failed = [float(t.failed) for t in trainer._last_trajs]
         (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
+    assert sync.close()  # as the CLI does after a run: without it gloo aborts the ranks at exit (SIGABRT)
 
 
 # ---------------------------------------------------------------- the lockstep rule, without a model
@@ -275,6 +276,26 @@ def test_lockstep_alone_is_a_no_op():
     with sync.lockstep(lambda: ran.append("dummy")):
         assert sync.forward(lambda x: ran.append("real") or x, 3) == 3
     assert ran == ["real"] and sync.generate_kwargs() == {}
+
+
+def test_the_cli_closes_the_process_group_after_a_clean_run_only(tmp_path):
+    """A command that ends well destroys the process group (``sync.close``): gloo's threads left to the
+    interpreter's teardown abort a finished ``accelerate launch`` run with SIGABRT. After an error the group is
+    left alone (a rank destroying it while another waits in a collective would hang)."""
+    import torch.distributed as dist
+
+    from hindsearch.cli import main
+
+    for n, (argv, rc) in enumerate([(["world", "--out", str(tmp_path / "w"), "--entities", "40"], 0),
+                                    (["world", "--out", str(tmp_path / "w2"), "--entities", "10"], 1)]):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / f'store{n}'}", rank=0, world_size=1)
+        try:
+            assert main(argv) == rc
+            assert dist.is_initialized() == (rc != 0), argv
+        finally:
+            if dist.is_initialized():
+                dist.destroy_process_group()
+    assert not __import__("hindsearch.hindsight.sync", fromlist=["close"]).close()  # none left: a no-op
 
 
 # ---------------------------------------------------------------- the test (parent process)

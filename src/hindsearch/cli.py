@@ -233,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"hindsearch {args.command}: error: {describe(e)}", file=sys.stderr)
         return 1
+    if "torch.distributed" in sys.modules:  # under accelerate launch: a clean exit, not gloo's SIGABRT at teardown
+        from hindsearch.hindsight import sync
+
+        sync.close()
     return int(rc or 0)
 
 

@@ -130,6 +130,22 @@ def forward(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     return fn(*args, **kwargs)
 
 
+def close() -> bool:
+    """Destroy ``torch.distributed``'s process group, if one is initialised; whether one was.
+
+    Call it once per process after a run that ended well (never after an error: a rank that fails while
+    another still waits in a collective would hang in the destroy). Without it, gloo's worker threads
+    outlive the interpreter's finalisation and abort the process with SIGABRT ("terminate called without
+    an active exception") after the work is done and saved, so ``accelerate launch`` reports a failed run.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.destroy_process_group()
+    return True
+
+
 def generate_kwargs() -> dict[str, Any]:
     """Extra ``generate`` kwargs: ``synced_gpus=True`` when synced (the decode loop runs until every rank is
     done, whatever transformers detects about sharding), nothing in a single process."""
