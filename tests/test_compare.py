@@ -51,6 +51,7 @@ def test_aggregate_and_table():
     res = [fake_result("grpo", 0, 0.2, 0.1, 2.0), fake_result("grpo", 1, 0.4, 0.3, 4.0),
            fake_result("igsd", 0, 0.5, 0.0, 9.0)]
     res[0]["zero_adv"], res[1]["zero_adv"] = 0.5, 0.7  # igsd's run predates the column: "-"
+    res[2]["benchmarks"]["world"]["multi_1hop"] = 0.25  # and the grpo runs predate the over-search column
     agg = aggregate(res, ["grpo", "igsd"])
     m, s, n = agg["grpo"]["world EM"]
     assert (m, n) == (pytest.approx(0.3), 2) and s == pytest.approx(mean_spread([0.2, 0.4])[1])
@@ -62,12 +63,16 @@ def test_aggregate_and_table():
     assert grpo[:3] == ["grpo", "2", "30.0 ± 14.1"] and grpo[-3:] == ["60%", "3.0", "1.00x"]
     igsd = [c.strip() for c in lines[5].split("|")[1:-1]]
     assert igsd[2] == "50.0" and igsd[-3:] == ["-", "9.0", "3.00x"]  # one seed: no spread printed
+    over = [c.strip() for c in lines[2].split("|")[1:-1]].index("1-hop searched 2+")
+    assert (grpo[over], igsd[over]) == ("-", "25.0")
 
 
 def test_eval_numbers_and_step_time(tmp_path):
     res = {"benchmarks": {"world": {"em": 0.5, "em_by_hops": {"1": 0.75, "2": 0.25}, "n": 8}}}
     assert eval_numbers(res, ["world"])["world"] == {"em": 0.5, "em_1hop": 0.75, "em_2hop": 0.25, "n": 8,
-                                                     "searches": None, "validity": None}
+                                                     "searches": None, "validity": None, "multi_1hop": None}
+    res["benchmarks"]["world"]["multi_search_by_hops"] = {"1": 0.125, "2": 0.5}
+    assert eval_numbers(res, ["world"])["world"]["multi_1hop"] == 0.125
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step": t}) + "\n" for i, t in
                                                     enumerate([3.0, 1.0, 2.0])))
     assert median_step_time(tmp_path) == 2.0

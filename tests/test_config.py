@@ -113,7 +113,8 @@ def test_summary_table_and_truncate(tmp_path):
     res = {"benchmarks": {"dev": {"n": 4, "em": 0.5, "em_by_hops": {"1": 0.75, "2": 0.25},
                                   "searches_per_question": 1.25, "validity_rate": 1.0}}}
     row = summary_row(res)
-    assert row == {"em": 0.5, "em_1hop": 0.75, "em_2hop": 0.25, "searches": 1.25, "validity": 1.0, "n": 4}
+    assert row == {"em": 0.5, "em_1hop": 0.75, "em_2hop": 0.25, "searches": 1.25, "validity": 1.0, "n": 4,
+                   "multi_1hop": None}
     table = format_table({"base": row, "rl": row})
     assert "base model" in table and "after RL" in table and "after warm-up" not in table and "75.0" in table
     p = tmp_path / "m.jsonl"

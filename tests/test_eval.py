@@ -76,6 +76,21 @@ def test_names_and_order():
     assert column_order(["dev", "bamboogle", "nq", "test", "hotpotqa"]) == ["nq", "hotpotqa", "bamboogle", "dev", "test"]
 
 
+def test_searches_by_hop_count_show_over_search_on_one_hop_questions():
+    """Searches per question and the share searched at least twice, per hop count; questions without hops
+    count in the totals only."""
+    def traj(hops, n_search, em):
+        turns = [Turn("search", "q")] * n_search + [Turn("answer", "a")]
+        return Trajectory(qid="q", question="q", golden_answers=["a"], prompt_ids=[], turns=turns, em=em, hops=hops)
+
+    s = summarize([traj(1, 1, 1.0), traj(1, 2, 0.0), traj(1, 3, 0.0), traj(1, 1, 1.0), traj(2, 2, 1.0),
+                   traj(2, 1, 0.0), traj(None, 4, 0.0)])
+    assert s["n_by_hops"] == {"1": 4, "2": 2} and s["em_by_hops"] == {"1": 0.5, "2": 0.5}
+    assert s["searches_by_hops"] == {"1": 7 / 4, "2": 1.5} and s["multi_search_by_hops"] == {"1": 0.5, "2": 0.5}
+    assert s["searches_per_question"] == 14 / 7
+    assert "searches_by_hops" not in summarize([traj(None, 2, 1.0)])
+
+
 def test_eval_two_questions_end_to_end_and_resume(world, index_dir, model, tok, tmp_path):
     dev = world.splits["dev"][:2]
     bamboo = world.splits["test"][:1]

@@ -208,9 +208,9 @@ def test_compare_dir_report(run_dir, tmp_path):
     assert "Runs overlaid (4)" in words  # the runs' curves on common axes, under the comparison's numbers
     rows = re.findall(r"<tr>(.*?)</tr>", text, re.S)
     cells = [re.findall(r"<td>(.*?)</td>", r) for r in rows]
-    # columns: method, seeds, world EM, 1-hop, 2-hop, zero-advantage groups (not recorded here), step s, vs GRPO
-    assert ["grpo", "2", "30.0 ± 14.1", "30.0 ± 14.1", "-", "-", "2.0", "1.00x"] in cells
-    assert ["igsd", "2", "60.0 ± 14.1", "60.0 ± 14.1", "-", "-", "3.0", "1.50x"] in cells
+    # columns: method, seeds, world EM, 1-hop, 2-hop, 1-hop searched 2+ (not recorded), zero-advantage groups (not recorded here), step s, vs GRPO
+    assert ["grpo", "2", "30.0 ± 14.1", "30.0 ± 14.1", "-", "-", "-", "2.0", "1.00x"] in cells
+    assert ["igsd", "2", "60.0 ± 14.1", "60.0 ± 14.1", "-", "-", "-", "3.0", "1.50x"] in cells
     assert any(c[:3] == ["igsd", "2", "10"] and c[3].startswith("+30.0 [") for c in cells), cells  # bootstrap row
     alts = re.findall(r'<img alt="([^"]*)"', text)
     assert "EM per method, mean ± std over seeds" in alts

@@ -6,8 +6,9 @@ score interval of the EM, a share of questions), ``f1``, ``searches_per_question
 ``invalid_rate`` (invalid turns / all model turns: a share of turns, not of questions),
 ``gen_tokens_per_question`` (tokens the model produced), ``validity_rate`` (fraction of
 questions whose trajectory has at least one well-formed search or answer), ``errors``
-(trajectories with a recorded retrieval error), ``stop_reasons`` and ``em_by_hops`` (when
-records have ``hops``); plus the macro average of EM/F1 over benchmarks (``avg``, with
+(trajectories with a recorded retrieval error), ``stop_reasons`` and, when records have ``hops``,
+``em_by_hops``, ``n_by_hops``, ``searches_by_hops`` (searches per question) and ``multi_search_by_hops``
+(the share of questions searched at least twice); plus the macro average of EM/F1 over benchmarks (``avg``, with
 ``n_benchmarks`` and ``em_ci95``: the benchmarks' Wilson intervals combined by MOVER, see
 ``macro_interval``), ``data`` (per
 benchmark: the QA file, its row count, the questions evaluated, and whether it is a mini-wiki
@@ -120,11 +121,16 @@ def summarize(trajs: list[Trajectory]) -> dict[str, Any]:
         "errors": sum(1 for t in trajs if t.errors),
         "stop_reasons": dict(Counter(t.stop_reason for t in trajs)),
     }
-    hops = sorted({t.hops for t in trajs if t.hops is not None})
-    if hops:
-        res["em_by_hops"] = {str(h): sum(t.em for t in trajs if t.hops == h) / sum(1 for t in trajs if t.hops == h)
-                             for h in hops}
-        res["n_by_hops"] = {str(h): sum(1 for t in trajs if t.hops == h) for h in hops}
+    by: dict[int, list[Trajectory]] = {}
+    for t in trajs:
+        if t.hops is not None:
+            by.setdefault(t.hops, []).append(t)
+    if by:  # a one-hop question searched twice is over-search: a policy that learned "search again" everywhere
+        res["em_by_hops"] = {str(h): sum(t.em for t in ts) / len(ts) for h, ts in sorted(by.items())}
+        res["n_by_hops"] = {str(h): len(ts) for h, ts in sorted(by.items())}
+        res["searches_by_hops"] = {str(h): sum(t.num_searches for t in ts) / len(ts) for h, ts in sorted(by.items())}
+        res["multi_search_by_hops"] = {str(h): sum(t.num_searches >= 2 for t in ts) / len(ts)
+                                       for h, ts in sorted(by.items())}
     return res
 
 
@@ -569,13 +575,16 @@ def results_markdown(result: dict[str, Any]) -> str:
 
 
 def bench_row(r: dict[str, Any]) -> dict[str, Any]:
-    """EM overall and by hop count, n, searches per question and validity from one benchmark's entry
-    of an ``evaluate`` result (the row of the before/after and comparison tables)."""
+    """EM overall and by hop count, n, searches per question, the share of one-hop questions searched at least
+    twice (``multi_1hop``: over-search) and validity from one benchmark's entry of an ``evaluate`` result (the row
+    of the before/after and comparison tables)."""
     by_hops = r.get("em_by_hops") or {}
+    multi = r.get("multi_search_by_hops") or {}
     return {
         "em": r.get("em"),
         "em_1hop": by_hops.get("1"),
         "em_2hop": by_hops.get("2"),
+        "multi_1hop": multi.get("1"),
         "n": r.get("n"),
         "searches": r.get("searches_per_question"),
         "validity": r.get("validity_rate"),

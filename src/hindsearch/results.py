@@ -25,7 +25,7 @@ def run_name(method: str, seed: int) -> str:
 
 # --------------------------------------------------------------------------- evaluation numbers
 def bench_numbers(res: Any) -> dict[str, Any]:
-    """``{"em", "em_1hop", "em_2hop", "n"}`` from one benchmark's entry of an ``evaluate`` result (tolerant)."""
+    """``{"em", "em_1hop", "em_2hop", "multi_1hop", "n", ...}`` from one benchmark's entry of an ``evaluate`` result (tolerant)."""
     if not isinstance(res, dict):
         return {}
     from hindsearch.eval import bench_row
@@ -70,10 +70,12 @@ def zero_advantage_share(run_dir: Path) -> float | None:
 
 # --------------------------------------------------------------------------- aggregation
 def columns(benchmarks: Sequence[str]) -> list[tuple[str, str, str]]:
-    """Table columns ``(header, benchmark, key)``: world EM, 1-hop, 2-hop, then each mini benchmark, then the mini average."""
+    """Table columns ``(header, benchmark, key)``: world EM, 1-hop, 2-hop, the share of one-hop questions searched
+    at least twice (over-search), then each mini benchmark, then the mini average."""
     cols = []
     if WORLD in benchmarks:
-        cols += [("world EM", WORLD, "em"), ("world 1-hop", WORLD, "em_1hop"), ("world 2-hop", WORLD, "em_2hop")]
+        cols += [("world EM", WORLD, "em"), ("world 1-hop", WORLD, "em_1hop"), ("world 2-hop", WORLD, "em_2hop"),
+                 ("1-hop searched 2+", WORLD, "multi_1hop")]
     cols += [(b, b, "em") for b in benchmarks if b != WORLD]
     if any(b != WORLD for b in benchmarks):
         cols.append(("mini avg", "__mini_avg__", "em"))
@@ -143,6 +145,8 @@ def results_rows(agg: dict[str, dict[str, Any]], benches: Sequence[str]) -> tupl
 
 
 RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives n; one seed: the mean alone). "
+                "1-hop searched 2+: the share of one-hop world questions the policy searched at least twice (%), "
+                "over-search that a learned 'search again' can cost. "
                 "Zero-adv groups: the share of training groups whose rewards were all equal (no GRPO signal), mean "
                 "over steps and seeds. Step time: median seconds per optimizer step (rollout + reward + hindsight "
                 "prepare + update), ratio to GRPO.")
