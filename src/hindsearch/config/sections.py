@@ -43,6 +43,10 @@ class ModelConfig:
     """``auto`` (cuda when available), ``cpu`` or ``cuda``."""
     attn_implementation: str | None = None
     """Passed to ``from_pretrained`` (e.g. ``flash_attention_2`` on GPU); None = library default."""
+    hub_kernels: bool = False
+    """Let transformers swap layers for Hugging Face Hub kernels (``from_pretrained(use_kernels=...)``). Off by
+    default: transformers >= 5.2x turns them on when the ``kernels`` package is installed, fetches them from the
+    Hub at the first ``train()`` on a GPU (an offline machine fails there) and changes the numerics."""
     lora: LoRAConfig = field(default_factory=LoRAConfig)
     """``[model.lora]``: LoRA adapter training in RL (off by default, see ``LoRAConfig``)."""
 
