@@ -266,9 +266,8 @@ def test_the_start_is_the_presets_whichever_seeds_are_listed(tiny_preset, monkey
     assert inits[1]["init_model"] == inits[2]["init_model"] and inits[1]["sha256"] == inits[2]["sha256"]
     import torch
 
-    # what else decides the weights bit for bit is recorded beside the digest
+    # torch's CPU kernel set also decides the weights bit for bit: recorded beside the digest
     assert inits[1]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
-    assert inits[1]["torch"] == torch.__version__ and inits[1]["transformers"]
 
 
 def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):

@@ -70,30 +70,27 @@ def test_a_saved_tokenizer_pads_on_the_left_for_whoever_loads_it(tmp_path):
     assert plain(["a", "a b"], padding=True)["input_ids"][0][0] == plain.pad_token_id  # padded at the start
 
 
-def test_hub_kernels_stay_off_unless_asked(tmp_path):
+def test_hub_kernels_stay_off_unless_asked(tmp_path, monkeypatch):
     """transformers >= 5.2x defaults ``from_pretrained(use_kernels=None)`` to on whenever the ``kernels``
     package is installed (it is a dependency of transformers): on a GPU the first ``model.train()`` then fetches
     Hub kernels, and on an offline H200 every training step failed there (docs/results/2026-12-04-gpu-check.md).
     A loaded policy has them off; ``model.hub_kernels = true`` passes the request through."""
+    from transformers import AutoModelForCausalLM
+
     from hindsearch.config.sections import ModelConfig
 
     tok = models.load_tokenizer(models.TINY_ALIAS)
     models.tiny_random_model(tok).save_pretrained(tmp_path)
     tok.save_pretrained(tmp_path)
-    seen = []
-    from transformers import AutoModelForCausalLM
-
-    real = AutoModelForCausalLM.from_pretrained
+    seen, real = [], AutoModelForCausalLM.from_pretrained
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("use_kernels"))
         return real(*args, **kwargs)
 
-    import unittest.mock
-
-    with unittest.mock.patch.object(AutoModelForCausalLM, "from_pretrained", spy):
-        model, _ = models.load_policy(ModelConfig(name=str(tmp_path), device="cpu"))
-        assert seen == [False] and model.use_kernels is False
-        model.train()  # no kernelization, so nothing is fetched
-        models.load_policy(ModelConfig(name=str(tmp_path), device="cpu", hub_kernels=True))
-        assert seen == [False, True]
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", spy)
+    model, _ = models.load_policy(ModelConfig(name=str(tmp_path), device="cpu"))
+    assert seen == [False] and model.use_kernels is False
+    model.train()  # no kernelization, so nothing is fetched
+    models.load_policy(ModelConfig(name=str(tmp_path), device="cpu", hub_kernels=True))
+    assert seen == [False, True]

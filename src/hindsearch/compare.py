@@ -126,20 +126,10 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
 
     rec.write_text(json.dumps({"init_model": str(wdir), "model": cfg.model.name, "warmup_seed": cfg.train.seed,
                                "sha256": weights_digest(wdir), "threads": torch.get_num_threads(),
-                               **float_path()}))  # pinned
+                               # other kernels round differently; the CPU model and the library versions are in
+                               # the folder's marker (provenance)
+                               "cpu_capability": torch.backends.cpu.get_cpu_capability()}))  # pinned
     return str(wdir)
-
-
-def float_path() -> dict[str, str]:
-    """What else decides the start's weights bit for bit, beside the preset and the thread count: torch's CPU
-    kernel set (``AVX2``, ``AVX512``: other kernels, other rounding) and the library versions. An AVX2 machine
-    with transformers 5.25 built another micro-scarce start (sha256 ``f238758f...``) than the 2026-12-02
-    machines (``23541d94...``, twice), whose kernel set and versions were not recorded."""
-    import torch
-    import transformers
-
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-            "transformers": transformers.__version__}
 
 
 def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:

@@ -181,7 +181,7 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
         tok = load_tokenizer(TINY_ALIAS)
         model = tiny_random_model(tok).to(dtype)
     else:
-        kw: dict[str, Any] = {"dtype": dtype, "use_kernels": bool(model_cfg.hub_kernels)}
+        kw: dict[str, Any] = {"dtype": dtype, "use_kernels": model_cfg.hub_kernels}
         if model_cfg.attn_implementation:
             kw["attn_implementation"] = model_cfg.attn_implementation
         if name == SMOLLM2_ALIAS:
