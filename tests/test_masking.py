@@ -51,6 +51,9 @@ def test_grpo_loss_ignores_injected_positions(world, tok, tmp_path):  # noqa: F8
     cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.04"])
     records = w.splits["train"][:4]
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
+    # kl_coef > 0: TRL loads a reference model itself, from GRPOConfig.model_init_kwargs; Hub kernels stay off
+    # there as on the policy (on the offline H200 it fetched kernels-community/rotary and failed every step)
+    assert trainer.ref_model is not None and trainer.ref_model.use_kernels is False
     inputs = generation_inputs(trainer, records[:2])
     mask = inputs["completion_mask"] * inputs["tool_mask"]  # [B, C]
     assert (mask == 0).any() and (inputs["tool_mask"] == 0).any(), "no injected tokens in the batch"

@@ -81,6 +81,9 @@ def grpo_args(cfg: Config, output_dir: str | Path, num_processes: int = 1) -> An
             warnings.warn(f"train.trl.gradient_checkpointing_kwargs.every_n_layers = {gc_kw['every_n_layers']!r} "
                           f"is ignored: train.checkpoint_every_n_layers sets it to {n}", stacklevel=2)
         kw["gradient_checkpointing_kwargs"] = {**gc_kw, "every_n_layers": n}
+    if cfg.train.kl_coef > 0:  # TRL loads the reference model itself, with these: Hub kernels as on the policy
+        # (TRL 1.16 then logs that model_init_kwargs "will be ignored": true of the policy, not of the reference)
+        kw["model_init_kwargs"] = {**(kw.get("model_init_kwargs") or {}), "use_kernels": cfg.model.hub_kernels}
     return GRPOConfig(**kw)
 
 
