@@ -38,6 +38,9 @@ def test_method_aliases_make_valid_configs(tmp_path):
     gold = Config.load(None, run_overrides("hindsearch", 0, tmp_path, None, []))
     assert nogold.method == gold.method == "hindsearch"
     assert nogold.hindsearch.judge_sees_gold is False and gold.hindsearch.judge_sees_gold is True
+    for alias, teacher in (("hindsearch", "frozen"), ("hindsearch-live", "live"), ("hindsearch-ema", "ema")):
+        cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
+        assert (cfg.method, cfg.hindsearch.teacher, cfg.hindsearch.judge_sees_gold) == ("hindsearch", teacher, True)
 
 
 def fake_result(method, seed, world, nq=None, step_s=1.0):

@@ -18,7 +18,9 @@ checkpoint (``run_train(resume=...)``); a run trained but not yet evaluated is o
 
 Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``;
 ``hindsearch-shuffled`` = ``hindsearch`` whose teacher reads the critique of another question
-(``hindsearch.critique_source = shuffled``); ``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
+(``hindsearch.critique_source = shuffled``); ``hindsearch-live`` and ``hindsearch-ema`` = ``hindsearch`` whose
+teacher is the current policy or its moving average (``hindsearch.teacher``), not the frozen start;
+``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "hindsearch": ["method=hindsearch", "hindsearch.judge_sees_gold=true"],
     "hindsearch-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false"],
     "hindsearch-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.critique_source=shuffled"],
+    "hindsearch-live": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.teacher=live"],
+    "hindsearch-ema": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.teacher=ema"],
     "igsd": ["method=igsd"],
     "igsd-nogate": ["method=igsd", "igsd.gate=none"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],
@@ -366,8 +370,8 @@ def register(sub: Any) -> None:
     c.add_argument("--config", default="tiny-cpu",
                    help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
     c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
-                   help="comma list of grpo, hindsearch, hindsearch-nogold, hindsearch-shuffled, igsd, igsd-nogate, "
-                        "hindsearch+igsd")
+                   help="comma list of grpo, hindsearch, hindsearch-nogold, hindsearch-shuffled, hindsearch-live, "
+                        "hindsearch-ema, igsd, igsd-nogate, hindsearch+igsd")
     c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
     c.add_argument("--steps", type=positive_int, default=None,
                    help="RL steps per run (default: the preset's train.steps)")
