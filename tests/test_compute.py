@@ -54,6 +54,29 @@ def test_score_continuations_equal_unpadded(model):
         compute.score_continuations(model, [[]], [[1]])
 
 
+def test_score_chunks_cap_logits_not_rows():
+    assert compute.score_chunks([3, 1, 4, 1, 5], 2, None) == [range(0, 2), range(2, 4), range(4, 5)]  # rows only
+    assert compute.score_chunks([3, 1, 4, 1, 5], 2, 10, budget=10**6) == [range(0, 2), range(2, 4), range(4, 5)]
+    # budget 100, vocab 10: rows x (longest + 1) <= 10; a row over it alone still goes
+    assert compute.score_chunks([3, 1, 4, 1, 12, 2], 4, 10, budget=100) == [
+        range(0, 2), range(2, 4), range(4, 5), range(5, 6)]
+    assert compute.score_chunks([], 4, 10, budget=100) == []
+
+
+def test_score_continuations_same_under_a_logits_budget(model, monkeypatch):
+    """A budget that splits every batch (16 GiB of Qwen2.5 logits ran an H200 out of memory) changes no number."""
+    prefixes, conts = [[3, 4, 5, 6], [7], [8, 9], [5]], [[10, 11], [12, 13, 14], [], [9, 9, 9, 9]]
+    full = compute.score_continuations(model, prefixes, conts, topk=3, batch_size=4)
+    monkeypatch.setattr(compute, "SCORE_LOGITS_BUDGET", 4 * model.config.vocab_size)
+    assert compute.score_chunks([len(c) for c in conts], 4, model.config.vocab_size) == [
+        range(0, 1), range(1, 2), range(2, 3), range(3, 4)]
+    split = compute.score_continuations(model, prefixes, conts, topk=3, batch_size=4)
+    for i, c in enumerate(conts):  # within each continuation (past its end the top-k read padding)
+        for a, b in zip(full, split):
+            assert torch.allclose(a[i, : len(c)].float(), b[i, : len(c)].float(), atol=1e-5)
+    assert (split[0][2] == 0).all() and (full[0][2] == 0).all()
+
+
 def test_greedy_decode_equals_transformers_generate(tok, model):
     prefixes = [[3, 4, 5, 6, 7], [8, 9], [10, 11, 12]]
     stop = compute.Stop(tok, set())

@@ -116,6 +116,30 @@ def token_logprobs(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse
 
 
+SCORE_LOGITS_BUDGET = 2**30
+"""Logit elements one scoring forward may keep (rows x (longest continuation + 1) x vocabulary): 4 GiB as float32.
+Only a large vocabulary over long continuations reaches it (Qwen2.5's 151,936 ids: 16 rows of 2,000 tokens asked
+for 18 GiB on an H200 and ran out of memory); micro and tiny models never do, so their batches are unchanged."""
+
+
+def score_chunks(lengths: Sequence[int], batch_size: int, vocab: int | None, budget: int | None = None) -> list[range]:
+    """Consecutive row ranges of at most ``batch_size`` rows each, closed early where one more row would take
+    ``rows x (longest length + 1) x vocab`` past ``budget`` (default ``SCORE_LOGITS_BUDGET``; a single row always
+    goes; ``vocab=None``: no cap)."""
+    budget = SCORE_LOGITS_BUDGET if budget is None else budget
+    out, s = [], 0
+    while s < len(lengths):
+        e, longest = s + 1, lengths[s]
+        while e < len(lengths) and e - s < batch_size:
+            nxt = max(longest, lengths[e])
+            if vocab is not None and (e - s + 1) * (nxt + 1) * vocab > budget:
+                break
+            e, longest = e + 1, nxt
+        out.append(range(s, e))
+        s = e
+    return out
+
+
 @torch.no_grad()
 def score_continuations(
     model: Any, prefixes: Sequence[Sequence[int]], continuations: Sequence[Sequence[int]], topk: int = 0,
@@ -126,8 +150,9 @@ def score_continuations(
     Returns ``lT [B, T]`` (log-prob of ``cont[t]`` given ``prefix + cont[:t]``; 0 beyond a row's length),
     ``topk_ids [B, T, k]`` (long) and ``topk_logp [B, T, k]`` (the model's top-k log-probs at each continuation
     position; ``k = 0`` gives empty last dims). ``T`` = longest continuation. Every prefix must be non-empty.
-    Micro-batches of ``batch_size`` rows; prefixes are left-padded so every continuation starts at the same
-    column; logits are kept only for continuation positions. Runs in one lockstep region.
+    Micro-batches of ``batch_size`` rows (fewer where their logits would pass ``SCORE_LOGITS_BUDGET``); prefixes
+    are left-padded so every continuation starts at the same column; logits are kept only for continuation
+    positions. Runs in one lockstep region.
     """
     B = len(prefixes)
     if B != len(continuations):
@@ -139,8 +164,9 @@ def score_continuations(
         if B == 0 or T == 0:
             return lT, ids_out, lp_out
         device = device_of(model)
-        for s in range(0, B, batch_size):
-            rows = range(s, min(s + batch_size, B))
+        vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+        for rows in score_chunks([len(c) for c in continuations], batch_size, vocab if isinstance(vocab, int) else None):
+            s = rows.start
             P = max(len(prefixes[i]) for i in rows)
             Tb = max(len(continuations[i]) for i in rows)
             if Tb == 0:
