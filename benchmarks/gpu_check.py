@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--attn", default="sdpa", help="attn_implementation for the HF models (the presets ask for "
                                                   "flash_attention_2, which needs the flash-attn package)")
     ap.add_argument("--micro-batch", type=positive_int, default=None,
-                    help="train.micro_batch_size (rollouts per forward/backward); default: all at once, as the presets")
+                    help="train.micro_batch_size (rollouts per forward/backward); default: the preset's (--tiny: all at once)")
     ap.add_argument("--train-backend", choices=("hf", "vllm"), default="hf",
                     help="rollout backend of the training steps (vllm: TRL's colocate engine, no --script)")
     ap.add_argument("--vllm-gpu-memory", type=fraction, default=0.35, help="vLLM gpu_memory_utilization")
@@ -443,6 +443,10 @@ def ratio_rows(model: str, rows: Sequence[dict[str, Any]], tiny: bool = False) -
     return out
 
 
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f} GiB"
+
+
 def short_error(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return (text[0] if text else type(e).__name__)[:400]
@@ -489,6 +493,18 @@ class Memory:
 
         return self._query(torch.cuda.memory_allocated)
 
+    def outside_torch_gib(self) -> float | None:
+        """GPU memory this process holds outside PyTorch's caching allocator: the device's used memory minus
+        what the allocator reserved (a CUDA context is ~0.5 GiB; on 2026-12-04 ~106 GiB sat there through two
+        step cells, and each OOM'd). Counts other processes on the GPU too, so read it on a machine of one's own."""
+        import torch
+
+        def outside() -> float:
+            free, total = torch.cuda.mem_get_info()
+            return float(total - free - torch.cuda.memory_reserved())
+
+        return self._query(outside)
+
     @staticmethod
     def rss_gib() -> float:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
@@ -513,7 +529,9 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
     cfg.warmup.enabled = False
     t = cfg.train
     t.steps, t.save_steps, t.questions_per_step, t.samples_per_step = a.steps, 10**6, a.questions, 0
-    t.eval_steps, t.grad_share_steps, t.micro_batch_size = 0, 0, a.micro_batch
+    t.eval_steps, t.grad_share_steps = 0, 0
+    if a.micro_batch is not None or a.tiny:  # --tiny's 2-rollout steps: all at once unless asked
+        t.micro_batch_size = a.micro_batch
     t.trl = {**t.trl, "save_strategy": "no"}  # no checkpoint at the end (3B: weights + optimizer, ~18 GB)
     if a.tiny:
         r = cfg.rollout
@@ -580,6 +598,7 @@ class Check:
         if a.device == "cuda" and torch.cuda.is_available():
             meta["gpu"] = torch.cuda.get_device_name(0)
             meta["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
+            meta["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         return meta
 
     def over_budget(self) -> bool:
@@ -593,7 +612,7 @@ class Check:
         else:
             print(f"[{time.monotonic() - self.t0:6.0f}s] {model}: {part} ...", flush=True)
             self.mem.reset()
-            start = self.mem.allocated_gib()
+            start, outside0 = self.mem.allocated_gib(), self.mem.outside_torch_gib() if self.mem.cuda else None
             t0 = time.perf_counter()
             try:
                 row.update(fn())
@@ -605,6 +624,9 @@ class Check:
                 row["peak_gib"] = self.mem.peak_gib()
             if self.mem.cuda:
                 row["start_gib"] = start  # still allocated from earlier cells when this one began
+                row["outside_torch_start_gib"], row["outside_torch_end_gib"] = outside0, self.mem.outside_torch_gib()
+                print(f"    GPU memory outside PyTorch's allocator: {_gib(outside0)} at start, "
+                      f"{_gib(row['outside_torch_end_gib'])} at end", flush=True)
             else:
                 row["rss_gib"] = self.mem.rss_gib()
             self.mem.reset()
