@@ -241,7 +241,10 @@ class HindSearchConfig:
     redact_gold_in_critique: bool = True
     """Replace gold-answer strings in critiques with a placeholder."""
     teacher: str = choice("frozen", TEACHERS)
-    """Teacher weights: ``frozen`` (initial policy), ``live`` (current policy, no grad) or ``ema``."""
+    """Teacher weights: ``frozen`` (initial policy), ``live`` (current policy, no grad) or ``ema``. With ``live``
+    nothing anchors the student (the loss is lowest for an output that ignores the critique): on micro-scarce at
+    lambda 2 the student lost the format by step ~115 and every test answer by step 200
+    (docs/results/2026-12-04-scarce-live-teacher.md)."""
     ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
     """EMA decay when ``teacher = ema``."""
     divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "reverse_kl", "jsd"))
