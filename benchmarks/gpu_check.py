@@ -443,10 +443,6 @@ def ratio_rows(model: str, rows: Sequence[dict[str, Any]], tiny: bool = False) -
     return out
 
 
-def _gib(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f} GiB"
-
-
 def short_error(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}".strip().splitlines()
     return (text[0] if text else type(e).__name__)[:400]
@@ -612,7 +608,7 @@ class Check:
         else:
             print(f"[{time.monotonic() - self.t0:6.0f}s] {model}: {part} ...", flush=True)
             self.mem.reset()
-            start, outside0 = self.mem.allocated_gib(), self.mem.outside_torch_gib() if self.mem.cuda else None
+            start, outside0 = self.mem.allocated_gib(), self.mem.outside_torch_gib()  # None on CPU
             t0 = time.perf_counter()
             try:
                 row.update(fn())
@@ -625,8 +621,8 @@ class Check:
             if self.mem.cuda:
                 row["start_gib"] = start  # still allocated from earlier cells when this one began
                 row["outside_torch_start_gib"], row["outside_torch_end_gib"] = outside0, self.mem.outside_torch_gib()
-                print(f"    GPU memory outside PyTorch's allocator: {_gib(outside0)} at start, "
-                      f"{_gib(row['outside_torch_end_gib'])} at end", flush=True)
+                print(f"    GPU memory outside PyTorch's allocator (GiB): {_num(outside0, '.2f')} at start, "
+                      f"{_num(row['outside_torch_end_gib'], '.2f')} at end", flush=True)
             else:
                 row["rss_gib"] = self.mem.rss_gib()
             self.mem.reset()
