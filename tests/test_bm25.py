@@ -280,3 +280,29 @@ def test_empty_corpus_is_an_error(tmp_path):
         build_index(tmp_path / "empty.jsonl", tmp_path / "idx", show_progress=False)
     with pytest.raises(ValueError, match="not supported"):
         build_index(tmp_path / "empty.jsonl", tmp_path / "idx", kind="splade")
+
+
+@pytest.mark.parametrize("preset", [None, "cuda"])
+def test_bm25s_import_keeps_jax_off_the_gpu(tmp_path, preset):
+    """``import bm25s`` runs a JAX top-k when JAX is installed, which on a CUDA build preallocates 75% of the GPU
+    (105.5 GiB of an H200). A stand-in ``jax`` records the ``JAX_PLATFORMS`` it is imported under: ``cpu`` while
+    hindsearch imports bm25s, the variable gone afterwards, and a value the user set is kept."""
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "site" / "jax"
+    fake.mkdir(parents=True)
+    seen = tmp_path / "seen.txt"
+    (fake / "__init__.py").write_text(f"import os\nopen({str(seen)!r}, 'w').write(os.environ.get('JAX_PLATFORMS', '-'))\n")
+    (fake / "lax.py").write_text("def top_k(x, k):\n    return x[:k], list(range(k))\n")
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "site"), str(Path(__file__).parents[1] / "src")])
+    if preset:
+        env["JAX_PLATFORMS"] = preset
+    code = ("import os, sys, hindsearch.retrieval.bm25; assert 'jax.lax' in sys.modules; "
+            "print(os.environ.get('JAX_PLATFORMS', '-'))")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert seen.read_text() == (preset or "cpu")
+    assert out.stdout.strip() == (preset or "-")

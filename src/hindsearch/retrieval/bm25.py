@@ -28,14 +28,40 @@ The server renders the stored rows (``retrieve_ids`` + ``PassageStore.raw``) eit
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
+import sys
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-import bm25s
+
+@contextlib.contextmanager
+def _jax_on_cpu() -> Iterator[None]:
+    """While bm25s is imported, JAX (if installed and not yet imported) may only use the CPU.
+
+    ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's default
+    backend: with a CUDA build of JAX that preallocates 75% of the GPU (105.5 GiB of an H200 in the 2026-12-04
+    GPU check, held through training until the first out-of-memory). hindsearch never uses bm25s' top-k (the
+    search below has its own), so JAX gets ``JAX_PLATFORMS=cpu`` for that import; the variable is restored
+    afterwards, and a process that set it, or imported JAX before, keeps its own choice."""
+    if "jax" in sys.modules or "JAX_PLATFORMS" in os.environ:
+        yield
+        return
+    os.environ["JAX_PLATFORMS"] = "cpu"
+    try:
+        yield
+    finally:
+        os.environ.pop("JAX_PLATFORMS", None)
+
+
+with _jax_on_cpu():
+    import bm25s
+
 import numpy as np
 import scipy.sparse as sp
 import Stemmer
