@@ -152,7 +152,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
         trainer.train()
         failed = [float(t.failed) for t in trainer._last_trajs]
         (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
-    assert sync.close()  # as the CLI does after a run: without it gloo aborts the ranks at exit (SIGABRT)
+    assert sync.close()  # as the CLI does after a run that ended well, then its entry's sync.end_process
 
 
 # ---------------------------------------------------------------- the lockstep rule, without a model
@@ -298,6 +298,23 @@ def test_the_cli_closes_the_process_group_after_a_clean_run_only(tmp_path):
     assert not __import__("hindsearch.hindsight.sync", fromlist=["close"]).close()  # none left: a no-op
 
 
+def test_end_process_loses_nothing(tmp_path):
+    """``sync.end_process`` skips the interpreter's finalisation but not what a run leaves to it: a non-daemon
+    thread still writing, ``atexit`` handlers, unflushed output; the exit code is the one given."""
+    done = tmp_path / "thread.txt"
+    code = ("import atexit, sys, threading, time\n"
+            "from hindsearch.hindsight import sync\n"
+            f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('ok'))).start()\n"
+            "atexit.register(lambda: print('atexit ran', flush=True))\n"
+            "sys.stdout.write('buffered, no newline')\n"
+            "sync.end_process(3)\n"
+            "print('never printed')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 3, out.stderr[-2000:]
+    assert out.stdout.startswith("buffered, no newline") and "atexit ran" in out.stdout, out.stdout
+    assert "never printed" not in out.stdout and done.read_text() == "ok"
+
+
 # ---------------------------------------------------------------- the test (parent process)
 def _free_port() -> int:
     with socket.socket() as s:
@@ -395,3 +412,6 @@ if __name__ == "__main__":
     ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
     a = ap.parse_args()
     worker(a.dir, a.methods, a.unsynced, a.watchdog)
+    from hindsearch.hindsight import sync
+
+    sync.end_process(0)  # as hindsearch.cli.entry: DDP/FSDP keep gloo's threads alive past close (SIGABRT at teardown)
