@@ -298,6 +298,22 @@ def test_the_cli_closes_the_process_group_after_a_clean_run_only(tmp_path):
     assert not __import__("hindsearch.hindsight.sync", fromlist=["close"]).close()  # none left: a no-op
 
 
+@pytest.mark.parametrize("world_size,entities,ends", [("2", "40", True), ("1", "40", False), ("2", "10", False)])
+def test_entry_ends_a_finished_rank_only(tmp_path, monkeypatch, world_size, entities, ends):
+    """The console script leaves through ``sync.end_process`` only on a rank of a multi-process launch whose
+    command ended well; a single process, or a failed command, exits normally with its code."""
+    from hindsearch import cli
+    from hindsearch.hindsight import sync
+
+    ended: list[int] = []
+    monkeypatch.setattr(sync, "end_process", lambda rc: ended.append(rc) or sys.exit(rc))
+    monkeypatch.setenv("WORLD_SIZE", world_size)
+    monkeypatch.setattr(sys, "argv", ["hindsearch", "world", "--out", str(tmp_path / "w"), "--entities", entities])
+    with pytest.raises(SystemExit) as e:
+        cli.entry()
+    assert ended == ([0] if ends else []) and e.value.code == (0 if entities == "40" else 1)
+
+
 def test_end_process_loses_nothing(tmp_path):
     """``sync.end_process`` skips the interpreter's finalisation but not what a run leaves to it: a non-daemon
     thread still writing, ``atexit`` handlers, unflushed output; the exit code is the one given."""

@@ -236,21 +236,19 @@ def main(argv: list[str] | None = None) -> int:
     if "torch.distributed" in sys.modules:  # under accelerate launch: a clean exit, not gloo's SIGABRT at teardown
         from hindsearch.hindsight import sync
 
-        global _closed_group
-        _closed_group = sync.close() or _closed_group
+        sync.close()
     return int(rc or 0)
-
-
-_closed_group = False  # main() destroyed a process group after a command that ended well
 
 
 def entry() -> None:
     """The ``hindsearch`` console script (and ``python -m hindsearch.cli``): ``main``, then the exit. A rank of a
-    multi-process run that ended well leaves through ``sync.end_process`` (no interpreter finalisation, where
-    gloo's threads can abort a finished rank); everything else exits normally. ``main`` itself only returns, so
-    it stays callable from Python and tests."""
+    multi-process launch (``WORLD_SIZE`` > 1) whose command ended well leaves through ``sync.end_process`` (no
+    interpreter finalisation, where gloo's threads can abort a finished rank); everything else exits normally.
+    ``main`` itself only returns, so it stays callable from Python and tests."""
+    import os
+
     rc = main()
-    if _closed_group and rc == 0:
+    if rc == 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
         from hindsearch.hindsight import sync
 
         sync.end_process(rc)

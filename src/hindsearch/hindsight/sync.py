@@ -152,7 +152,7 @@ def end_process(rc: int) -> NoReturn:
     ``close`` does not stop gloo's worker threads where DDP's reducer or FSDP's device mesh still holds the group
     from C++ (their native threads are still there after the destroy and a ``gc.collect``). Their teardown during
     the interpreter's finalisation then sometimes aborts a finished rank with SIGABRT ("terminate called without
-    an active exception"): 1 of 20 two-rank test runs on 2 CPU cores, and once in CI. Everything the run writes is
+    an active exception"): 1 of about 32 two-rank test runs on 2 CPU cores, and once in CI. Everything the run writes is
     closed by then, so this waits for non-daemon threads, runs the ``atexit`` handlers (trackers, logging),
     flushes the standard streams and leaves with ``os._exit(rc)``.
     """
