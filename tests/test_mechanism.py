@@ -68,6 +68,33 @@ def test_signed_form_hand_numbers_and_direction():
     assert L.hind_signed(lS, lS.detach(), mask).item() == 0.0
 
 
+def test_one_sided_lowers_a_failed_token_only_where_the_teacher_likes_it_less():
+    """Two actions at a decision position (0 = search again, 1 = answer now); the failed rollout sampled 1. Where the
+    teacher searches more than the student, one step lowers "answer now" and raises "search again". Where the
+    student already searches more than the teacher, ``one_sided`` does nothing, while ``reverse_kl`` and ``signed``
+    pull the student back: they raise the failed token."""
+    def step(div: str, p_student: float, p_teacher: float) -> float:
+        z = torch.log(torch.tensor([[p_student, 1 - p_student]])).requires_grad_(True)
+        lt = torch.log(torch.tensor([[p_teacher, 1 - p_teacher]]))
+        ids = torch.tensor([1])  # the failed rollout answered
+        lS = L.token_logprobs(z, ids)
+        x = L.DistillInputs(lS, lt.gather(-1, ids[:, None])[:, 0], z, topk_ids=torch.tensor([[0, 1]]),
+                            topk_logp=lt, signed_clip=1.0)
+        L.divergence(div).fn(x).sum().backward()
+        with torch.no_grad():
+            return float(torch.softmax(z - 0.5 * z.grad, -1)[0, 0])  # P(search again) after one SGD step
+
+    assert step("one_sided", 0.25, 0.45) > 0.25  # the teacher searches more: pulled up
+    assert step("one_sided", 0.55, 0.45) == pytest.approx(0.55, abs=1e-7)  # past the teacher: left alone
+    assert step("reverse_kl", 0.55, 0.45) < 0.55 and step("signed", 0.55, 0.45) < 0.55  # the anchor
+    lS = torch.tensor([-1.0, -2.0, -0.5], requires_grad=True)
+    lT = torch.tensor([-0.5, -4.0, -0.5])
+    v = L.divergence("one_sided").fn(L.DistillInputs(lS, lT, torch.zeros(3, 2), signed_clip=1.0))
+    v.sum().backward()
+    assert v.tolist() == pytest.approx([0.0, -2.0, 0.0])  # a = (0, -1, 0): only token 1 is lowered
+    assert lS.grad.tolist() == pytest.approx([0.0, 1.0, 0.0])
+
+
 def test_gap_diagnostics_zero_for_equal_and_eps():
     lS = torch.randn(3, 5)
     d = L.gap_diagnostics(lS.clone(), lS, torch.ones(3, 5))
@@ -291,7 +318,8 @@ def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_
 
 
 # ------------------------------------------------------------------ the new loss options through the trainer
-@pytest.mark.parametrize("divergence,distill_on", [("signed", "action"), ("reverse_kl", "action"), ("jsd", "query")])
+@pytest.mark.parametrize("divergence,distill_on", [("signed", "action"), ("reverse_kl", "action"), ("jsd", "query"),
+                                                ("one_sided", "decision_query")])
 def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, tmp_path, one_thread):
     import json
 

@@ -20,6 +20,8 @@ Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_s
 ``hindsearch-shuffled`` = ``hindsearch`` whose teacher reads the critique of another question
 (``hindsearch.critique_source = shuffled``); ``hindsearch-live`` and ``hindsearch-ema`` = ``hindsearch`` whose
 teacher is the current policy or its moving average (``hindsearch.teacher``), not the frozen start;
+``hindsearch-onesided`` (and its control ``hindsearch-onesided-nogold``) = ``hindsearch`` with the loss that only
+lowers a failed token where the teacher likes it less (``hindsearch.divergence = one_sided``);
 ``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
 """
 
@@ -43,6 +45,9 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "hindsearch-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.critique_source=shuffled"],
     "hindsearch-live": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.teacher=live"],
     "hindsearch-ema": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.teacher=ema"],
+    "hindsearch-onesided": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.divergence=one_sided"],
+    "hindsearch-onesided-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
+                                   "hindsearch.divergence=one_sided"],
     "igsd": ["method=igsd"],
     "igsd-nogate": ["method=igsd", "igsd.gate=none"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],
@@ -370,8 +375,7 @@ def register(sub: Any) -> None:
     c.add_argument("--config", default="tiny-cpu",
                    help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
     c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
-                   help="comma list of grpo, hindsearch, hindsearch-nogold, hindsearch-shuffled, hindsearch-live, "
-                        "hindsearch-ema, igsd, igsd-nogate, hindsearch+igsd")
+                   help="comma list of " + ", ".join(METHOD_ALIASES))
     c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
     c.add_argument("--steps", type=positive_int, default=None,
                    help="RL steps per run (default: the preset's train.steps)")

@@ -247,13 +247,15 @@ class HindSearchConfig:
     (docs/results/2026-12-04-scarce-live-teacher.md)."""
     ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
     """EMA decay when ``teacher = ema``."""
-    divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "reverse_kl", "jsd"))
+    divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "one_sided", "reverse_kl", "jsd"))
     """``clamped_sampled`` (DESIGN's reading of the paper), ``signed`` (unclamped ``lT - lS`` as a per-token
-    advantage), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
+    advantage), ``one_sided`` (its lowering half: a failed token is lowered where the teacher likes it less, nothing
+    is raised), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
     topk: int = bounded(50, gt=0)
     """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
     signed_clip: float = bounded(1.0, gt=0.0)
-    """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``."""
+    """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``; ``one_sided``:
+    to ``[-signed_clip, 0]``."""
     distill_on: str = choice("query", DISTILL_ON)
     """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``); ``action`` (the query
     tokens plus, in every turn after an information block, the turn's first token and the tokens of its

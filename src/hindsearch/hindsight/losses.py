@@ -20,6 +20,9 @@ sample. The alternatives:
 * ``signed`` (on-policy-distillation style): the unclamped per-token gap as an advantage,
   ``a_t = clip(lT_t - lS_t, -c, c)`` (detached), ``L = - sum_t a_t * lS_t * m_t / max(sum m, 1)``:
   tokens the teacher likes less are pushed down, tokens it likes more are pushed up.
+* ``one_sided``: the lowering half of ``signed``, ``a_t = clip(lT_t - lS_t, -c, 0)``: a failed token is lowered
+  where the teacher likes it less and nothing is ever raised, so the term cannot hold the student at the
+  teacher's level where the student already does less of the failed action than the teacher would.
 * ``topk_reverse_kl`` and ``topk_jsd`` compare the two distributions on the teacher's top-k token
   ids (k = 50 by default) **plus one tail bucket** holding the remaining mass of each distribution
   (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for both. Nothing is
@@ -290,6 +293,22 @@ def _clamped_sampled(x: DistillInputs) -> Tensor:
 @register_divergence("signed")
 def _signed(x: DistillInputs) -> Tensor:
     return -signed_advantage(x.lT, x.lS, x.signed_clip) * x.lS
+
+
+def one_sided_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
+    """``a = clamp(lT - lS, -clip, 0)``, detached; ``lT``, ``lS``: ``[B, T]`` (or ``[N]``) → same shape."""
+    return (lT.detach() - lS.detach()).clamp(-clip, 0.0)
+
+
+@register_divergence("one_sided")
+def _one_sided(x: DistillInputs) -> Tensor:
+    """The lowering half of ``signed``: ``-clamp(lT - lS, -c, 0) * lS``. It lowers a failed rollout's token where
+    the teacher gives it less probability than the student, and never raises a token. So on a failed rollout it
+    always has the sign of GRPO's own gradient there (a negative advantage lowers every sampled token), and it
+    never pulls the student back towards the teacher where the student already puts less mass than the teacher on
+    what it did: the frozen teacher's anchor (raising a failed "answer now" once the student searches more than
+    the teacher) is gone, while "answer now" is still lowered where the teacher would search more."""
+    return -one_sided_advantage(x.lT, x.lS, x.signed_clip) * x.lS
 
 
 @register_divergence("reverse_kl", needs_topk=True)
