@@ -41,9 +41,12 @@ def test_method_aliases_make_valid_configs(tmp_path):
     for alias, teacher in (("hindsearch", "frozen"), ("hindsearch-live", "live"), ("hindsearch-ema", "ema")):
         cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
         assert (cfg.method, cfg.hindsearch.teacher, cfg.hindsearch.judge_sees_gold) == ("hindsearch", teacher, True)
-    for alias, sees_gold in (("hindsearch-onesided", True), ("hindsearch-onesided-nogold", False)):
+    for alias, sees_gold, on in (("hindsearch-onesided", True, "query"), ("hindsearch-onesided-nogold", False, "query"),
+                                 ("hindsearch-onesided-answer", True, "answer_decision"),
+                                 ("hindsearch-onesided-answer-nogold", False, "answer_decision")):
         cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
         assert (cfg.method, cfg.hindsearch.divergence, cfg.hindsearch.judge_sees_gold) == ("hindsearch", "one_sided", sees_gold)
+        assert cfg.hindsearch.distill_on == on
 
 
 def fake_result(method, seed, world, nq=None, step_s=1.0):

@@ -319,7 +319,7 @@ def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_
 
 # ------------------------------------------------------------------ the new loss options through the trainer
 @pytest.mark.parametrize("divergence,distill_on", [("signed", "action"), ("reverse_kl", "action"), ("jsd", "query"),
-                                                ("one_sided", "decision_query")])
+                                                ("one_sided", "decision_query"), ("one_sided", "answer_decision")])
 def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, tmp_path, one_thread):
     import json
 

@@ -61,6 +61,13 @@ def test_distill_weights_per_mode(world, tok):
     assert w == [4.0 if x and not y else float(bool(y)) for x, y in zip(dec, later)]
     assert T.distill_weights(d, tok, "decision", action_weight=3.0) == [3.0 * x for x in dec]
     assert T.distill_mask(d, tok, "decision_query") == [int(x > 0) for x in w]
+    # answer_decision: the decision of the turn that answered, not of the turn that searched again
+    answered = T.distill_weights(d, tok, "answer_decision", action_weight=2.0)
+    spans = {t.action: t.gen_span for t in d.turns[1:]}
+    assert set(spans) == {"search", "answer"}
+    assert not any(answered[j] for j in range(*spans["search"])) and any(dec[j] for j in range(*spans["search"]))
+    assert [answered[j] for j in range(*spans["answer"])] == [2.0 * dec[j] for j in range(*spans["answer"])]
+    assert sum(answered) > 0 and not any(a and b for a, b in zip(answered, q))
     with pytest.raises(ValueError, match="distill_on"):
         T.distill_weights(d, tok, "tokens")
 

@@ -22,6 +22,8 @@ Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_s
 teacher is the current policy or its moving average (``hindsearch.teacher``), not the frozen start;
 ``hindsearch-onesided`` (and its control ``hindsearch-onesided-nogold``) = ``hindsearch`` with the loss that only
 lowers a failed token where the teacher likes it less (``hindsearch.divergence = one_sided``);
+``hindsearch-onesided-answer`` (and ``-nogold``) = the same loss on the decisions to answer only
+(``hindsearch.distill_on = answer_decision``): it can only lower "answer now" where the teacher would search again;
 ``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
 """
 
@@ -48,6 +50,10 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "hindsearch-onesided": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.divergence=one_sided"],
     "hindsearch-onesided-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
                                    "hindsearch.divergence=one_sided"],
+    "hindsearch-onesided-answer": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
+                                   "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
+    "hindsearch-onesided-answer-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
+                                          "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
     "igsd": ["method=igsd"],
     "igsd-nogate": ["method=igsd", "igsd.gate=none"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],

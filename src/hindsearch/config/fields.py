@@ -18,7 +18,7 @@ TEACHERS = ("frozen", "live", "ema")
 FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line", "answer_query")
 
 
-DISTILL_ON = ("query", "action", "decision", "decision_query")
+DISTILL_ON = ("query", "action", "decision", "decision_query", "answer_decision")
 """``hindsearch.distill_on`` (``hindsearch.hindsight.teacher.distill_weights`` reads this tuple)."""
 
 

@@ -262,7 +262,9 @@ class HindSearchConfig:
     ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made); ``decision`` (every
     token of each post-information turn up to and including its first action tag, and no query token: the
     decision alone, also where the tokenizer spreads it over several tokens); ``decision_query`` (the decision
-    plus the query tokens of the post-information turns: the second query)."""
+    plus the query tokens of the post-information turns: the second query); ``answer_decision`` (the decision
+    tokens of the post-information turns that answered: with ``divergence = one_sided`` the term only lowers
+    "answer now" where the teacher would search again, and touches neither queries nor a decision to search)."""
     action_weight: float = bounded(1.0, gt=0.0)
     """Weight of each action/decision token against a query token (1) in ``L_hind``'s reduction, for
     ``distill_on = action`` or ``decision_query``: above 1, query tokens where teacher and student agree cannot

@@ -21,8 +21,8 @@ sample. The alternatives:
   ``a_t = clip(lT_t - lS_t, -c, c)`` (detached), ``L = - sum_t a_t * lS_t * m_t / max(sum m, 1)``:
   tokens the teacher likes less are pushed down, tokens it likes more are pushed up.
 * ``one_sided``: the lowering half of ``signed``, ``a_t = clip(lT_t - lS_t, -c, 0)``: a failed token is lowered
-  where the teacher likes it less and nothing is ever raised, so the term cannot hold the student at the
-  teacher's level where the student already does less of the failed action than the teacher would.
+  where the teacher likes it less and nothing is ever raised (one-sided per token; restricted to the decisions
+  to answer, ``distill_on = answer_decision``, it only lowers "answer now" where the teacher would search again).
 * ``topk_reverse_kl`` and ``topk_jsd`` compare the two distributions on the teacher's top-k token
   ids (k = 50 by default) **plus one tail bucket** holding the remaining mass of each distribution
   (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for both. Nothing is
@@ -303,11 +303,12 @@ def one_sided_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
 @register_divergence("one_sided")
 def _one_sided(x: DistillInputs) -> Tensor:
     """The lowering half of ``signed``: ``-clamp(lT - lS, -c, 0) * lS``. It lowers a failed rollout's token where
-    the teacher gives it less probability than the student, and never raises a token. So on a failed rollout it
-    always has the sign of GRPO's own gradient there (a negative advantage lowers every sampled token), and it
-    never pulls the student back towards the teacher where the student already puts less mass than the teacher on
-    what it did: the frozen teacher's anchor (raising a failed "answer now" once the student searches more than
-    the teacher) is gone, while "answer now" is still lowered where the teacher would search more."""
+    the teacher gives it less probability than the student, and never raises a token, so on a failed rollout it
+    always has the sign of GRPO's own gradient there. It is one-sided per token, not per decision: a failed "answer
+    now" is no longer raised where the student searches more than the teacher (as ``reverse_kl`` does), but a
+    failed "search again" is still lowered there, so on every distilled position it still pulls towards the
+    teacher from above. ``distill_on = answer_decision`` keeps only the decisions to answer: then it can only
+    lower "answer now" where the teacher would search again."""
     return -one_sided_advantage(x.lT, x.lS, x.signed_clip) * x.lS
 
 

@@ -106,29 +106,33 @@ def action_mask(traj: Any, tokenizer: Any) -> list[int]:
     return out
 
 
-def _post_information_turns(traj: Any, n: int) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` completion spans of the turns that follow a search turn with an injected block."""
+def _post_information_turns(traj: Any, n: int, actions: tuple[str, ...] | None = None) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` completion spans of the turns that follow a search turn with an injected block (only those
+    whose own action is in ``actions``, when given)."""
     turns = list(traj.turns)
     for prev, turn in zip(turns, turns[1:]):
         if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
+            continue
+        if actions is not None and turn.action not in actions:
             continue
         s, e = turn.gen_span[0], min(turn.gen_span[1], n)
         if e > s:
             yield s, e
 
 
-def decision_mask(traj: Any, tokenizer: Any) -> list[int]:
+def decision_mask(traj: Any, tokenizer: Any, actions: tuple[str, ...] | None = None) -> list[int]:
     """1 on every token of the search-again-or-answer decision, else 0.
 
     For every turn that follows a search turn with an injected block: the turn's tokens from its first
     generated token through the tokens overlapping its first ``<search>`` or ``<answer>`` opening tag (the
     whole turn when it opens neither). Unlike ``action_mask`` (the first content token and the tag), this
     covers a decision the tokenizer spreads over several tokens (``" I"`` / ``" The"`` then ``" am"`` /
-    ``" should"`` on micro). Length = ``len(completion_ids)``.
+    ``" should"`` on micro). ``actions``: only the turns that took one of these actions (``("answer",)``: the
+    decisions to answer now). Length = ``len(completion_ids)``.
     """
     n = len(traj.completion_ids)
     out = [0] * n
-    for s, e in _post_information_turns(traj, n):
+    for s, e in _post_information_turns(traj, n, actions):
         ids = traj.completion_ids[s:e]
         text = tokenizer.decode(ids)
         hits = [text.find(tag) + len(tag) for tag in ACTION_TAGS if tag in text]
@@ -157,7 +161,9 @@ def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action
     ``query``: 1 on ``query_mask``. ``action``: ``query_mask`` plus ``action_mask`` (the first token and the tag of
     each post-information turn). ``decision``: ``decision_mask`` alone (the whole decision, no query token).
     ``decision_query``: ``decision_mask`` plus the query tokens of the post-information turns (the second query,
-    where a critique like "first find B" must also act). Decision/action tokens weigh ``action_weight``, query
+    where a critique like "first find B" must also act). ``answer_decision``: ``decision_mask`` of the turns that
+    answered (the failed decision to answer now; with ``divergence = one_sided`` the term can then only lower
+    answering where the teacher would search again). Decision/action tokens weigh ``action_weight``, query
     tokens 1, so that query tokens where teacher and student agree cannot dilute the decision under a mean.
     """
     if distill_on == "query":
@@ -168,6 +174,8 @@ def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action
         act, query = decision_mask(traj, tokenizer), [0] * len(traj.completion_ids)
     elif distill_on == "decision_query":
         act, query = decision_mask(traj, tokenizer), later_query_mask(traj)
+    elif distill_on == "answer_decision":
+        act, query = decision_mask(traj, tokenizer, ("answer",)), [0] * len(traj.completion_ids)
     else:
         raise ValueError(f"distill_on = {distill_on!r} is not one of {DISTILL_ON}")
     return [float(action_weight) if a and not q else float(bool(q)) for q, a in zip(query, act)]
