@@ -295,11 +295,6 @@ def _signed(x: DistillInputs) -> Tensor:
     return -signed_advantage(x.lT, x.lS, x.signed_clip) * x.lS
 
 
-def one_sided_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
-    """``a = clamp(lT - lS, -clip, 0)``, detached; ``lT``, ``lS``: ``[B, T]`` (or ``[N]``) → same shape."""
-    return (lT.detach() - lS.detach()).clamp(-clip, 0.0)
-
-
 @register_divergence("one_sided")
 def _one_sided(x: DistillInputs) -> Tensor:
     """The lowering half of ``signed``: ``-clamp(lT - lS, -c, 0) * lS``. It lowers a failed rollout's token where
@@ -309,7 +304,7 @@ def _one_sided(x: DistillInputs) -> Tensor:
     failed "search again" is still lowered there, so on every distilled position it still pulls towards the
     teacher from above. ``distill_on = answer_decision`` keeps only the decisions to answer: then it can only
     lower "answer now" where the teacher would search again."""
-    return -one_sided_advantage(x.lT, x.lS, x.signed_clip) * x.lS
+    return -signed_advantage(x.lT, x.lS, x.signed_clip).clamp(max=0.0) * x.lS
 
 
 @register_divergence("reverse_kl", needs_topk=True)
