@@ -41,7 +41,10 @@ def test_method_aliases_make_valid_configs(tmp_path):
     for alias, teacher in (("hindsearch", "frozen"), ("hindsearch-live", "live"), ("hindsearch-ema", "ema")):
         cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
         assert (cfg.method, cfg.hindsearch.teacher, cfg.hindsearch.judge_sees_gold) == ("hindsearch", teacher, True)
+    shuffled = Config.load(None, run_overrides("hindsearch-onesided-shuffled", 0, tmp_path, None, []))
+    assert (shuffled.hindsearch.critique_source, shuffled.hindsearch.divergence) == ("shuffled", "one_sided")
     for alias, sees_gold, on in (("hindsearch-onesided", True, "query"), ("hindsearch-onesided-nogold", False, "query"),
+                                 ("hindsearch-onesided-shuffled", True, "query"),
                                  ("hindsearch-onesided-answer", True, "answer_decision"),
                                  ("hindsearch-onesided-answer-nogold", False, "answer_decision")):
         cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))

@@ -50,6 +50,8 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "hindsearch-onesided": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.divergence=one_sided"],
     "hindsearch-onesided-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
                                    "hindsearch.divergence=one_sided"],
+    "hindsearch-onesided-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
+                                     "hindsearch.critique_source=shuffled", "hindsearch.divergence=one_sided"],
     "hindsearch-onesided-answer": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
                                    "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
     "hindsearch-onesided-answer-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",

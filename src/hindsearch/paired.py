@@ -90,7 +90,7 @@ def bootstrap_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[st
 
 # ------------------------------------------------------------------ sampled behaviour and matching controls (issue 21)
 CONTROLS: dict[str, tuple[str, ...]] = {"hindsearch": ("hindsearch-nogold", "hindsearch-shuffled"),
-                                        "hindsearch-onesided": ("hindsearch-onesided-nogold",),
+                                        "hindsearch-onesided": ("hindsearch-onesided-nogold", "hindsearch-onesided-shuffled"),
                                         "hindsearch-onesided-answer": ("hindsearch-onesided-answer-nogold",),
                                         "igsd": ("igsd-nogate",)}
 """Each method's matching controls: a gain over them is the teacher's information (or the gate), not an extra
