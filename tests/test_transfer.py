@@ -366,6 +366,23 @@ def test_paired_differences_along_the_way_and_seed_by_seed(tmp_path):
     assert curve_pairs_markdown(rd, ["grpo"], [0, 1]) == ""
 
 
+def test_a_step_is_read_from_each_runs_own_evaluation(tmp_path):
+    """Step 100 is a 100-step run's final evaluation and a 200-step run's '-step-100' one: a seed extended with
+    shorter runs pools each run's own step 100, never another run's final (step 200) evaluation."""
+    from hindsearch.paired import curve_pair_rows
+
+    n = 20
+    zeros, ones = [0.0] * n, [1.0] * n
+    _greedy_evals(tmp_path / "grpo-s1", ones, {100: zeros})                  # 200 steps: wrong at 100, right at 200
+    _greedy_evals(tmp_path / "hindsearch-s1", zeros, {100: ones})
+    _greedy_evals(tmp_path / "grpo-s0", zeros, {}, steps=100)                # 100 steps: final = step 100
+    _greedy_evals(tmp_path / "hindsearch-s0", ones, {}, steps=100)
+    rd = lambda m, s: tmp_path / f"{m}-s{s}"  # noqa: E731
+    rows = {r["step"]: r for r in curve_pair_rows(rd, ["grpo", "hindsearch"], [0, 1])}
+    assert rows[100]["seeds"] == 2 and rows[100]["EM"][:3] == pytest.approx((1.0, 1.0, 1.0))
+    assert rows[200]["seeds"] == 1 and rows[200]["EM"][0] == pytest.approx(-1.0)
+
+
 def test_weights_digest_pins_the_weights_not_the_files(tok, tmp_path):
     from hindsearch.models import weights_digest
 

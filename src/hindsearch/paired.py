@@ -262,10 +262,11 @@ def curve_pair_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str],
         steps = {s: (evaluated_steps(run_dir(a, s)), evaluated_steps(run_dir(b, s))) for s in ok}
         for n in sorted({n for x, y in steps.values() for n in set(x) & set(y)}):
             group = [s for s in ok if n in steps[s][0] and n in steps[s][1]]
-            tag = steps[group[0]][0][n]
             row: dict[str, Any] = {"method": a, "against": b, "step": n, "seeds": len(group)}
+            # each run's own tag for step n: a 100-step run's final eval is step 100 of a 200-step run's curve
+            read = lambda rd, n=n: per_question(rd, tag=evaluated_steps(rd)[n])  # noqa: E731
             for label, (key, sel) in metrics.items():
-                got = _paired(run_dir, a, b, group, (label, lambda rd, t=tag: per_question(rd, tag=t), key, sel), n_boot)
+                got = _paired(run_dir, a, b, group, (label, read, key, sel), n_boot)
                 if got is not None:
                     row[label] = got
             rows.append(row)
