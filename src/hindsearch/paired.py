@@ -260,11 +260,12 @@ def curve_pair_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str],
     for a, b in comparison_pairs(methods):
         ok = _both_done(run_dir, a, b, seeds)
         steps = {s: (evaluated_steps(run_dir(a, s)), evaluated_steps(run_dir(b, s))) for s in ok}
+        # each run's own tag for a step: a 100-step run's final eval is step 100 of a 200-step run's curve
+        tags = {run_dir(m, s): steps[s][i] for s in ok for i, m in enumerate((a, b))}
         for n in sorted({n for x, y in steps.values() for n in set(x) & set(y)}):
             group = [s for s in ok if n in steps[s][0] and n in steps[s][1]]
             row: dict[str, Any] = {"method": a, "against": b, "step": n, "seeds": len(group)}
-            # each run's own tag for step n: a 100-step run's final eval is step 100 of a 200-step run's curve
-            read = lambda rd, n=n: per_question(rd, tag=evaluated_steps(rd)[n])  # noqa: E731
+            read = lambda rd, n=n: per_question(rd, tag=tags[rd][n])  # noqa: E731
             for label, (key, sel) in metrics.items():
                 got = _paired(run_dir, a, b, group, (label, read, key, sel), n_boot)
                 if got is not None:
