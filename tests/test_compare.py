@@ -278,8 +278,19 @@ def test_the_start_is_the_presets_whichever_seeds_are_listed(tiny_preset, monkey
     assert inits[1]["init_model"] == inits[2]["init_model"] and inits[1]["sha256"] == inits[2]["sha256"]
     import torch
 
-    # torch's CPU kernel set also decides the weights bit for bit: recorded beside the digest
+    # torch's CPU kernel set also decides the weights bit for bit: recorded beside the digest, and a comparison
+    # resumed under another set says so
     assert inits[1]["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert set(inits[1]["cpu_pins"]) == {"ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS"}
+    out, logs = tiny_preset / "out-start-0-1", []
+    run_compare(str(tiny_preset / "preset.toml"), ["grpo"], [0, 1], out, steps=1, test_limit=2, log=logs.append,
+                isolate=False)
+    assert not any("CPU kernels" in x for x in logs), logs
+    (out / "init.json").write_text(json.dumps({**inits[2], "cpu_capability": "AVX2-ELSEWHERE"}))
+    run_compare(str(tiny_preset / "preset.toml"), ["grpo"], [0, 1], out, steps=1, test_limit=2, log=logs.append,
+                isolate=False)
+    warned = [x for x in logs if "CPU kernels" in x]
+    assert len(warned) == 1 and "AVX2-ELSEWHERE" in warned[0] and "ATEN_CPU_CAPABILITY=avx2-elsewhere" in warned[0]
 
 
 def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):

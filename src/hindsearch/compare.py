@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -125,9 +126,10 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
         return None
     rec = out_dir / "init.json"
     if rec.exists():
-        path = json.loads(rec.read_text())["init_model"]
-        if Path(path, "config.json").exists():
-            return path
+        recorded = json.loads(rec.read_text())
+        if Path(recorded["init_model"], "config.json").exists():
+            _warn_other_kernels(recorded, rec, log)
+            return recorded["init_model"]
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.setup import prepare
     from hindsearch.train.warmup import ensure_warmup
@@ -145,8 +147,27 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
                                "sha256": weights_digest(wdir), "threads": torch.get_num_threads(),
                                # other kernels round differently; the CPU model and the library versions are in
                                # the folder's marker (provenance)
-                               "cpu_capability": torch.backends.cpu.get_cpu_capability()}))  # pinned
+                               "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+                               "cpu_pins": {k: os.environ.get(k) for k in CPU_PINS}}))
     return str(wdir)
+
+
+CPU_PINS = ("ATEN_CPU_CAPABILITY", "MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")
+"""Environment variables that choose the CPU code paths the start's weights depend on: torch's vectorised kernels
+and MKL's matrix products each pick a path by CPU (20 training steps of a small Llama came out with other weights
+under each); ``init.json`` records them beside the kernel set."""
+
+
+def _warn_other_kernels(recorded: dict[str, Any], rec: Path, log: Any) -> None:
+    """Say so when the start was built with another CPU kernel set than this process': its runs and runs trained
+    here then differ bit for bit. ``ATEN_CPU_CAPABILITY`` (read by torch at start-up) chooses the set."""
+    import torch
+
+    built, here = recorded.get("cpu_capability"), torch.backends.cpu.get_cpu_capability()
+    if built and built != here:
+        log(f"warning: {rec} was built with torch's {built} CPU kernels and this process runs {here}: runs trained "
+            f"here are not bit for bit the ones trained there (ATEN_CPU_CAPABILITY={built.lower()} chooses the "
+            f"kernels, where this CPU has them)")
 
 
 def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:
