@@ -56,12 +56,12 @@ def run(setting: str, steps: int) -> tuple[str, str, str]:
     return kernels, digest, loss
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--settings", nargs="+", default=list(DEFAULT_SETTINGS),
                     help='environment settings to compare, each "VAR=value VAR=value" ("" is the machine default)')
     ap.add_argument("--steps", type=int, default=20)
-    a = ap.parse_args()
+    a = ap.parse_args(argv)
     rows = [(s or "(machine default)", *run(s, a.steps)) for s in a.settings]
     base = rows[0][2]
     print(f"{a.steps} AdamW steps of a 2-layer Llama, one thread per process\n")
