@@ -1,7 +1,8 @@
 """Which CPU code paths change trained weights bit for bit: torch's vectorised kernels and MKL's matrix products.
 
-A compare's shared start (micro pretraining + warm-up, one thread) came out as one model on Intel AVX512
-machines and as another on AMD AVX2 ones, and ``init.json`` records only torch's kernel set. This script trains
+A compare's shared start (micro pretraining + warm-up, one thread) came out as one model on an Intel AVX512
+machine and as another on AMD AVX2 ones, and forcing torch's AVX2 kernels on the Intel machine gave a third: the
+kernel set that ``init.json`` records is not the only path that counts. This script trains
 a small Llama (2 layers, hidden 128, vocabulary 1,024; 20 AdamW steps on fixed random tokens, one thread) in a
 fresh process per setting of the environment variables that choose those paths, and prints each setting's
 kernel set, weight digest and final loss. Two settings with one digest take the same path on this CPU.
