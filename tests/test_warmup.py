@@ -13,7 +13,7 @@ from hindsearch.config import Config
 from hindsearch.records import Passage, QARecord, Trajectory, make_contents
 from hindsearch.rewards import exact_match
 from hindsearch.train.scripted import ScriptedSearcher, find_in_docs, scripted_ceiling
-from hindsearch.train.demos import load_demos, segments_from_text, tokenize_demo
+from hindsearch.train.demos import load_demos, tokenize_demo
 from hindsearch.train.warmup import collate, ensure_warmup, sft, sft_loss
 
 SYL = ["va", "ro", "kes", "tel", "dun", "mer", "zel", "os", "trik", "bal", "lor", "quen", "dri", "sa", "mon", "fe"]
@@ -314,14 +314,14 @@ def test_load_demos_roundtrip_and_errors(world, tok, tmp_path):
     loaded, skipped = load_demos(f)
     assert skipped == 1 and len(loaded) == 4
     for t, l in zip(texts, loaded):
-        assert segments_from_text(l.completion_text) == [tuple(s) for s in t.extra["segments"]]
+        assert protocol.segments_from_text(l.completion_text) == [tuple(s) for s in t.extra["segments"]]
         a, b = tokenize_demo(tok, t), tokenize_demo(tok, l)
         assert a.completion_ids == b.completion_ids and a.gen_mask == b.gen_mask
     f.write_text(rows[0] + "\n{not json\n")
     with pytest.raises(ValueError, match=r"traj\.jsonl:2"):
         load_demos(f)
     notice = "<think> hmm </think> oops" + protocol.INVALID_NOTICE + "<answer> x </answer>"
-    assert segments_from_text(notice) == [("<think> hmm </think> oops", True), (protocol.INVALID_NOTICE, False),
+    assert protocol.segments_from_text(notice) == [("<think> hmm </think> oops", True), (protocol.INVALID_NOTICE, False),
                                           ("<answer> x </answer>", True)]
 
 

@@ -68,29 +68,6 @@ from hindsearch.records import Passage, QARecord, Trajectory, Turn
 from hindsearch.rewards import exact_match, f1_score
 
 
-def token_char_spans(tokenizer: Any, ids: list[int]) -> list[tuple[int, int]]:
-    """Character span of each token in ``decode(ids)`` (incremental decoding; monotone)."""
-    spans, prev = [], 0
-    for i in range(len(ids)):
-        end = max(prev, len(tokenizer.decode(ids[: i + 1], skip_special_tokens=False)))
-        spans.append((prev, end))
-        prev = end
-    return spans
-
-
-def query_token_mask(tokenizer: Any, ids: list[int], text: str) -> list[int]:
-    """1 on the tokens of ``ids`` that overlap the (stripped) query inside the first search action."""
-    m = protocol.ACTION_RE.search(text)
-    if m is None or m.group(1) != "search":
-        return [0] * len(ids)
-    qs, qe = m.span(2)
-    raw = text[qs:qe]
-    qs, qe = qs + (len(raw) - len(raw.lstrip())), qe - (len(raw) - len(raw.rstrip()))
-    if qe <= qs:
-        return [0] * len(ids)
-    return [1 if s < qe and e > qs else 0 for s, e in token_char_spans(tokenizer, ids)]
-
-
 @dataclass(eq=False)
 class _State:
     """A trajectory under construction."""
@@ -271,7 +248,7 @@ class RolloutEngine:
         ends, inject the invalid notice. True when the turn is a search to serve (``serve``)."""
         text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
         action, content = protocol.parse_action(text)
-        qmask = query_token_mask(self.tokenizer, o.ids, text) if action == "search" else None
+        qmask = protocol.query_token_mask(self.tokenizer, o.ids, text) if action == "search" else None
         span = self._append(s, o.ids, 1, o.logprobs, qmask)
         final_turn = s.action_turns >= self.cfg.max_turns
         cut_by_total = o.finish == "length" and budget < self.cfg.max_new_tokens_per_turn
@@ -332,11 +309,11 @@ class RolloutEngine:
         ``closed`` tells whether ``</search>`` was generated within ``max_query_tokens``.
         """
         outs = self.backend.generate(prefix_ids_list, [max_query_tokens] * len(prefix_ids_list),
-                                     SamplingParams(greedy=True), ("</search>",))
+                                     SamplingParams(greedy=True), (protocol.SEARCH_CLOSE,))
         res = []
         for o in outs:
             text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
-            i = text.find("</search>")
+            i = text.find(protocol.SEARCH_CLOSE)
             res.append((o.ids, text[:i] if i >= 0 else text, i >= 0))
         return res
 

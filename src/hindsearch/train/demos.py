@@ -1,36 +1,15 @@
-"""Warm-up demonstrations: read them from JSONL, split their text into model-written and injected segments,
-and tokenize them into training rows (ids, gen_mask, query_mask) exactly as the rollout engine builds them."""
+"""Warm-up demonstrations: read them from JSONL and tokenize them into training rows (ids, gen_mask, query_mask)
+exactly as the rollout engine builds them; the text rules (segments, prompt, query mask) are ``agent.protocol``'s."""
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hindsearch.agent import protocol
 from hindsearch.records import Trajectory, Turn
-
-INJECTED_RE = re.compile(
-    r"(\n\n<information>.*?(?:</information>\n\n|$)|" + re.escape(protocol.INVALID_NOTICE) + ")", re.DOTALL
-)
-
-
-# ---------------------------------------------------------------- demonstrations
-def segments_from_text(completion_text: str) -> list[tuple[str, bool]]:
-    """Split a completion into ``(text, generated)`` segments: injected blocks (information
-    blocks, the invalid-action notice) are ``generated=False``, everything else True."""
-    out: list[tuple[str, bool]] = []
-    pos = 0
-    for m in INJECTED_RE.finditer(completion_text):
-        if m.start() > pos:
-            out.append((completion_text[pos : m.start()], True))
-        out.append((m.group(0), False))
-        pos = m.end()
-    if pos < len(completion_text):
-        out.append((completion_text[pos:], True))
-    return out
 
 
 def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Trajectory], int]:
@@ -66,52 +45,36 @@ def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Traj
     return out, skipped
 
 
-def _encode(tokenizer: Any, text: str, offsets: bool = False) -> Any:
-    return tokenizer(text, add_special_tokens=False, return_offsets_mapping=offsets)
-
-
-def prompt_ids(tokenizer: Any, question: str, hint: str | None = None) -> list[int]:
-    """Prompt ids exactly as the rollout engine builds them (special tokens only without a chat template)."""
-    text = protocol.make_prompt(tokenizer, question, hint)
-    has_template = bool(getattr(tokenizer, "chat_template", None))
-    return list(tokenizer(text, add_special_tokens=not has_template)["input_ids"])
-
-
-def _query_mask(tokenizer: Any, text: str) -> list[int]:
-    """1 on the tokens of ``text`` that overlap the query characters inside ``<search>...</search>``."""
-    enc = _encode(tokenizer, text, offsets=True)
-    m = protocol.ACTION_RE.search(text)
-    if m is None or m.group(1) != "search":
-        return [0] * len(enc["input_ids"])
-    raw = m.group(2)
-    lo = m.start(2) + (len(raw) - len(raw.lstrip()))
-    hi = m.start(2) + len(raw.rstrip())
-    return [int(a < hi and b > lo and b > a) for a, b in enc["offset_mapping"]]
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a segment tokenized on its own, without special tokens (as the rollout engine injects text)."""
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def tokenize_demo(tokenizer: Any, traj: Trajectory, max_total_tokens: int | None = None) -> Trajectory:
     """Token ids and exact masks of a text-level demonstration (see the module docstring).
 
-    Uses ``traj.extra["segments"]`` when present, else ``segments_from_text(completion_text)``.
+    Uses ``traj.extra["segments"]`` when present, else ``protocol.segments_from_text(completion_text)``. The
+    prompt is ``protocol.encode_prompt`` and a model-written segment's query mask ``protocol.query_token_mask``
+    over the segment's ids, the rules of the rollout engine.
     Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``, ``query_mask``, ``logprobs`` (zeros)
     and the turns' token spans. When prompt + completion exceed ``max_total_tokens`` the
     completion is cut to fit and ``stop_reason`` becomes ``length``.
     """
     hint = traj.extra.get("hint")
-    p_ids = prompt_ids(tokenizer, traj.question, hint)
-    segs = traj.extra.get("segments") or segments_from_text(traj.completion_text)
+    p_ids = protocol.encode_prompt(tokenizer, traj.question, hint)
+    segs = traj.extra.get("segments") or protocol.segments_from_text(traj.completion_text)
     ids: list[int] = []
     gen: list[int] = []
     qmask: list[int] = []
     turns: list[Turn] = []
     src_turns = iter(traj.turns)
     for text, generated in segs:
-        seg_ids = list(_encode(tokenizer, text)["input_ids"])
+        seg_ids = _encode(tokenizer, text)
         start = len(ids)
         ids += seg_ids
         gen += [int(bool(generated))] * len(seg_ids)
         if generated:
-            qm = _query_mask(tokenizer, text)
+            qm = protocol.query_token_mask(tokenizer, seg_ids, tokenizer.decode(seg_ids, skip_special_tokens=False))
             qmask += qm
             action, content = protocol.parse_action(text)
             src = next(src_turns, None)
