@@ -28,7 +28,6 @@ PARTS = ("time_proposal", "time_completion", "time_retrieval", "time_scoring")
 def make_rollouts(tok, retriever, records, topk: int) -> list:
     """Failed rollouts: think, search (the question), information, think, search (answer words), information, wrong answer."""
     from hindsearch.agent import protocol
-    from hindsearch.hindsight.teacher import encode_prompt
     from hindsearch.records import Trajectory, Turn
 
     out = []
@@ -50,7 +49,7 @@ def make_rollouts(tok, retriever, records, topk: int) -> list:
             turns.append(Turn("search", tok.decode(ids[a:e]).strip(), (0, e), (a, e)))
             s = e
         out.append(Trajectory(qid=r.id, question=r.question, golden_answers=r.golden_answers,
-                              prompt_ids=encode_prompt(tok, r.question, None), completion_ids=ids, gen_mask=gm,
+                              prompt_ids=protocol.encode_prompt(tok, r.question, None), completion_ids=ids, gen_mask=gm,
                               query_mask=qm, logprobs=[0.0] * len(ids), reward=0.0, answer="unknown", turns=turns))
     return out
 

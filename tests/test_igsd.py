@@ -14,7 +14,7 @@ from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
 from hindsearch.hindsight import igsd as G
-from hindsearch.hindsight.teacher import continuation_logprobs, encode_prompt, igsd_prompt_ids, teacher_token_logprobs
+from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs
 from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
@@ -53,7 +53,7 @@ def retriever(tmp_path_factory):
 
 def make_traj(tok, question, golds, query, reward=0.0):
     """Prompt + ``<think>..</think>\\n<search>`` + query tokens + `` </search>`` + an information block + answer."""
-    prompt = encode_prompt(tok, question, None)
+    prompt = protocol.encode_prompt(tok, question, None)
     segs = [("<think> search it </think>\n<search>", 0, 1), (f" {query}", 1, 1), (" </search>", 0, 1),
             ("\n\n<information>Doc 1(Title: Oak) The oak.</information>\n\n", 0, 0), ("<answer> Oak </answer>", 0, 1)]
     ids, qm, gm = [], [], []
@@ -149,13 +149,7 @@ def test_cache_dedupes_identical_queries(retriever):
     assert cache.calls == 2 and cache.hits == 3
 
 
-def test_cut_completion_and_answer_split(tok):
-    ids = tok(" Marlow birthplace </search> more", add_special_tokens=False)["input_ids"]
-    kept, closed = G.cut_completion(tok, ids)
-    assert closed and tok.decode(kept).rstrip().endswith("</search>") and "more" not in tok.decode(kept)
-    kept, closed = G.cut_completion(tok, ids[:2])
-    assert not closed and kept == ids[:2]
-    assert G.query_text(tok, tok(" Edwin Marlow </search>", add_special_tokens=False)["input_ids"]) == "Edwin Marlow"
+def test_answer_split(tok):
     ctx, ans = G.answer_split(tok, "\n\n<information>x</information>\n\n", "Kestrel Bay")
     assert tok.decode(ans).strip() == "Kestrel Bay" and tok.decode(ctx).endswith("<answer>")
 
@@ -184,8 +178,8 @@ def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever):
         for side, tok_id in (("S", tr.completion_ids[t]), ("T", tens["igsd_b"][0, t].item())):
             pre = tr.prompt_ids + tr.completion_ids[:t] + [tok_id]
             (ids, _, _), = G.greedy_complete(model, tok, [pre], cfg.max_query_tokens)
-            kept, closed = G.cut_completion(tok, ids, tr.completion_ids[G.query_start(tr.query_mask, t) : t] + [tok_id])
-            state = pre + kept + ([] if closed else G._close_ids(tok))
+            kept, closed = protocol.cut_at_search_close(tok, ids, tr.completion_ids[G.query_start(tr.query_mask, t) : t] + [tok_id])
+            state = pre + kept + ([] if closed else protocol.search_close_ids(tok))
             docs = retriever.retrieve([rec[f"q_{side}"]], 2)[0]
             assert [d.bare_title for d in docs] == rec[f"titles_{side}"]
             u = _utility(model, tok, state, docs, "Kestrel Bay")

@@ -10,9 +10,10 @@ import torch
 
 from hindsearch.hindsight.terms import loss_from_full_logits
 
+from hindsearch.agent import protocol
 from hindsearch.config import Config, HindSearchConfig
 from hindsearch.hindsight import judge as J
-from hindsearch.hindsight.teacher import encode_prompt, teacher_token_logprobs
+from hindsearch.hindsight.teacher import teacher_token_logprobs
 from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Trajectory, Turn
@@ -38,7 +39,7 @@ def frozen(tok):
 
 def make_traj(tok, model, question, golds, segments, reward=0.0, evidence=(), extra=None):
     """A trajectory from ``(text, kind)`` segments: kind ``gen`` | ``query`` | ``inject``; turns follow the queries."""
-    prompt = encode_prompt(tok, question, None)
+    prompt = protocol.encode_prompt(tok, question, None)
     ids, gen, qm, turns = [], [], [], []
     for text, kind, *docs in segments:
         t_ids = tok(text, add_special_tokens=False)["input_ids"]

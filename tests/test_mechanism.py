@@ -121,7 +121,7 @@ def test_action_mask_covers_exactly_the_action_openers(world, tok):
     demos = [tokenize_demo(tok, d) for d in ScriptedSearcher(retriever, topk=2, p_bridge=1.0).demos(_two_hop(w)[:6])]
     checked = 0
     for d in demos:
-        m = T.action_mask(d, tok)
+        m = protocol.action_mask(d, tok)
         marked = [i for i, v in enumerate(m) if v]
         expect: list[int] = []
         for prev, turn in zip(d.turns, d.turns[1:]):

@@ -37,7 +37,7 @@ def test_prompts_carry_the_hindsight_line(tok):
     assert "<|im_start|>" in fb  # chat template applied
     gold = tok.decode(T.igsd_prompt_ids(tok, "Who wrote Xy", ["Ann Lee", "A. Lee"]))
     assert "(The correct answer is: Ann Lee.)" in gold
-    plain = T.encode_prompt(tok, "Who wrote Xy", None)
+    plain = protocol.encode_prompt(tok, "Who wrote Xy", None)
     assert plain == list(tok(protocol.make_prompt(tok, "Who wrote Xy"), add_special_tokens=False)["input_ids"])
     with pytest.raises(ValueError, match="gold"):
         T.igsd_prompt_ids(tok, "q", [])

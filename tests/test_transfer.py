@@ -8,6 +8,7 @@ import json
 import pytest
 import torch
 
+from hindsearch.agent import protocol
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
@@ -32,7 +33,7 @@ def _demos(world, tok, n=6):
 def test_decision_mask_covers_each_post_information_turn_up_to_its_tag(world, tok):
     checked = 0
     for d in _demos(world, tok):
-        m = T.decision_mask(d, tok)
+        m = protocol.decision_mask(d, tok)
         assert not any(m[: d.turns[0].gen_span[1]])  # nothing in the first turn
         assert not any(v and q for v, q in zip(m, d.query_mask))  # no query token
         for prev, turn in zip(d.turns, d.turns[1:]):
@@ -45,13 +46,13 @@ def test_decision_mask_covers_each_post_information_turn_up_to_its_tag(world, to
             assert tag not in tok.decode(d.completion_ids[s : s + len(marked) - 1])
             checked += 1
         # the old action mask's positions are all inside the decision span
-        assert all(m[j] for j, a in enumerate(T.action_mask(d, tok)) if a)
+        assert all(m[j] for j, a in enumerate(protocol.action_mask(d, tok)) if a)
     assert checked >= 6
 
 
 def test_distill_weights_per_mode(world, tok):
     d = next(x for x in _demos(world, tok) if len(x.turns) >= 3)  # search, search again, answer
-    q, act, dec = d.query_mask, T.action_mask(d, tok), T.decision_mask(d, tok)
+    q, act, dec = d.query_mask, protocol.action_mask(d, tok), protocol.decision_mask(d, tok)
     later = T.later_query_mask(d)
     first_q = [j for j in range(*d.turns[0].gen_span) if q[j]]
     assert first_q and not any(later[j] for j in first_q) and any(later)

@@ -144,9 +144,6 @@ def clean_critique(text: str, max_sentences: int = 2) -> str:
     return " ".join(parts[:max_sentences]).strip()
 
 
-AGENT_TAGS = re.compile(r"</?(search|answer|think|information)>")
-
-
 def is_degenerate(critique: str, template: str | None = None) -> bool:
     """True for critiques that cannot guide: empty/whitespace, fewer than 8 letters or digits or
     fewer than 2 words, punctuation only, an agent action instead of a critique (any Search-R1 tag:
@@ -156,7 +153,7 @@ def is_degenerate(critique: str, template: str | None = None) -> bool:
     c = critique.strip()
     if sum(ch.isalnum() for ch in c) < MIN_CRITIQUE_CHARS or len(c.split()) < 2:
         return True
-    if AGENT_TAGS.search(c):
+    if protocol.TAG_RE.search(c):
         return True
     if template:
         norm = lambda s: " ".join(s.lower().split())  # noqa: E731

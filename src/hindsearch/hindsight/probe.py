@@ -23,7 +23,7 @@ Four probes per hint:
    ``<search>`` rather than ``<answer>`` next, two-hop failures only.
 4. **token gap** – teacher-forced log-probs of the student's own failed tokens: ``lT - lS`` (teacher =
    hinted prompt, student = plain prompt, same weights, temperature 1) and ``lT - lN`` (net of the
-   neutral control), on query tokens and on action tokens (``teacher.action_mask``).
+   neutral control), on query tokens and on action tokens (``protocol.action_mask``).
 5. **IGSD's proposal and gate** – IGSD's own driver (``igsd.run_igsd``, as configured in ``[igsd]``, teacher =
    this checkpoint with the answer line) on the same failures: how often the teacher's top query token differs
    from the student's, how many pairs were verified, and the gate's precision: among verified pairs with
@@ -46,7 +46,7 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, action_mask, continuation_logprobs
+from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, continuation_logprobs
 from hindsearch.records import QARecord, Trajectory, title_key
 
 HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
@@ -116,7 +116,7 @@ def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]
         em.append(c.em)
         hits.append(float(hit))
         if s and first is not None and first.inject_span[1] > first.inject_span[0]:
-            ctx = list(tokenizer("<answer> ", add_special_tokens=False)["input_ids"])
+            ctx = list(tokenizer(protocol.ANSWER_OPEN + " ", add_special_tokens=False)["input_ids"])
             gold = list(tokenizer(f.golden_answers[0], add_special_tokens=False)["input_ids"])[:16]
             states.append(list(sp) + list(pre) + list(c.completion_ids[: first.inject_span[1]]) + ctx)
             ans.append(gold)
@@ -139,7 +139,7 @@ def token_gaps(model: Any, tokenizer: Any, failed: Sequence[Trajectory], hints: 
     lN = continuation_logprobs(model, [protocol.encode_prompt(tokenizer, failed[i].question, neutral[i]) for i in rows], comps)[0]
     lS = continuation_logprobs(model, [student_prompts[i] for i in rows], comps)[0]
     out: dict[str, float] = {}
-    for name, get in (("query", lambda t: t.query_mask), ("action", lambda t: action_mask(t, tokenizer))):
+    for name, get in (("query", lambda t: t.query_mask), ("action", lambda t: protocol.action_mask(t, tokenizer))):
         ts, tn = [], []
         for j, i in enumerate(rows):
             m = torch.tensor(get(failed[i])[: len(comps[j])], dtype=torch.bool)

@@ -11,7 +11,7 @@ given ``prefix_i + continuation_i[:t]``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from torch import Tensor
@@ -23,19 +23,16 @@ from hindsearch.config.fields import DISTILL_ON
 TEACHERS = ("frozen", "live", "ema")
 
 
-encode_prompt = protocol.encode_prompt  # the same prompt rule as the student's rollouts
-
-
 def hindsearch_prompt_ids(tokenizer: Any, question: str, critique: str) -> list[int]:
     """HindSearch teacher prompt: the user message plus ``Feedback on a previous attempt: {critique}``."""
-    return encode_prompt(tokenizer, question, protocol.FEEDBACK_TEMPLATE.format(critique=critique))
+    return protocol.encode_prompt(tokenizer, question, protocol.FEEDBACK_TEMPLATE.format(critique=critique))
 
 
 def igsd_prompt_ids(tokenizer: Any, question: str, golds: Sequence[str]) -> list[int]:
     """IGSD teacher prompt: the user message plus ``(The correct answer is: {golds[0]}.)``."""
     if not golds:
         raise ValueError(f"IGSD teacher needs a gold answer; question {question!r} has none")
-    return encode_prompt(tokenizer, question, protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=golds[0]))
+    return protocol.encode_prompt(tokenizer, question, protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=golds[0]))
 
 
 def select_teacher(kind: str, ctx: Any) -> Any:
@@ -63,94 +60,12 @@ def through_last_query(completion_ids: Sequence[int], query_mask: Sequence[int],
 NEUTRAL_CRITIQUE = "none."
 """The neutral control's feedback text: the teacher prompt shape with no information in it."""
 
-ACTION_TAGS = ("<search>", "<answer>")
-
-
-def action_mask(traj: Any, tokenizer: Any) -> list[int]:
-    """1 on the tokens where a turn after an information block chooses its action, else 0.
-
-    For every turn that follows a search turn with an injected block: the turn's first content token
-    (the first token after a leading ``<think>`` tag, else the first generated token: where a reasoning
-    opener already commits to searching again or answering) and the tokens overlapping its first
-    ``<search>`` or ``<answer>`` opening tag. Length = ``len(completion_ids)``.
-    """
-    n = len(traj.completion_ids)
-    out = [0] * n
-    turns = list(traj.turns)
-    for prev, turn in zip(turns, turns[1:]):
-        if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
-            continue
-        s, e = turn.gen_span
-        e = min(e, n)
-        if e <= s:
-            continue
-        ids = traj.completion_ids[s:e]
-        ends = [len(tokenizer.decode(ids[: j + 1])) for j in range(len(ids))]
-        text = tokenizer.decode(ids)
-        lead = len(text) - len(text.lstrip())
-        if text[lead:].startswith("<think>"):
-            lead += len("<think>")
-            lead += len(text[lead:]) - len(text[lead:].lstrip())
-        first = next((j for j, end in enumerate(ends) if end > lead), 0)
-        out[s + first] = 1
-        hits = [(text.find(tag), tag) for tag in ACTION_TAGS if tag in text]
-        if not hits:
-            continue
-        c0, tag = min(hits)
-        c1 = c0 + len(tag)
-        prev_end = 0
-        for j, end in enumerate(ends):
-            if end > c0 and prev_end < c1:
-                out[s + j] = 1
-            prev_end = end
-    return out
-
-
-def _post_information_turns(traj: Any, n: int, actions: tuple[str, ...] | None = None) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` completion spans of the turns that follow a search turn with an injected block (only those
-    whose own action is in ``actions``, when given)."""
-    turns = list(traj.turns)
-    for prev, turn in zip(turns, turns[1:]):
-        if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
-            continue
-        if actions is not None and turn.action not in actions:
-            continue
-        s, e = turn.gen_span[0], min(turn.gen_span[1], n)
-        if e > s:
-            yield s, e
-
-
-def decision_mask(traj: Any, tokenizer: Any, actions: tuple[str, ...] | None = None) -> list[int]:
-    """1 on every token of the search-again-or-answer decision, else 0.
-
-    For every turn that follows a search turn with an injected block: the turn's tokens from its first
-    generated token through the tokens overlapping its first ``<search>`` or ``<answer>`` opening tag (the
-    whole turn when it opens neither). Unlike ``action_mask`` (the first content token and the tag), this
-    covers a decision the tokenizer spreads over several tokens (``" I"`` / ``" The"`` then ``" am"`` /
-    ``" should"`` on micro). ``actions``: only the turns that took one of these actions (``("answer",)``: the
-    decisions to answer now). Length = ``len(completion_ids)``.
-    """
-    n = len(traj.completion_ids)
-    out = [0] * n
-    for s, e in _post_information_turns(traj, n, actions):
-        ids = traj.completion_ids[s:e]
-        text = tokenizer.decode(ids)
-        hits = [text.find(tag) + len(tag) for tag in ACTION_TAGS if tag in text]
-        stop = min(hits) if hits else len(text)
-        prev_end = 0
-        for j in range(len(ids)):
-            if prev_end >= stop:
-                break
-            out[s + j] = 1
-            prev_end = len(tokenizer.decode(ids[: j + 1]))
-    return out
-
 
 def later_query_mask(traj: Any) -> list[int]:
     """``query_mask`` restricted to the turns after an information block (the second query onwards)."""
     n = len(traj.completion_ids)
     out = [0] * n
-    for s, e in _post_information_turns(traj, n):
+    for s, e in protocol.post_information_turns(traj, n):
         out[s:e] = [int(bool(q)) for q in traj.query_mask[s:e]]
     return out
 
@@ -169,13 +84,13 @@ def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action
     if distill_on == "query":
         return [float(bool(q)) for q in traj.query_mask]
     if distill_on == "action":
-        act, query = action_mask(traj, tokenizer), traj.query_mask
+        act, query = protocol.action_mask(traj, tokenizer), traj.query_mask
     elif distill_on == "decision":
-        act, query = decision_mask(traj, tokenizer), [0] * len(traj.completion_ids)
+        act, query = protocol.decision_mask(traj, tokenizer), [0] * len(traj.completion_ids)
     elif distill_on == "decision_query":
-        act, query = decision_mask(traj, tokenizer), later_query_mask(traj)
+        act, query = protocol.decision_mask(traj, tokenizer), later_query_mask(traj)
     elif distill_on == "answer_decision":
-        act, query = decision_mask(traj, tokenizer, ("answer",)), [0] * len(traj.completion_ids)
+        act, query = protocol.decision_mask(traj, tokenizer, ("answer",)), [0] * len(traj.completion_ids)
     else:
         raise ValueError(f"distill_on = {distill_on!r} is not one of {DISTILL_ON}")
     return [float(action_weight) if a and not q else float(bool(q)) for q, a in zip(query, act)]

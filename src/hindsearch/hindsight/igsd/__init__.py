@@ -37,8 +37,7 @@ scoring (policy) are lockstep regions that every rank enters, even with no faile
 ranks run the same number of forwards through sharded weights; a single process runs exactly as before.
 """
 
-from hindsearch.hindsight.igsd.decode import (CLOSE, _close_ids, cached_greedy_complete, cached_utilities, cut_completion,
-                                             greedy_complete, query_text)
+from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities, greedy_complete
 from hindsearch.hindsight.igsd.driver import pair_record, run_igsd
 from hindsearch.hindsight.igsd.propose import (answer_token_ids, propose_pairs, query_start, select_positions,
                                               unseen_answer_positions)
@@ -47,9 +46,9 @@ from hindsearch.hindsight.igsd.stages import (QueryCache, answer_split, complete
 from hindsearch.hindsight.igsd.types import METRIC_KEYS, SIDES, Completion, Pair, Scored
 
 __all__ = [
-    "CLOSE", "METRIC_KEYS", "SIDES", "Completion", "Pair", "QueryCache", "Scored", "_close_ids", "answer_split",
+    "METRIC_KEYS", "SIDES", "Completion", "Pair", "QueryCache", "Scored", "answer_split",
     "answer_token_ids", "unseen_answer_positions",
-    "cached_greedy_complete", "cached_utilities", "complete_stage", "control_sampler", "cut_completion",
-    "execute_stage", "gate_stage", "greedy_complete", "pair_record", "propose_pairs", "query_start", "query_text",
+    "cached_greedy_complete", "cached_utilities", "complete_stage", "control_sampler",
+    "execute_stage", "gate_stage", "greedy_complete", "pair_record", "propose_pairs", "query_start",
     "run_igsd", "score_stage", "select_positions", "verify_pairs",
 ]

@@ -14,40 +14,22 @@ from typing import Any
 import torch
 
 from hindsearch import compute
+from hindsearch.agent import protocol
 from hindsearch.agent.backend import GenOutput, SamplingParams
 
-CLOSE = "</search>"
 GREEDY = SamplingParams(greedy=True)
-
-
-def _close_ids(tokenizer: Any) -> list[int]:
-    return list(tokenizer(CLOSE, add_special_tokens=False)["input_ids"])
-
-
-def cut_completion(tokenizer: Any, ids: Sequence[int], lead: Sequence[int] = ()) -> tuple[list[int], bool]:
-    """Keep generated ids up to the token that completes ``</search>`` (searched in the text of
-    ``lead + ids``, so a ``</search>`` that starts in the proposed token counts); ``(ids, closed)``."""
-    ids, lead = list(ids), list(lead)
-    for j in range(0 if lead else 1, len(ids) + 1):
-        if CLOSE in tokenizer.decode(lead + ids[:j]):
-            return ids[:j], True
-    return ids, False
-
-
-def query_text(tokenizer: Any, query_ids: Sequence[int]) -> str:
-    """The query string of ids that start right after ``<search>`` (text up to ``</search>``, stripped)."""
-    return tokenizer.decode(list(query_ids), skip_special_tokens=True).split(CLOSE, 1)[0].strip()
 
 
 def _stop(tokenizer: Any) -> compute.Stop:
     """IGSD's completions stop at ``</search>`` or the tokenizer's EOS (``compute.stop_reason``)."""
-    return compute.Stop(tokenizer, {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set(), (CLOSE,))
+    eos = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    return compute.Stop(tokenizer, eos, (protocol.SEARCH_CLOSE,))
 
 
 def _finish(tokenizer: Any, out: GenOutput, prefix: Sequence[int]) -> tuple[list[int], str, bool]:
     """``(new ids, new text, closed)`` of one decoded row: an EOS is dropped, ids are cut after ``</search>``."""
     ids = out.ids[:-1] if out.finish == "eos" else out.ids
-    kept, closed = cut_completion(tokenizer, ids, list(prefix[-1:]))
+    kept, closed = protocol.cut_at_search_close(tokenizer, ids, list(prefix[-1:]))
     return kept, tokenizer.decode(kept), closed
 
 

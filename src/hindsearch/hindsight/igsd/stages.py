@@ -12,8 +12,7 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.hindsight import losses, sync
-from hindsearch.hindsight.igsd.decode import (_close_ids, cached_greedy_complete, cached_utilities, cut_completion,
-                                             greedy_complete, query_text)
+from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities, greedy_complete
 from hindsearch.hindsight.igsd.types import (SIDES, CompleteFn, Completion, Metrics, Pair, Scored, Side)
 from hindsearch.hindsight.teacher import continuation_logprobs
 from hindsearch.records import Passage, Trajectory
@@ -60,8 +59,8 @@ class QueryCache:
 
 def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[int]]:
     """Context ids (info block + ``<answer>``) and the gold answer's ids, tokenized naturally (module doc, 4)."""
-    ctx = list(tokenizer(info + "<answer>", add_special_tokens=False)["input_ids"])
-    full = list(tokenizer(info + "<answer> " + gold, add_special_tokens=False)["input_ids"])
+    ctx = list(tokenizer(info + protocol.ANSWER_OPEN, add_special_tokens=False)["input_ids"])
+    full = list(tokenizer(info + protocol.ANSWER_OPEN + " " + gold, add_special_tokens=False)["input_ids"])
     c = 0
     while c < min(len(ctx), len(full)) and ctx[c] == full[c]:
         c += 1
@@ -109,7 +108,7 @@ def complete_stage(
     else:  # several processes: every rank calls the engine (its HF backend runs in lockstep), even with nothing
         outs = complete(prefixes, cfg.max_query_tokens) if prefixes or sync.active() else []
     m: Metrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
-    close = _close_ids(tokenizer)
+    close = protocol.search_close_ids(tokenizer)
     res: list[dict[Side, Completion]] = [{} for _ in pairs]
     for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
         p, tr = pairs[k], trajs[pairs[k].row]
@@ -117,11 +116,12 @@ def complete_stage(
         if tokenizer.eos_token_id is not None and tokenizer.eos_token_id in ids:
             ids = ids[: ids.index(tokenizer.eos_token_id)]
         lead = list(tr.completion_ids[p.q_start : p.t]) + [pre[-1]]
-        kept, closed = cut_completion(tokenizer, ids[: cfg.max_query_tokens + len(close)], lead)
+        kept, closed = protocol.cut_at_search_close(tokenizer, ids[: cfg.max_query_tokens + len(close)], lead)
         if not closed:
             kept = kept[: cfg.max_query_tokens]
             m["never_closed"] += 1
-        res[k][side] = Completion(query_text(tokenizer, lead + kept), pre + kept + ([] if closed else close), closed)
+        query = protocol.query_text(tokenizer, lead + kept)
+        res[k][side] = Completion(query, pre + kept + ([] if closed else close), closed)
     m["time_completion"] = time.perf_counter() - t0
     return res, m
 
