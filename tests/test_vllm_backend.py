@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import SamplingParams
+from hindsearch.core.sampling import SamplingParams
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.agent.vllm_backend import (

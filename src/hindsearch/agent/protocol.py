@@ -111,21 +111,6 @@ def information_block(passages: Sequence[Passage]) -> str:
     return f"\n\n<information>{format_docs(passages).strip()}</information>\n\n"
 
 
-def cut_at_stop(text: str) -> tuple[str, str | None]:
-    """Cut generated text right after the first ``</search>`` or ``</answer>``.
-
-    Returns the kept text and the stop string found (None when neither occurs).
-    """
-    best: tuple[int, str] | None = None
-    for s in STOP_STRINGS:
-        i = text.find(s)
-        if i >= 0 and (best is None or i < best[0]):
-            best = (i, s)
-    if best is None:
-        return text, None
-    return text[: best[0] + len(best[1])], best[1]
-
-
 def encode_prompt(tokenizer: Any, question: str, hint: str | None = None) -> list[int]:
     """Token ids of the prompt, the one rule shared by rollouts, teachers and the warm-up.
 
