@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from hindsearch.core.model import (KV, Step, cache_of, cat_steps, forward, group_chunks, mergeable, pad_id, prefill,
-                                   region, resume, save_row, shared_prefix_len, suffix_forward)
+from hindsearch.core.model import (KV, Step, cache_of, cat_steps, forward, group_chunks, mergeable, pad_id, region,
+                                   resume, save_row, shared_prefix_len, suffix_forward)
 from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, Stop, sample_tokens, stop_reason
 
 OnStop = Callable[[list[int], list[GenOutput]], list[tuple[list[int], int] | None]]
@@ -95,7 +95,7 @@ class _Loop:
     def _prefill(self, rows: list[_Row]) -> Step:
         """Feed every row's queue (its context beyond its saved keys/values) in one forward."""
         t0 = time.perf_counter()
-        step, fed = resume(self.model, [r.ctx for r in rows], [r.saved for r in rows], self.pad)
+        step, fed = resume(self.model, [r.ctx for r in rows], self.pad, [r.saved for r in rows])
         for r in rows:
             r.saved = None
         if self.merge is None:
@@ -219,7 +219,7 @@ def decode_shared(
         for gs, members in group_chunks([groups[i] for i in rows], batch_size):
             members = [rows[j] for j in members]
             base_len = {g: shared_prefix_len([prefixes[i] for i in members if groups[i] == g], keep=1) for g in gs}
-            base = prefill(model, [prefixes[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)
+            base = resume(model, [prefixes[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)[0]
             gi = {g: k for k, g in enumerate(gs)}
             members = sorted(members, key=lambda i: len(prefixes[i]) - base_len[groups[i]])  # less padding
             for s in range(0, len(members), 2 * batch_size):

@@ -6,8 +6,8 @@
   Padded positions are masked out, so the choice never changes a number.
 - **Forwards** (``forward``): no grad, only the last ``keep`` positions' logits, announced to the other processes
   (``core.lockstep``) inside a region (``region``: the decode loop and the scoring functions open it).
-- **KV caches**: ``Step`` (a batch between decode steps), ``prefill``, ``resume`` (rows continuing from saved
-  keys/values, padding on the left only), ``cat_steps`` (two batches as one), and the shared-prefix helpers
+- **KV caches**: ``Step`` (a batch between decode steps), ``resume`` (the prefill: whole contexts, or rows
+  continuing from saved keys/values, padding on the left only), ``cat_steps`` (two batches as one), and the shared-prefix helpers
   (``shared_prefix_len``, ``expand_cache``, ``suffix_forward``, ``group_chunks``).
 """
 
@@ -111,14 +111,6 @@ class Step:
     pos: Tensor
 
 
-def prefill(model: Any, contexts: Sequence[Sequence[int]], pad: int) -> Step:
-    """One left-padded forward of whole contexts (only the last logits kept) -> the first ``Step``."""
-    ids, mask = left_pad(contexts, pad, device_of(model))
-    pos = positions(mask)
-    out = forward(model, 1, input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
-    return Step(out.logits[:, -1, :].float(), cache_of(out), mask, pos[:, -1])
-
-
 def cat_steps(a: Step, b: Step) -> Step:
     """Two batches as one: rows of ``a`` then rows of ``b``, the shorter cache left-padded (masked) to the longer
     one's width K. Plain full-attention caches only (``DynamicLayer``: keys/values ``[B, H, K, D]``).
@@ -157,10 +149,10 @@ def save_row(step: Step, j: int, n: int) -> KV:
     return [(layer.keys[j : j + 1, :, -n:].clone(), layer.values[j : j + 1, :, -n:].clone()) for layer in step.cache.layers]
 
 
-def resume(model: Any, contexts: Sequence[Sequence[int]], cached: Sequence[tuple[Sequence[int], KV] | None],
-           pad: int) -> tuple[Step, int]:
-    """One forward that continues each row from its saved keys/values with padding on the left only -> the
-    rows' ``Step`` and the number of ids fed.
+def resume(model: Any, contexts: Sequence[Sequence[int]], pad: int,
+           cached: Sequence[tuple[Sequence[int], KV] | None] | None = None) -> tuple[Step, int]:
+    """One forward (only the last logits kept) that continues each row from its saved keys/values with padding on
+    the left only -> the rows' ``Step`` and the number of ids fed.
 
     ``cached[i]`` = ``(ids, kv)`` covers a strict prefix of ``contexts[i]`` (or is None). All rows feed a chunk of
     W = max uncached tail; row i feeds its last ``min(len_i, W)`` ids and keeps ``k_i = max(0, len_i - W) <=
@@ -171,6 +163,7 @@ def resume(model: Any, contexts: Sequence[Sequence[int]], cached: Sequence[tuple
     from transformers import DynamicCache
 
     device = device_of(model)
+    cached = cached if cached is not None else [None] * len(contexts)
     n_cached = [len(c[0]) if c is not None else 0 for c in cached]
     W = max(len(x) - c for x, c in zip(contexts, n_cached))
     keep = [max(0, len(x) - W) for x in contexts]
@@ -180,7 +173,7 @@ def resume(model: Any, contexts: Sequence[Sequence[int]], cached: Sequence[tuple
     for i, k in enumerate(keep):
         past_mask[i, K - k :] = 1
     mask = torch.cat([past_mask, chunk_mask], dim=1)
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, K:]
+    pos = positions(mask)[:, K:]
     cache = None
     if K > 0:
         ref = next(c[1] for c, k in zip(cached, keep) if k > 0)

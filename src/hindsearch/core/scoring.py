@@ -19,7 +19,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from hindsearch.core.model import (device_of, forward, group_chunks, left_pad, pad_id, positions, prefill, region,
+from hindsearch.core.model import (device_of, forward, group_chunks, left_pad, pad_id, positions, region, resume,
                                    shared_prefix_len, suffix_forward, token_logprobs)
 
 SCORE_LOGITS_BUDGET = 2**30
@@ -112,7 +112,7 @@ def shared_prefix_utilities(
         u = torch.zeros(len(states))
         for gs, members in group_chunks(groups, batch_size):
             base_len = {g: shared_prefix_len([states[i] for i in members if groups[i] == g]) for g in gs}
-            base = prefill(model, [states[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)
+            base = resume(model, [states[next(i for i in members if groups[i] == g)][: base_len[g]] for g in gs], pad)[0]
             cache, batt = base.cache, base.mask
             gi = {g: k for k, g in enumerate(gs)}
             members = sorted(members, key=lambda i: len(states[i]) - base_len[groups[i]] + len(ctxs[i]))  # less padding
