@@ -322,7 +322,7 @@ class RolloutEngine:
         """The matched completer for IGSD: None when the backend decodes this engine's model in this process (the
         HF backend; IGSD then decodes the policy itself with its shared-prefix cache, the same greedy decoding),
         else ``complete_queries`` (vLLM)."""
-        return None if getattr(self.backend, "in_process", False) else self.complete_queries
+        return None if self.backend.in_process else self.complete_queries
 
     def complete_queries(self, prefix_ids_list: list[list[int]], max_query_tokens: int) -> list[tuple[list[int], str, bool]]:
         """Greedy, batched completion of partial search queries, stopping at ``</search>``.

@@ -131,6 +131,9 @@ def _check(ids: list[int], budget: int) -> None:
 class _VLLMBase:
     """The ``Backend.generate`` shared by both modes: checks, empty outputs, statistics; ``_rows`` fills ``outs``."""
 
+    in_process = False
+    """vLLM decodes its own copy of the weights (``RolloutEngine.query_completer``)."""
+
     def __init__(self) -> None:
         self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
 
