@@ -45,12 +45,18 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def completion_logits(hidden, lm_head, completion_len: int):
+    """The reference the trainer replaced: logits at every completion position. ``hidden [B, P + C, H]`` ->
+    ``[B, C, V]``, ``out[:, t]`` predicting completion token ``t`` (``selected_logits`` keeps the selected ones)."""
+    return lm_head(hidden[:, -completion_len - 1 : -1, :])
+
+
 def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
     import torch
 
     from hindsearch.hindsight.terms import at, scatter
     from hindsearch.hindsight import losses
-    from hindsearch.train.aux_loss import completion_logits, selected_logits
+    from hindsearch.train.aux_loss import selected_logits
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -99,7 +99,8 @@ def main() -> None:
         for pc in (False, True):
             t0 = time.perf_counter()
             _, m, samples = run_igsd(trajs, T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg,
-                                     topk=args.topk, complete=engine.complete_queries, rng=random.Random(r),
+                                     topk=args.topk, complete=None if pc else engine.complete_queries,
+                                     rng=random.Random(r),
                                      prefix_cache=pc)
             m["total"] = time.perf_counter() - t0
             print(f"repeat {r} {'prefix-cached' if pc else 'plain'}: " + ", ".join(f"{k.replace('time_', '')} {m[k]:.2f}s"

@@ -2,11 +2,11 @@
 
 Measures, in one run:
 
-1. the engine at batch B with per-row turn scheduling (the default), turn-synchronous, and (``--single``)
-   at batch 1: trajectories/min and generated tokens/s (sampled, temperature 1); the old engine that
-   re-reads every context at every turn unless ``--skip-nokv``;
+1. the engine at batch B with per-row turn scheduling (the default) and (``--single``) at batch 1:
+   trajectories/min and generated tokens/s (sampled, temperature 1); unless ``--skip-nokv``, the decode loop's
+   turn-synchronous schedule (what it does with a cache it cannot merge: every turn re-reads its context);
 2. the per-row engine's time against its limit: the same model decoding exactly the same number of
-   generated tokens per row with plain batched decoding (``compute.decode``, no tools, a row leaves when
+   generated tokens per row with plain batched decoding (``core.decode``, no tools, a row leaves when
    done) plus one batched prefill of the injected ids; target <= 1.25x. The rest is split into prefill,
    decode, scheduling (sampling/stop checks/selection, merging), KV saving, retrieval and serving, and the
    share of padded attention positions. All variants run interleaved in each repeat, ratios per repeat;
@@ -40,7 +40,7 @@ def main() -> None:
     ap.add_argument("--eval-per-split", type=int, default=8)
     ap.add_argument("--mini", help="folder of mini benchmarks (corpus.jsonl + <name>.jsonl), optional")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip-nokv", action="store_true", help="no comparison run of the old re-prefill engine")
+    ap.add_argument("--skip-nokv", action="store_true", help="no comparison run of the turn-synchronous re-prefill schedule")
     ap.add_argument("--skip-throughput", action="store_true", help="only run the evaluation part")
     ap.add_argument("--skip-world-eval", action="store_true", help="no world-split evaluation (e.g. mini only)")
     ap.add_argument("--world", default=".hindsearch/world")
@@ -71,56 +71,58 @@ def main() -> None:
 
 
 def throughput(args, model, tok, retriever, cfg, qs) -> None:
-    from hindsearch import compute
-    from hindsearch.agent.backend import SamplingParams
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.agent.hf_backend import HFBackend
+    from hindsearch.core import decode as core_decode
+    from hindsearch.core.model import forward, left_pad, pad_id, positions
+    from hindsearch.core.sampling import SamplingParams, Stop
 
-    class NoKVBackend(HFBackend):
-        supports_kv_store = False  # the old engine: every turn re-reads its whole context
-
-    def run_engine(records: list, batch: int, per_row: bool = True, kv: bool = True) -> dict:
-        eng = RolloutEngine(model, tok, retriever, cfg, topk=3, backend=(HFBackend if kv else NoKVBackend)(model, tok),
-                            per_row=per_row)
+    def run_engine(records: list, batch: int, per_row: bool = True) -> dict:
+        eng = RolloutEngine(model, tok, retriever, cfg, topk=3, backend=HFBackend(model, tok))
+        real = core_decode.mergeable
+        if not per_row:  # the loop's schedule for caches it cannot merge: every turn re-reads its whole context
+            core_decode.mergeable = lambda cache: False
         t = time.perf_counter()
         trajs = []
-        for i in range(0, len(records), batch):
-            trajs += eng.rollout(records[i : i + batch], seed=i)
+        try:
+            for i in range(0, len(records), batch):
+                trajs += eng.rollout(records[i : i + batch], seed=i)
+        finally:
+            core_decode.mergeable = real
         wall = time.perf_counter() - t
         gen = sum(sum(x.gen_mask) for x in trajs)
-        name = "per-row" if per_row and kv else "turn-synchronous" if kv else "re-prefill"
+        name = "per-row" if per_row else "turn-synchronous re-prefill"
         print(f"  engine batch {batch} {name}: {len(trajs)} trajectories, {gen} tokens, {wall:.1f}s", flush=True)
         return {"wall": wall, "n": len(trajs), "gen": gen, "trajs": trajs, **eng.backend.stats, **eng.stats}
 
     def run_limit(trajs: list, r: int) -> dict:
         """The limit: the same rows decoding exactly the engine run's generated tokens per row (plain batched
-        ``compute.decode``, no tools, rows leave when done), plus one batched prefill of each row's injected ids."""
+        ``core.decode``, no tools, rows leave when done), plus one batched prefill of each row's injected ids."""
         prompts = [list(x.prompt_ids) for x in trajs]
         counts = [sum(x.gen_mask) for x in trajs]
         injected = [[i for i, g in zip(x.completion_ids, x.gen_mask) if not g] for x in trajs]
         gen = torch.Generator().manual_seed(r)
         t = time.perf_counter()
-        compute.decode(model, prompts, compute.Stop(tok, set()), SamplingParams(temperature=1.0), counts, gen)
+        core_decode.decode(model, prompts, Stop(tok, set()), SamplingParams(temperature=1.0), counts, generator=gen)
         t_dec = time.perf_counter() - t
         rows = [x for x in injected if x]
         if rows:
-            ids, mask = compute.left_pad(rows, compute.pad_id(tok, model))
-            compute.forward(model, 1, input_ids=ids, attention_mask=mask, position_ids=compute.positions(mask))
+            ids, mask = left_pad(rows, pad_id(tok, model))
+            forward(model, 1, input_ids=ids, attention_mask=mask, position_ids=positions(mask))
         wall = time.perf_counter() - t
         print(f"  limit: decode {sum(counts)} tokens {t_dec:.1f}s + prefill {sum(map(len, rows))} injected "
               f"{wall - t_dec:.1f}s = {wall:.1f}s", flush=True)
         return {"wall": wall, "n": len(trajs), "gen": sum(counts)}
 
     # interleaved (the CPU is shared: each repeat measures every variant back to back, ratios per repeat)
-    single, per_row, sync_, limit, nokv = [], [], [], [], []
+    single, per_row, limit, nokv = [], [], [], []
     for r in range(args.repeats):
         if args.single > 0:
             single.append(run_engine(qs[: args.single], 1))
         per_row.append(run_engine(qs, args.batch))
         limit.append(run_limit(per_row[-1]["trajs"], r))
-        sync_.append(run_engine(qs, args.batch, per_row=False))
         if not args.skip_nokv:
-            nokv.append(run_engine(qs, args.batch, per_row=False, kv=False))
+            nokv.append(run_engine(qs, args.batch, per_row=False))
 
     def med(runs: list, key: str) -> float:
         return statistics.median(r[key] for r in runs)
@@ -137,25 +139,24 @@ def throughput(args, model, tok, retriever, cfg, qs) -> None:
         print(line("engine, batch 1", single))
     print(line(f"engine, batch {args.batch}, per-row turn scheduling", per_row))
     print(line("limit: plain batched decode of the same tokens per row + one prefill of the injected ids", limit))
-    print(line(f"engine, batch {args.batch}, turn-synchronous", sync_))
     if nokv:
-        print(line(f"engine, batch {args.batch}, turn-synchronous, re-prefill every turn (old)", nokv))
+        print(line(f"engine, batch {args.batch}, turn-synchronous, re-prefill every turn", nokv))
     ratios = [e["wall"] / lim["wall"] for e, lim in zip(per_row, limit)]
     print(f"\nper-row engine time / its limit, per repeat: {', '.join(f'{x:.2f}x' for x in ratios)} "
           f"(median {statistics.median(ratios):.2f}x; target <= 1.25x)")
 
     k = sorted(range(len(per_row)), key=lambda i: per_row[i]["wall"])[len(per_row) // 2]
     b, lim = per_row[k], limit[k]
-    parts = (("prefill (first turn, then each rejoining row's new ids on its cache)", b["sched_prefill_s"]),
-             ("decode forwards", b["sched_decode_s"]),
-             ("sampling, stop checks, batch selection (scheduling)", b["sched_step_s"]),
-             ("merging rejoining rows into the batch (scheduling)", b["sched_merge_s"]),
-             ("KV save of rows whose turn ended", b["sched_kv_save_s"]),
+    parts = (("prefill (first turn, then each rejoining row's new ids on its cache)", b["prefill_s"]),
+             ("decode forwards", b["decode_s"]),
+             ("sampling, stop checks, batch selection (scheduling)", b["step_s"]),
+             ("merging rejoining rows into the batch (scheduling)", b["merge_s"]),
+             ("KV save of rows whose turn ended", b["kv_save_s"]),
              ("retrieval (BM25, batched per decode step)", b["retrieve_s"]),
-             ("serving without retrieval (parse, masks, inject)", b["sched_serve_s"] - b["retrieve_s"]))
+             ("serving without retrieval (parse, masks, inject)", b["callback_s"] - b["retrieve_s"]))
     other = b["wall"] - sum(v for _, v in parts)
     turns = sum(len(x.turns) for x in b["trajs"])
-    pad = b["sched_decode_pad_positions"] / max(1, b["sched_decode_positions"])
+    pad = b["decode_pad_positions"] / max(1, b["decode_positions"])
     print(f"\n## Where the per-row batch-{args.batch} engine time goes (median run: {b['wall']:.1f}s vs limit "
           f"{lim['wall']:.1f}s = {b['wall'] / lim['wall']:.2f}x; {turns} model turns, {b['prefill_tokens']} prefill "
           f"tokens, {b['decode_steps']} decode steps, {int(b['retrieve_calls'])} retrieve calls)\n")

@@ -14,7 +14,8 @@ from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
 from hindsearch.hindsight import igsd as G
-from hindsearch.hindsight.teacher import continuation_logprobs, igsd_prompt_ids, teacher_token_logprobs
+from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
+from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs
 from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
@@ -156,7 +157,7 @@ def test_answer_split(tok):
 
 def _utility(model, tok, state, passages, gold):
     ctx, ans = G.answer_split(tok, protocol.information_block(passages), gold)
-    lp, _, _ = continuation_logprobs(model, [state + ctx], [ans])
+    lp, _, _ = score_continuations(model, [state + ctx], [ans])
     return float(lp[0].mean())
 
 
@@ -311,8 +312,8 @@ def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever)
             states.append(tr.prompt_ids + tr.completion_ids[: t + 4 * (g % 2)])
             ctxs.append(ctx), answers.append(ans), groups.append(g)
     answers[2] = []
-    u = G.cached_utilities(model, states, ctxs, answers, groups, batch_size=2)  # 2 chunks of groups
-    plain = [float(continuation_logprobs(model, [s + c], [a])[0][0].mean()) if a else 0.0 for s, c, a in zip(states, ctxs, answers)]
+    u = shared_prefix_utilities(model, states, ctxs, answers, groups, batch_size=2)  # 2 chunks of groups
+    plain = [float(score_continuations(model, [s + c], [a])[0][0].mean()) if a else 0.0 for s, c, a in zip(states, ctxs, answers)]
     assert u.shape == (12,) and u[2] == 0.0 and float(u[0]) == pytest.approx(float(u[3]), abs=1e-6)
     assert u.tolist() == pytest.approx(plain, abs=1e-4)
     prefixes = [s + [a[0] if a else 5] for s, a in zip(states, answers)]

@@ -12,6 +12,7 @@ from hindsearch.hindsight.terms import loss_from_full_logits
 
 from hindsearch.agent import protocol
 from hindsearch.config import Config, HindSearchConfig
+from hindsearch.core.model import pad_id
 from hindsearch.hindsight import judge as J
 from hindsearch.hindsight.teacher import teacher_token_logprobs
 from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
@@ -141,13 +142,13 @@ def test_lm_judge_batched_greedy_and_fallbacks(tok, model):
     assert len(out) == 3 and all(c.raw and c.error is None for c in out) and judge.errors == 0
     again = J.LMJudge(model, tok, cfg).critique(trs)
     assert [c.raw for c in again] == [c.raw for c in out]  # greedy, batch-size independent
-    # the same text as transformers' greedy generate of each prompt alone (compute.decode is the decoder)
+    # the same text as transformers' greedy generate of each prompt alone (core.decode is the decoder)
     for tr, c in zip(trs, out):
         msg = J.build_judge_prompt(tr, cfg.judge_template, cfg.judge_sees_gold, cfg.judge_max_prompt_tokens, tok)
         p = tok(J.protocol.apply_template(tok, msg), add_special_tokens=False)["input_ids"]
         with torch.no_grad():
             g = model.generate(input_ids=torch.tensor([p]), attention_mask=torch.ones(1, len(p), dtype=torch.long),
-                               max_new_tokens=6, do_sample=False, pad_token_id=judge._pad())
+                               max_new_tokens=6, do_sample=False, pad_token_id=pad_id(tok, model))
         assert c.raw == tok.decode(g[0, len(p):], skip_special_tokens=True)
     # a judge whose vocabulary is too small raises inside generate: fallback, counted
     broken = tiny_random_model(tok, seed=0, vocab_size=64)

@@ -10,17 +10,16 @@ launched script shards TRL's reference model (the LM judge, the frozen teacher, 
 **emulated sharded forward**: a forward pre-hook that all-reduces a marker (as ZeRO-3 all-gathers weights on every
 forward) and checks the sum; a forward on one rank that meets another collective on the other rank raises or
 hangs (a watchdog prints the stacks and exits; the hard timeout kills the process group). Each rank also counts its forwards per model; the test asserts that both ranks
-ran the same number. Without ``hindsearch.hindsight.sync`` (``--unsynced all`` patches ``sync.active`` to False,
-exactly the code before it; ``--unsynced terms`` only in the hindsight terms) the run fails.
+ran the same number. Without the model core's lockstep (``--unsynced all`` patches ``core.lockstep.active`` to
+False: every rank does only its own work) the run fails.
 
 This file is also the launched script (``python tests/test_multiprocess.py --dir DIR``). The lockstep rule itself
-(``sync.lockstep`` / ``sync.forward``) is tested on 2 gloo processes without a model, and alone (a no-op).
+(``lockstep.lockstep`` / ``lockstep.forward``) is tested on 2 gloo processes without a model, and alone (a no-op).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import signal
@@ -104,22 +103,13 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
 
     from hindsearch.config import Config
     from hindsearch.data.world import generate_world
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep
     from hindsearch.retrieval.factory import load_index
     from hindsearch.train.run import build_trainer
 
     torch.set_num_threads(1)
-    if unsynced == "all":  # the code before hindsearch.hindsight.sync: every rank does only its own work
-        sync.active = lambda: False
-    elif unsynced == "terms":  # rollouts in lockstep, the hindsight terms' forwards not
-        import types
-
-        from hindsearch.hindsight import igsd, judge, teacher, terms
-
-        off = types.SimpleNamespace(active=lambda: False, lockstep=lambda dummy: contextlib.nullcontext(),
-                                    forward=lambda fn, *a, **k: fn(*a, **k), generate_kwargs=dict)
-        for mod in (igsd, judge, teacher, terms):
-            mod.sync = off
+    if unsynced == "all":  # no lockstep: every rank does only its own work
+        lockstep.active = lambda: False
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_trainer import OVERRIDES
 
@@ -152,7 +142,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
         trainer.train()
         failed = [float(t.failed) for t in trainer._last_trajs]
         (d / f"counts-{method}-rank{rank}.json").write_text(json.dumps({**counts, "failed_last_step": sum(failed)}))
-    assert sync.close()  # as the CLI does after a run that ended well, then its entry's sync.end_process
+    assert lockstep.close()  # as the CLI does after a run that ended well, then its entry's lockstep.end_process
 
 
 # ---------------------------------------------------------------- the lockstep rule, without a model
@@ -162,7 +152,7 @@ def _lockstep_rank(rank: int, port: int, out: str) -> None:
     import torch
     import torch.distributed as dist
 
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep as sync
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     calls = {"real": 0, "dummy": 0, "bad": 0}
@@ -204,10 +194,10 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     import torch.distributed as dist
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hindsearch.agent.backend import SamplingParams
     from hindsearch.agent.hf_backend import HFBackend
-    from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities
-    from hindsearch.hindsight.teacher import continuation_logprobs
+    from hindsearch.core.sampling import SamplingParams
+    from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
+    from hindsearch.hindsight.igsd.decode import cached_greedy_complete
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -221,10 +211,10 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     checks: dict[str, bool] = {}
     with torch.no_grad():
         for name, fn in {
-            "teacher": lambda m: continuation_logprobs(m, [a, b, c][:n], [c, a, b][:n], topk=2, batch_size=1),
+            "teacher": lambda m: score_continuations(m, [a, b, c][:n], [c, a, b][:n], topk=2, batch_size=1),
             "complete": lambda m: cached_greedy_complete(m, tok, [a, a + b, c][: n or 1], [6, 2][rank],
                                                          [0, 0, 1][: n or 1], batch_size=1),
-            "utilities": lambda m: cached_utilities(m, [a, a + b][:n], [c, c][:n], [b, a][:n], [0, 0][:n], 1),
+            "utilities": lambda m: shared_prefix_utilities(m, [a, a + b][:n], [c, c][:n], [b, a][:n], [0, 0][:n], 1),
             "rollout_turn": lambda m: [(o.ids, o.finish) for o in HFBackend(m, tok).generate(
                 [a, b][: 2 - rank], [5, 3][: 2 - rank], SamplingParams(greedy=True), ("</search>",))],
         }.items():
@@ -242,10 +232,10 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
 def _end_rank() -> None:
     """Close the group and leave as ``hindsearch.cli.entry`` does: FSDP2's device mesh keeps gloo's threads alive
     past the destroy, and their teardown at interpreter exit aborted a finished rank with SIGABRT once in CI."""
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep
 
-    assert sync.close()
-    sync.end_process(0)
+    assert lockstep.close()
+    lockstep.end_process(0)
 
 
 def test_sharded_forwards_fsdp2_two_processes(prepared):
@@ -278,17 +268,17 @@ def _spawn_with_timeout(fn, args: tuple, timeout_s: float) -> tuple[int | None, 
 
 def test_lockstep_alone_is_a_no_op():
     """One process: no collective, the dummy never runs, ``forward`` returns its function's value."""
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep as sync
 
     assert not sync.active() and sync.any_rank(False) is False and sync.any_rank(True) is True
     ran: list[str] = []
     with sync.lockstep(lambda: ran.append("dummy")):
         assert sync.forward(lambda x: ran.append("real") or x, 3) == 3
-    assert ran == ["real"] and sync.generate_kwargs() == {}
+    assert ran == ["real"]
 
 
 def test_the_cli_closes_the_process_group_after_a_clean_run_only(tmp_path):
-    """A command that ends well destroys the process group (``sync.close``): gloo's threads left to the
+    """A command that ends well destroys the process group (``lockstep.close``): gloo's threads left to the
     interpreter's teardown abort a finished ``accelerate launch`` run with SIGABRT. After an error the group is
     left alone (a rank destroying it while another waits in a collective would hang)."""
     import torch.distributed as dist
@@ -304,15 +294,15 @@ def test_the_cli_closes_the_process_group_after_a_clean_run_only(tmp_path):
         finally:
             if dist.is_initialized():
                 dist.destroy_process_group()
-    assert not __import__("hindsearch.hindsight.sync", fromlist=["close"]).close()  # none left: a no-op
+    assert not __import__("hindsearch.core.lockstep", fromlist=["close"]).close()  # none left: a no-op
 
 
 @pytest.mark.parametrize("world_size,entities,ends", [("2", "40", True), ("1", "40", False), ("2", "10", False)])
 def test_entry_ends_a_finished_rank_only(tmp_path, monkeypatch, world_size, entities, ends):
-    """The console script leaves through ``sync.end_process`` only on a rank of a multi-process launch whose
+    """The console script leaves through ``lockstep.end_process`` only on a rank of a multi-process launch whose
     command ended well; a single process, or a failed command, exits normally with its code."""
     from hindsearch import cli
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep as sync
 
     ended: list[int] = []
     monkeypatch.setattr(sync, "end_process", lambda rc: ended.append(rc) or sys.exit(rc))
@@ -324,11 +314,11 @@ def test_entry_ends_a_finished_rank_only(tmp_path, monkeypatch, world_size, enti
 
 
 def test_end_process_loses_nothing(tmp_path):
-    """``sync.end_process`` skips the interpreter's finalisation but not what a run leaves to it: a non-daemon
+    """``lockstep.end_process`` skips the interpreter's finalisation but not what a run leaves to it: a non-daemon
     thread still writing, ``atexit`` handlers, unflushed output; the exit code is the one given."""
     done = tmp_path / "thread.txt"
     code = ("import atexit, sys, threading, time\n"
-            "from hindsearch.hindsight import sync\n"
+            "from hindsearch.core import lockstep as sync\n"
             f"threading.Thread(target=lambda: (time.sleep(0.5), open({str(done)!r}, 'w').write('ok'))).start()\n"
             "atexit.register(lambda: print('atexit ran', flush=True))\n"
             "sys.stdout.write('buffered, no newline')\n"
@@ -432,11 +422,11 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--dir", type=Path, required=True)
     ap.add_argument("--methods", nargs="+", default=list(METHODS))
-    ap.add_argument("--unsynced", choices=("all", "terms"), default="",
-                    help="disable hindsearch.hindsight.sync everywhere, or only in the hindsight terms (shows the hang)")
+    ap.add_argument("--unsynced", choices=("all",), default="",
+                    help="disable the model core's lockstep (shows the hang)")
     ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
     a = ap.parse_args()
     worker(a.dir, a.methods, a.unsynced, a.watchdog)
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep
 
-    sync.end_process(0)  # as hindsearch.cli.entry: DDP/FSDP keep gloo's threads alive past close (SIGABRT at teardown)
+    lockstep.end_process(0)  # as hindsearch.cli.entry: DDP/FSDP keep gloo's threads alive past close (SIGABRT at teardown)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hindsearch.agent import protocol
-from hindsearch.agent.protocol import cut_at_stop, extract_answer, parse_action
+from hindsearch.agent.protocol import STOP_STRINGS, extract_answer, parse_action
 from hindsearch.records import Passage, make_contents
 from hindsearch.rewards import exact_match, f1_score, normalize_answer
 
@@ -81,6 +81,18 @@ def test_information_block_and_notice_bytes():
     assert block == '\n\n<information>Doc 1(Title: "Paris") Paris is the capital.\nDoc 2(Title: "Lyon") Lyon is a city.</information>\n\n'
     assert protocol.information_block([]) == "\n\n<information></information>\n\n"
     assert protocol.INVALID_NOTICE.startswith("\nMy previous action is invalid.")
+
+
+def cut_at_stop(text: str) -> tuple[str, str | None]:
+    """Cut text right after the first ``</search>`` or ``</answer>``: ``(kept text, stop string or None)``."""
+    best: tuple[int, str] | None = None
+    for s in STOP_STRINGS:
+        i = text.find(s)
+        if i >= 0 and (best is None or i < best[0]):
+            best = (i, s)
+    if best is None:
+        return text, None
+    return text[: best[0] + len(best[1])], best[1]
 
 
 def test_cut_at_stop():

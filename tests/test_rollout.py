@@ -6,9 +6,9 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import SamplingParams, sample_tokens, top_p_filter
 from hindsearch.agent.engine import RolloutEngine
-from hindsearch.agent.hf_backend import HFBackend, KVStore
+from hindsearch.core import decode as core_decode
+from hindsearch.core.sampling import SamplingParams, sample_tokens, top_p_filter
 from hindsearch.config import RolloutConfig
 from hindsearch.config import ModelConfig
 from hindsearch.models import load_policy
@@ -169,17 +169,12 @@ class FlakyRetriever:
 
 
 def test_retriever_failure_recorded_not_raised(model, tok, retriever):
+    # per row: one batched call per decode step at which search turns end (the rows' turns end at other steps),
+    # and one retry each
     flaky = FlakyRetriever(retriever, fail=10)
     eng = make_engine(model, tok, flaky, SCRIPTS)
-    eng.per_row = False
     t1, t2 = eng.rollout([Q1, Q2])
-    assert flaky.calls == 2 * 2  # turn-synchronous: one batched call per search turn (2 turns with searches), 1 retry each
-    # per-row: one batched call per decode step at which search turns end (the rows' turns end at other steps)
-    flaky = FlakyRetriever(retriever, fail=10)
-    eng = make_engine(model, tok, flaky, SCRIPTS)
-    p1, p2 = eng.rollout([Q1, Q2])
-    assert flaky.calls == 2 * sum(len(t.queries) for t in (p1, p2)) and eng.stats["retrieve_calls"] == flaky.calls
-    assert [t.completion_ids for t in (p1, p2)] == [t.completion_ids for t in (t1, t2)]
+    assert flaky.calls == 2 * sum(len(t.queries) for t in (t1, t2)) and eng.stats["retrieve_calls"] == flaky.calls
     for t in (t1, t2):
         assert t.errors and "ConnectionError" in t.errors[0]
         assert t.stop_reason == "answer"
@@ -227,18 +222,12 @@ class FirstTurnScript(ScriptHook):
         return logits
 
 
-class NoKVBackend(HFBackend):
-    """The HF backend without the cross-turn cache: every turn re-reads its whole context."""
-
-    supports_kv_store = False
-
-
 def test_cross_turn_kv_cache_matches_full_forward(model, tok, retriever):
     # rows stop at different steps (queries of different lengths, one free invalid turn) so later turns
     # resume from caches of different lengths with information blocks / notices of different lengths
     scripts = [["<search> Zorbin </search>"], ["<search> Glass Orchard author of the novel </search>"], ["no tags"]]
     eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=10, max_turns=2)
-    eng.logits_hook, eng.per_row = FirstTurnScript(tok, scripts), False  # sampled: the same generator order as eng2
+    eng.logits_hook = FirstTurnScript(tok, scripts)
     trajs = eng.rollout([Q1, Q2, Q1], num_generations=1, seed=3)
     assert eng.backend.stats["prefill_tokens"] < sum(  # earlier turns were not re-read
         len(t.prompt_ids) + len(t.completion_ids) for t in trajs)
@@ -253,26 +242,6 @@ def test_cross_turn_kv_cache_matches_full_forward(model, tok, retriever):
             P = len(t.prompt_ids)
             ref = logp[P + a - 1 : P + b - 1].gather(-1, ids[0, P + a : P + b, None]).squeeze(-1)
             assert torch.allclose(ref, torch.tensor(t.logprobs[a:b]), atol=1e-4)
-    # same seed without the cross-turn cache: the same trajectories
-    eng2 = make_engine(model, tok, retriever, max_new_tokens_per_turn=10, max_turns=2)
-    eng2.backend, eng2.logits_hook = NoKVBackend(model, tok), eng.logits_hook
-    ref_trajs = eng2.rollout([Q1, Q2, Q1], num_generations=1, seed=3)
-    assert [t.completion_ids for t in ref_trajs] == [t.completion_ids for t in trajs]
-    assert torch.allclose(torch.tensor([x for t in ref_trajs for x in t.logprobs]),
-                          torch.tensor([x for t in trajs for x in t.logprobs]), atol=1e-4)
-
-
-def test_kv_store_take_checks_prefix():
-    store = KVStore()
-    store.rows["a"] = ([1, 2, 3], [])
-    assert store.take("a", [1, 2, 4, 5]) is None and "a" not in store.rows  # not a prefix: dropped
-    store.rows["a"] = ([1, 2, 3], [])
-    assert store.take("a", [1, 2, 3]) is None  # nothing new to feed
-    store.rows["a"] = ([1, 2, 3], [])
-    assert store.take("a", [1, 2, 3, 9]) == ([1, 2, 3], [])
-    store.rows["b"] = ([1], [])
-    store.discard(["b", "zz"])
-    assert store.rows == {}
 
 
 def test_sampling_helpers():
@@ -309,19 +278,24 @@ def test_load_policy_tiny_and_errors():
         load_policy(ModelConfig(name="tiny-random", dtype="int3"))
 
 
-def test_per_row_scheduling_greedy_equals_turn_synchronous(model, tok, retriever):
+def test_per_row_scheduling_greedy_equals_turn_synchronous(model, tok, retriever, monkeypatch):
     """Rows whose turns end at different steps (scripted first turns of different lengths, then free greedy
-    turns) rejoin decoding on their own; every greedy trajectory equals the turn-synchronous engine's."""
+    turns) rejoin decoding on their own; every greedy trajectory equals the decode loop's turn-synchronous
+    schedule (a cache it cannot merge: rows wait for an empty batch and re-read their whole context)."""
     scripts = [["<search> Zorbin </search>"], ["<search> Glass Orchard author of the novel </search>"], ["no tags"],
                ["<answer> Maravel </answer>"]]
     recs = [Q1, Q2, Q1, Q2, Q1]
     res = {}
     for per_row in (True, False):
+        if not per_row:
+            monkeypatch.setattr(core_decode, "mergeable", lambda cache: False)
         eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=3, max_total_tokens=400)
-        eng.per_row, eng.logits_hook = per_row, FirstTurnScript(tok, scripts)
-        res[per_row] = (eng.rollout(recs, num_generations=2, greedy=True), eng.stats)
+        eng.logits_hook = FirstTurnScript(tok, scripts)
+        res[per_row] = (eng.rollout(recs, num_generations=2, greedy=True), eng.backend.stats)
     got, ref = res[True][0], res[False][0]
-    assert res[True][1]["sched_forwards"] > 0 and "sched_forwards" not in res[False][1]  # both paths ran
+    # both schedules ran: per row, earlier turns are never re-read
+    assert res[True][1]["kv_save_s"] > 0 and res[False][1]["kv_save_s"] == 0
+    assert res[True][1]["prefill_tokens"] < res[False][1]["prefill_tokens"]
     assert len({len(t.turns) for t in ref}) > 1  # rows really end at different turns
     for a, b in zip(got, ref):
         assert a.completion_ids == b.completion_ids and a.gen_mask == b.gen_mask and a.query_mask == b.query_mask

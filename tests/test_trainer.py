@@ -426,7 +426,7 @@ class HFSamplerLLM:
         self.hf, self.tok, self.calls = HFBackend(model, tok), tok, 0
 
     def generate(self, prompts, params, use_tqdm=True):
-        from hindsearch.agent.backend import SamplingParams
+        from hindsearch.core.sampling import SamplingParams
 
         self.calls += 1
         outs = []
@@ -603,11 +603,11 @@ def test_a_step_with_nothing_to_distil_is_grpos_step(method, world, tok, tmp_pat
 
 
 def test_with_several_processes_the_lm_head_still_runs_on_every_micro_batch(world, tok, tmp_path, monkeypatch):
-    """The shortcut is for one process only: under ``sync.active()`` (emulated here, the collectives answered by
+    """The shortcut is for one process only: under ``lockstep.active()`` (emulated here, the collectives answered by
     this rank alone) every micro-batch applies the LM head even with nothing to distil (a sharded head's gather
     must pair up on every rank), and the gradient-share backwards are skipped when no rank has a position."""
     import hindsearch.train.trainer as trainer_mod
-    from hindsearch.hindsight import sync
+    from hindsearch.core import lockstep as sync
 
     monkeypatch.setattr(sync, "active", lambda: True)
     monkeypatch.setattr(sync, "any_rank", lambda flag: flag)

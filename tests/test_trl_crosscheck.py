@@ -45,7 +45,7 @@ def _logits(B: int, T: int, V: int, seed: int, scale: float = 3.0) -> torch.Tens
 
 
 def _teacher_topk(teacher_logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """What ``compute.score_continuations`` stores: the teacher's top-k ids and their full-vocabulary log-probs."""
+    """What ``core.scoring.score_continuations`` stores: the teacher's top-k ids and their full-vocabulary log-probs."""
     v, ids = teacher_logits.topk(k, dim=-1)
     return ids, v - torch.logsumexp(teacher_logits, dim=-1, keepdim=True)
 

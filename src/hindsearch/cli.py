@@ -234,24 +234,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"hindsearch {args.command}: error: {describe(e)}", file=sys.stderr)
         return 1
     if "torch.distributed" in sys.modules:  # under accelerate launch: a clean exit, not gloo's SIGABRT at teardown
-        from hindsearch.hindsight import sync
+        from hindsearch.core import lockstep
 
-        sync.close()
+        lockstep.close()
     return int(rc or 0)
 
 
 def entry() -> None:
     """The ``hindsearch`` console script (and ``python -m hindsearch.cli``): ``main``, then the exit. A rank of a
-    multi-process launch (``WORLD_SIZE`` > 1) whose command ended well leaves through ``sync.end_process`` (no
+    multi-process launch (``WORLD_SIZE`` > 1) whose command ended well leaves through ``lockstep.end_process`` (no
     interpreter finalisation, where gloo's threads can abort a finished rank); everything else exits normally.
     ``main`` itself only returns, so it stays callable from Python and tests."""
     import os
 
     rc = main()
     if rc == 0 and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from hindsearch.hindsight import sync
+        from hindsearch.core import lockstep
 
-        sync.end_process(rc)
+        lockstep.end_process(rc)
     sys.exit(rc)
 
 

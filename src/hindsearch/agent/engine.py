@@ -2,22 +2,21 @@
 
 ``RolloutEngine.rollout`` runs every trajectory of a batch until it ends, turn by turn:
 
-1. generation (a ``backend.Backend``): left-padded contexts ``prompt + completion so far``, KV cache, our own
-   sampling loop so the sampled ids, their log-probs and the seed are exact; each row stops by
-   ``compute.stop_reason``: EOS, else the first ``</search>`` / ``</answer>`` in its decoded tail, else its
-   token budget;
-2. each turn is parsed with ``protocol.parse_action`` (``end_turn``); searches go to the retriever in one
+1. generation (a ``backend.Backend``, one ``generate`` call for the whole rollout): our own sampling loop so
+   the sampled ids, their log-probs and the seed are exact; each row stops by ``core.sampling.stop_reason``:
+   EOS, else the first ``</search>`` / ``</answer>`` in its decoded tail, else its token budget;
+2. at each stop the backend calls the engine back (``_on_stop``) with the rows whose turns ended together: each
+   turn is parsed with ``protocol.parse_action`` (``end_turn``); their searches go to the retriever in one
    batched ``retrieve`` call (``serve``; bounded retries; a failure is recorded on the affected trajectories,
    which get an empty information block and go on);
 3. the observation (``protocol.information_block`` or ``protocol.INVALID_NOTICE``) is tokenized on its own
-   (no special tokens) and appended with ``gen_mask = 0``.
+   (no special tokens), appended with ``gen_mask = 0`` and queued for the row's next turn.
 
-Scheduling. With the HF backend (a cross-turn KV cache) the default is **per-row turn scheduling**
-(``agent/scheduler.py``): a row whose turn ends is served at once - its searches batched with those of the
-rows whose turns end at the same decode step - its observation is prefilled on its cached keys/values and it
-rejoins decoding at the next step, without waiting for the slowest row. ``per_row=False`` (and the vLLM
-backend) run **turn-synchronously**: all active rows generate a turn, then all of the turn's searches go in
-ONE batched call. Greedy trajectories are identical under both (tested).
+Scheduling. The HF backend is the model core's decode loop (``core.decode``): **per row**, a row whose turn
+ends is served at once (its searches batched with those of the rows whose turns end at the same decode step),
+its observation is prefilled on its saved keys/values and it rejoins decoding at the next step, without waiting
+for the slowest row. The vLLM backend is **turn-level**: all active rows generate a turn, then all of the
+turn's searches go in ONE batched call. A row's greedy trajectory does not depend on the schedule.
 
 Exactness: ``completion_ids`` are exactly the sampled ids plus the injected ids; generated
 ids are never decoded and re-encoded (decoding is only used to find stop strings, parse the
@@ -41,18 +40,16 @@ injected text: Search-R1's invalid notice itself contains ``<answer> and </answe
 
 Stop reasons: ``answer``, ``eos``, ``max_turns``, ``length``, ``error`` (prompt alone over budget).
 
-Cost: with the HF backend each trajectory's KV cache is kept across turns (``hf_backend.KVStore``): a turn
-feeds only the tokens not yet cached (the last sampled token plus the injected ids). The vLLM backend gets full
-contexts (vLLM's prefix caching does the same job there).
+Cost: with the HF backend each trajectory's keys/values are kept across turns: a turn feeds only the tokens
+not yet cached (the last sampled token plus the injected ids). The vLLM backend gets full contexts (vLLM's prefix
+caching does the same job there).
 
-Several processes (``hindsearch.hindsight.sync``): a backend with a ``lockstep()`` region (the HF backend) runs
-the whole rollout in it: every forward is announced, and a rank whose rollouts finish earlier runs pad-token
-forwards until every rank is done. A single process runs exactly as before.
+Several processes: the HF backend's decode loop is one lockstep region (``core.lockstep``) for the whole
+rollout; every rank calls ``generate`` once per rollout, with no row left included.
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -61,9 +58,8 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import Backend, GenOutput, SamplingParams
-from hindsearch.agent.hf_backend import KVStore
-from hindsearch.agent.scheduler import run_per_row
+from hindsearch.agent.backend import Backend
+from hindsearch.core.sampling import GREEDY, GenOutput, SamplingParams
 from hindsearch.records import Passage, QARecord, Trajectory, Turn
 from hindsearch.rewards import exact_match, f1_score
 
@@ -89,8 +85,6 @@ class RolloutEngine:
     retry setting of a run: the engine's retries nested around the client's cost up to 3 x 4 POSTs per batch.
     ``logits_hook``: optional ``hook(rows, new_ids, logits)`` applied before sampling, where
     ``rows`` are ``(trajectory index, turn index, question id)`` (HF backend only; tests use it to script output).
-    ``per_row``: per-row turn scheduling (``agent/scheduler.py``) with a backend that has a cross-turn KV cache
-    (the HF backend); False, or another backend: turn-synchronous (every row of a turn waits for the slowest).
     """
 
     def __init__(
@@ -104,12 +98,10 @@ class RolloutEngine:
         retries: int = 0,
         retry_wait_s: float = 0.2,
         logits_hook: Callable[[list[tuple[int, int, str]], list[list[int]], torch.Tensor], torch.Tensor] | None = None,
-        per_row: bool = True,
     ) -> None:
         self.model, self.tokenizer, self.retriever, self.cfg, self.topk = model, tokenizer, retriever, cfg, topk
         self.backend = backend if backend is not None else make_backend(cfg, model, tokenizer)
         self.retries, self.retry_wait_s, self.logits_hook = retries, retry_wait_s, logits_hook
-        self.per_row = per_row
         self.stats: dict[str, float] = {"retrieve_s": 0.0, "retrieve_calls": 0, "retrieve_failures": 0, "inject_s": 0.0}
 
     # ------------------------------------------------------------------ helpers
@@ -206,18 +198,12 @@ class RolloutEngine:
                     s.done, t.stop_reason = True, "error"
                     t.errors.append(f"prompt has {len(pids)} tokens, over max_total_tokens={self.cfg.max_total_tokens}")
                 states.append(s)
-        sampling = self.sampling(greedy)
-        kv = KVStore() if getattr(self.backend, "supports_kv_store", False) else None
-        # several processes: one lockstep region for all turns, so a rank whose rollouts end after fewer turns
-        # or decode steps runs pad-token forwards until every rank is done (HFBackend.lockstep)
-        lockstep = getattr(self.backend, "lockstep", None)  # a backend whose forwards run in this process
-        region = lockstep() if lockstep is not None else contextlib.nullcontext()
-        with region:
-            if not (self.per_row and kv is not None and run_per_row(self, states, sampling, gen, kv)):
-                while active := [s for s in states if not s.done]:
-                    self._turn(active, sampling, gen, kv)
-                    if kv is not None:
-                        kv.discard(s.index for s in active if s.done)
+        live = [s for s in states if not s.done]
+        budgets = [self.budget(s) for s in live]
+        # every rank calls generate once per rollout, even with no row left (the HF backend's lockstep region)
+        self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in live], budgets,
+                              self.sampling(greedy), protocol.STOP_STRINGS, gen, self.row_hook(live),
+                              lambda rows, outs: self._on_stop(live, budgets, rows, outs))
         for s in states:
             self._finish(s.traj)
         return [s.traj for s in states]
@@ -234,14 +220,21 @@ class RolloutEngine:
         return lambda rows, ids, lg: user_hook(  # noqa: E731
             [(states[i].index, len(states[i].traj.turns), states[i].traj.qid) for i in rows], ids, lg)
 
-    def _turn(self, active: list[_State], sampling: SamplingParams, gen: torch.Generator | None,
-              kv: KVStore | None = None) -> None:
-        """One turn-synchronous turn: every active row generates, then the turn's searches run in one batch."""
-        budgets = [self.budget(s) for s in active]
-        kw = {"kv_store": kv, "kv_keys": [s.index for s in active]} if kv is not None else {}
-        outs = self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in active], budgets,
-                                     sampling, protocol.STOP_STRINGS, gen, self.row_hook(active), **kw)
-        self.serve([s for s, o, budget in zip(active, outs, budgets) if self.end_turn(s, o, budget)])
+    def _on_stop(self, live: list[_State], budgets: list[int], rows: list[int],
+                 outs: list[GenOutput]) -> list[tuple[list[int], int] | None]:
+        """The turns of ``live[i]`` (``i`` in ``rows``) ended with ``outs``: record them (``end_turn``), run their
+        searches in one batch (``serve``); per row, its observation's ids and next budget, or None when done."""
+        ended = [live[i] for i in rows]
+        self.serve([s for s, i, o in zip(ended, rows, outs) if self.end_turn(s, o, budgets[i])])
+        nxt: list[tuple[list[int], int] | None] = []
+        for s, i in zip(ended, rows):
+            if s.done:
+                nxt.append(None)
+                continue
+            budgets[i] = self.budget(s)
+            a, b = s.turn.inject_span
+            nxt.append((s.traj.completion_ids[a:b], budgets[i]))
+        return nxt
 
     def end_turn(self, s: _State, o: GenOutput, budget: int) -> bool:
         """Record the turn ``o`` of ``s`` (generated under ``budget``): parse it, decide whether the trajectory
@@ -301,6 +294,13 @@ class RolloutEngine:
         t.reward = t.em
 
     # ------------------------------------------------------------------ IGSD helper
+    @property
+    def query_completer(self) -> Callable[[list[list[int]], int], list[tuple[list[int], str, bool]]] | None:
+        """The matched completer for IGSD: None when the backend decodes this engine's model in this process (the
+        HF backend; IGSD then decodes the policy itself with its shared-prefix cache, the same greedy decoding),
+        else ``complete_queries`` (vLLM)."""
+        return None if self.backend.in_process else self.complete_queries
+
     def complete_queries(self, prefix_ids_list: list[list[int]], max_query_tokens: int) -> list[tuple[list[int], str, bool]]:
         """Greedy, batched completion of partial search queries, stopping at ``</search>``.
 
@@ -308,8 +308,8 @@ class RolloutEngine:
         token). Returns per prefix ``(new ids, new text cut before </search>, closed)``, where
         ``closed`` tells whether ``</search>`` was generated within ``max_query_tokens``.
         """
-        outs = self.backend.generate(prefix_ids_list, [max_query_tokens] * len(prefix_ids_list),
-                                     SamplingParams(greedy=True), (protocol.SEARCH_CLOSE,))
+        outs = self.backend.generate(prefix_ids_list, [max_query_tokens] * len(prefix_ids_list), GREEDY,
+                                     (protocol.SEARCH_CLOSE,))
         res = []
         for o in outs:
             text = self.tokenizer.decode(o.ids, skip_special_tokens=False)

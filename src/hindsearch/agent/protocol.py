@@ -150,21 +150,6 @@ def information_block(passages: Sequence[Passage]) -> str:
 
 
 # ---------------------------------------------------------------- stop strings, query completion (IGSD)
-def cut_at_stop(text: str) -> tuple[str, str | None]:
-    """Cut generated text right after the first ``</search>`` or ``</answer>``.
-
-    Returns the kept text and the stop string found (None when neither occurs).
-    """
-    best: tuple[int, str] | None = None
-    for s in STOP_STRINGS:
-        i = text.find(s)
-        if i >= 0 and (best is None or i < best[0]):
-            best = (i, s)
-    if best is None:
-        return text, None
-    return text[: best[0] + len(best[1])], best[1]
-
-
 def search_close_ids(tokenizer: Any) -> list[int]:
     """Ids of ``</search>`` tokenized on its own (appended to a query completion that never closed)."""
     return list(tokenizer(SEARCH_CLOSE, add_special_tokens=False)["input_ids"])

@@ -8,6 +8,9 @@
 Each turn is one batch of requests on token-id prompts (the full context: prompt + completion so far;
 vLLM's prefix cache re-reads nothing it has seen) with the stop strings ``</search>`` / ``</answer>``
 kept in the output, ``logprobs = 0`` (the sampled token's log-prob only) and a per-row token budget.
+With ``on_stop`` (the rollout engine's callback) the backend is turn-level: every active row generates its
+turn, the callback sees all of them at once and queues observations, and the rows that go on generate the next
+turn from their whole new context.
 
 Exactness (the HF backend is the reference): the returned ids are vLLM's sampled ``token_ids``, never
 its text. vLLM stops on a stop string found in the *decoded* text, so the last token may carry
@@ -45,7 +48,8 @@ from typing import Any
 
 import torch
 
-from hindsearch.agent.backend import GenOutput, LogitsHook, SamplingParams, stop_token_ids
+from hindsearch.core.decode import OnStop
+from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, stop_token_ids
 
 SEED_HIGH = 2**31 - 1
 
@@ -127,6 +131,9 @@ def _check(ids: list[int], budget: int) -> None:
 class _VLLMBase:
     """The ``Backend.generate`` shared by both modes: checks, empty outputs, statistics; ``_rows`` fills ``outs``."""
 
+    in_process = False
+    """vLLM decodes its own copy of the weights (``RolloutEngine.query_completer``)."""
+
     def __init__(self) -> None:
         self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
 
@@ -138,9 +145,38 @@ class _VLLMBase:
         stop_strings: Sequence[str],
         generator: torch.Generator | None = None,
         logits_hook: LogitsHook | None = None,
+        on_stop: OnStop | None = None,
     ) -> list[GenOutput]:
+        """One turn for each context; with ``on_stop`` turn after turn, the callback called once per turn with
+        every row of it, until no row goes on (``backend.Backend``). The last turn of each row is returned."""
         if logits_hook is not None:
             raise ValueError("the vLLM backend does not support logits hooks (use the hf backend)")
+        outs = self._turn(contexts, max_new_tokens, sampling, stop_strings, generator)
+        if on_stop is None:
+            return outs
+        ctxs, budgets = [list(c) for c in contexts], list(max_new_tokens)
+        rows = [i for i, n in enumerate(budgets) if n > 0]
+        while rows:
+            nxt = on_stop(rows, [outs[i] for i in rows])
+            if len(nxt) != len(rows):
+                raise ValueError(f"on_stop returned {len(nxt)} entries for {len(rows)} stopped rows")
+            going = []
+            for i, q in zip(rows, nxt):
+                if q is not None:
+                    ctxs[i] += outs[i].ids + list(q[0])
+                    budgets[i] = int(q[1])
+                    going.append(i)
+            if not going:
+                break
+            got = self._turn([ctxs[i] for i in going], [budgets[i] for i in going], sampling, stop_strings, generator)
+            for i, o in zip(going, got):
+                outs[i] = o
+            rows = going
+        return outs
+
+    def _turn(self, contexts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
+              stop_strings: Sequence[str], generator: torch.Generator | None) -> list[GenOutput]:
+        """One turn for each context (rows with a zero budget stay empty); statistics."""
         t0 = time.perf_counter()
         outs = [GenOutput([], [], "length") for _ in contexts]
         if any(n > 0 for n in max_new_tokens):

@@ -5,9 +5,9 @@
   retrieved), the predicted answer and - iff ``sees_gold`` - the gold answers.
 - ``LMJudge``: a frozen causal LM writing critiques greedily, batched (left padding), at most
   ``critique_max_tokens`` new tokens, the chat template applied when the tokenizer has one; the
-  raw text is cut at the first blank line and to at most two sentences. It decodes with ``compute.decode``;
-  with several processes its forwards run in lockstep (``hindsearch.hindsight.sync``: the same number on
-  every rank), since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP.
+  raw text is cut at the first blank line and to at most two sentences. It decodes with the model core's
+  decode loop (``core.decode``: one call per step, so with several processes its forwards run in lockstep,
+  since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP).
 - ``OracleJudge``: a rule-based judge for the fictional world (it reads the question's recorded
   evidence titles and, for two-hop questions, the bridge entity). It measures the distillation
   mechanism apart from judge quality and is labelled ``judge_kind = oracle`` wherever it is used.
@@ -26,9 +26,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hindsearch import compute
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import SamplingParams, stop_token_ids
+from hindsearch.core.decode import decode
+from hindsearch.core.sampling import GREEDY, Stop, repetition_penalty, stop_token_ids
 from hindsearch.records import Trajectory, bare_title, title_key
 
 PLACEHOLDER = "[ANSWER]"
@@ -186,20 +186,9 @@ class LMJudge:
         self.seconds = 0.0
 
     def critique(self, trajs: Sequence[Trajectory]) -> list[Critique]:
-        """One ``Critique`` per trajectory; a generation failure yields ``error`` critiques (counted)."""
+        """One ``Critique`` per trajectory (decoded ``batch_size`` at a time); a generation failure yields
+        ``error`` critiques (counted)."""
         t0 = time.perf_counter()
-        out: list[Critique] = []
-        # multi-process: every rank runs as many forwards as the busiest one (hindsight.sync)
-        with compute.lockstep(self.model, self._pad()):
-            for s in range(0, len(trajs), self.batch_size):
-                out.extend(self._batch(trajs[s : s + self.batch_size]))
-        self.seconds += time.perf_counter() - t0
-        return out
-
-    def _pad(self) -> int:
-        return compute.pad_id(self.tokenizer, self.model)
-
-    def _batch(self, trajs: Sequence[Trajectory]) -> list[Critique]:
         cfg, tok = self.cfg, self.tokenizer
         prompts, steps = [], []
         for tr in trajs:
@@ -210,23 +199,24 @@ class LMJudge:
             texts = self._generate(prompts)
         except Exception as e:  # the judge failing must not stop training: no distillation for these rollouts
             self.errors += len(trajs)
+            self.seconds += time.perf_counter() - t0
             return [Critique(text="", error=f"{type(e).__name__}: {e}", prompt_tokens=len(p)) for p in prompts]
         res = []
         for tr, p, st, raw in zip(trajs, prompts, steps, texts):
             c = finish(raw, tr.golden_answers, cfg.judge_template, cfg.redact_gold_in_critique)
             c.prompt_tokens, c.truncation = len(p), st
             res.append(c)
+        self.seconds += time.perf_counter() - t0
         return res
 
     def _generate(self, prompts: list[list[int]]) -> list[str]:
-        """Greedy critiques (``compute.decode``; EOS ids of the tokenizer and the generation config, the generation
-        config's ``repetition_penalty`` if any), special tokens dropped from the text."""
+        """Greedy critiques (``core.decode``, ``batch_size`` rows at a time; EOS ids of the tokenizer and the
+        generation config, the generation config's ``repetition_penalty`` if any), special tokens dropped."""
         tok, model = self.tokenizer, self.model
-        stop = compute.Stop(tok, stop_token_ids(tok, model))
         penalty = getattr(getattr(model, "generation_config", None), "repetition_penalty", None)
-        outs = compute.decode(model, prompts, stop, SamplingParams(greedy=True),
-                              [self.cfg.critique_max_tokens] * len(prompts), pad=self._pad(),
-                              logits_hook=compute.repetition_penalty(prompts, penalty))
+        outs = decode(model, prompts, Stop(tok, stop_token_ids(tok, model)), GREEDY,
+                      [self.cfg.critique_max_tokens] * len(prompts), logits_hook=repetition_penalty(prompts, penalty),
+                      max_rows=self.batch_size)
         return [tok.decode(o.ids, skip_special_tokens=True) for o in outs]
 
 

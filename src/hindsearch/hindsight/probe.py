@@ -46,7 +46,8 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, continuation_logprobs
+from hindsearch.core.scoring import score_continuations
+from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE
 from hindsearch.records import QARecord, Trajectory, title_key
 
 HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
@@ -121,7 +122,7 @@ def state_stats(engine: Any, tokenizer: Any, student_prompts: Sequence[list[int]
             states.append(list(sp) + list(pre) + list(c.completion_ids[: first.inject_span[1]]) + ctx)
             ans.append(gold)
     if states:
-        lp, _, _ = continuation_logprobs(engine.model, states, ans)
+        lp, _, _ = score_continuations(engine.model, states, ans)
         for j, a in enumerate(ans):
             us.append(float(lp[j, : len(a)].mean()))
     return {"n": float(len(conts)), "search_again": _mean(searched), "hit_missed": _mean(hits),
@@ -135,9 +136,9 @@ def token_gaps(model: Any, tokenizer: Any, failed: Sequence[Trajectory], hints: 
     if not rows:
         return {}
     comps = [list(failed[i].completion_ids) for i in rows]
-    lT = continuation_logprobs(model, [protocol.encode_prompt(tokenizer, failed[i].question, hints[i]) for i in rows], comps)[0]
-    lN = continuation_logprobs(model, [protocol.encode_prompt(tokenizer, failed[i].question, neutral[i]) for i in rows], comps)[0]
-    lS = continuation_logprobs(model, [student_prompts[i] for i in rows], comps)[0]
+    lT = score_continuations(model, [protocol.encode_prompt(tokenizer, failed[i].question, hints[i]) for i in rows], comps)[0]
+    lN = score_continuations(model, [protocol.encode_prompt(tokenizer, failed[i].question, neutral[i]) for i in rows], comps)[0]
+    lS = score_continuations(model, [student_prompts[i] for i in rows], comps)[0]
     out: dict[str, float] = {}
     for name, get in (("query", lambda t: t.query_mask), ("action", lambda t: protocol.action_mask(t, tokenizer))):
         ts, tn = [], []

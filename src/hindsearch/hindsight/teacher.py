@@ -3,7 +3,7 @@
 The teacher sees the student's question with a hindsight line added to the user message
 (``protocol.FEEDBACK_TEMPLATE`` with a critique for HindSearch, ``protocol.GOLD_HINDSIGHT_TEMPLATE``
 with the first gold answer for IGSD), the chat template applied, followed by **exactly** the
-student's completion ids. ``continuation_logprobs`` (``hindsearch.compute.score_continuations``) scores any
+student's completion ids. ``score_continuations`` (``hindsearch.core.scoring``) scores any
 batch of (prefix, continuation) id lists in padded forwards; row ``i``'s scores equal those of an unpadded
 forward of ``prefix_i + continuation_i`` (tested). ``out[i, t]`` is the log-prob of ``continuation_i[t]``
 given ``prefix_i + continuation_i[:t]``.
@@ -16,9 +16,9 @@ from typing import Any
 
 from torch import Tensor
 
-from hindsearch import compute
 from hindsearch.agent import protocol
 from hindsearch.config.fields import DISTILL_ON
+from hindsearch.core.scoring import score_continuations
 
 TEACHERS = ("frozen", "live", "ema")
 
@@ -101,10 +101,6 @@ def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[i
     return [int(w > 0) for w in distill_weights(traj, tokenizer, distill_on)]
 
 
-continuation_logprobs = compute.score_continuations
-"""Teacher-forced log-probs of continuations after prefixes (``hindsearch.compute.score_continuations``)."""
-
-
 def teacher_token_logprobs(
     model: Any,
     teacher_prompt_ids_list: Sequence[Sequence[int]],
@@ -117,4 +113,4 @@ def teacher_token_logprobs(
     Row ``i``, column ``t`` scores ``completion_ids_list[i][t]`` after ``teacher_prompt_ids_list[i] +
     completion[:t]`` — the same token the student's row has at ``t``, whatever the prompt lengths.
     """
-    return continuation_logprobs(model, teacher_prompt_ids_list, completion_ids_list, topk, batch_size)
+    return score_continuations(model, teacher_prompt_ids_list, completion_ids_list, topk, batch_size)

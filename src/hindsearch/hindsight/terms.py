@@ -11,9 +11,8 @@
 - ``make_terms(cfg, judge=None)``: the terms of ``cfg.method``; a judge on ``hindsearch.judge_model`` is built by
   the caller (``load_judge_model``), so a term never loads a checkpoint.
 
-With several processes (``hindsearch.hindsight.sync``) every rank goes through the judge and teacher
-calls of ``prepare`` even with nothing to judge, so that ranks run the same number of forwards through
-sharded models; a single process returns early exactly as before.
+Every rank goes through the judge and teacher calls of ``prepare``, even with nothing to judge: each is a call
+of the model core, which keeps several processes in lockstep (``core.lockstep``) and costs nothing without rows.
 
 Both return the *unweighted* loss; the trainer adds ``term.lam * loss``. A term with nothing to
 distil returns an exact 0 that is still attached to the logits' graph.
@@ -28,7 +27,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.hindsight import losses, sync
+from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd import run_igsd
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
 from hindsearch.hindsight.teacher import (
@@ -190,17 +189,12 @@ class HindSearchTerm:
         if c.critique_source == "shuffled":
             met["shuffle_missing"] = 0.0
         samples: list[dict[str, Any]] = [{} for _ in trajectories]
-        synced = sync.active()  # several processes: every rank reaches the judge and teacher regions, even idle
-        if not elig and not synced:
-            return AuxBatch(tens, met, samples)
         crits = _critique(judge, trajectories, elig, met, samples)
         use = [i for i, cr in zip(elig, crits) if cr.usable]
         texts = {i: cr.text for i, cr in zip(elig, crits)}
         if c.critique_source == "shuffled":
             use, texts = self._shuffle(trajectories, use, texts, ctx.step, met, samples)
         met["critiques"] = float(len(use))
-        if not use and not synced:
-            return AuxBatch(tens, met, samples)
         t0 = time.perf_counter()
         teacher = select_teacher(c.teacher, ctx)
         prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, texts[i]) for i in use]
@@ -286,7 +280,7 @@ class IGSDTerm:
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
         eng = ctx.rollout_engine
-        complete = getattr(eng, "complete_queries", None)
+        complete = getattr(eng, "query_completer", None)
         topk = getattr(eng, "topk", None) or (ctx.config.retrieval.topk if ctx.config is not None else 3)
         tens, met, samples = run_igsd(
             trajectories, completion_len, policy=ctx.policy, teacher=select_teacher(self.cfg.teacher, ctx),

@@ -28,7 +28,7 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    is installed only when there are terms, so plain GRPO pays nothing; in a single process a micro-batch in
    which no term has a position (no eligible rollout, nothing verified) runs exactly GRPO's forward and
    backward too (no hook, no LM head, no gradient share; the terms log their exact zeros). With several
-   processes every rank still applies the LM head once per ``compute_loss`` (``hindsearch.hindsight.sync``).
+   processes every rank still applies the LM head once per ``compute_loss`` (``hindsearch.core.lockstep``).
    ``<term>/grad_share`` is computed only when GRPO has a gradient and some term a position (else skipped,
    or 0 without the two backwards).
 5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
@@ -311,13 +311,13 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             handle.remove()
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        from hindsearch.hindsight import sync
+        from hindsearch.core import lockstep
 
         if not self.terms:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
         else:
             need = self._needed_positions(inputs)
-            if not sync.active() and not bool(need.any()):
+            if not lockstep.active() and not bool(need.any()):
                 # nothing to distil in this micro-batch, one process: exactly GRPO's forward and backward (no hidden
                 # capture, no LM head, no gradient share); the terms' metrics are their exact zeros, as before
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
@@ -344,7 +344,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
                          num_items_in_batch: Any) -> torch.Tensor:
         """TRL's loss plus ``sum_k lam_k L_k`` from the hidden states of TRL's own forward, the terms' metrics and,
         on a gradient-share step, ``<term>/grad_share``."""
-        from hindsearch.hindsight import sync
+        from hindsearch.core import lockstep
 
         with self._capture_hidden(model) as captured:
             loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
@@ -360,7 +360,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
             loss = loss + term.lam * term_loss * w
             weighted.append((term.name, term.lam * term_loss * w))
         if self._grad_share_step() and self._grpo_has_gradient(inputs):
-            if sync.any_rank(bool(need.any())):
+            if lockstep.any_rank(bool(need.any())):
                 metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
             else:  # no term has a position on any process: every share is 0 (not two backwards to find it)
                 metrics.update(self._zero_shares())
@@ -400,13 +400,13 @@ class HindsearchGRPOTrainer(GRPOTrainer):
     def _grpo_has_gradient(self, inputs: dict[str, Any]) -> bool:
         """False when GRPO's loss has no gradient on any process: ``train.grpo_scale = 0``, or every advantage 0
         (groups of equal rewards) without a KL term. ``<term>/grad_share`` is then skipped, not computed and
-        thrown away (two extra backwards through the LM head). Decided over all processes (``sync.any_rank``),
+        thrown away (two extra backwards through the LM head). Decided over all processes (``lockstep.any_rank``),
         so that ranks run the same backwards."""
-        from hindsearch.hindsight import sync
+        from hindsearch.core import lockstep
 
         adv = inputs.get("advantages")
         mine = self.grpo_scale != 0.0 and (self.beta != 0.0 or adv is None or bool((adv != 0).any()))
-        return sync.any_rank(mine)
+        return lockstep.any_rank(mine)
 
     def _micro_batch_weight(self, term: Any, inputs: dict[str, Any], C: int) -> float:
         """This micro-batch's share of the term's units over the optimizer step (``losses.micro_batch_weight``);

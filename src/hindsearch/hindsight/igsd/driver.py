@@ -10,7 +10,6 @@ from typing import Any
 
 import torch
 
-from hindsearch.hindsight import sync
 from hindsearch.hindsight.igsd.types import (METRIC_KEYS, CompleteFn, Pair)
 from hindsearch.hindsight.igsd.propose import propose_pairs
 from hindsearch.hindsight.igsd.stages import verify_pairs
@@ -37,11 +36,11 @@ def run_igsd(
 
     Tensors (``B = len(trajs)``, ``T = completion_len``): ``igsd_mask [B, T]`` (1 at verified
     positions), ``igsd_gate [B, T]``, ``igsd_a``/``igsd_b [B, T]`` (long), ``igsd_pT [B, T, 2]``
-    (teacher pair distribution over ``(b, a)``). ``complete`` defaults to ``greedy_complete`` with
-    ``policy``; random controls come from ``control_sampler``. ``prefix_cache`` (default) reads each
-    rollout's shared prefix from one KV cache in completion and scoring (same numbers, much cheaper);
-    a ``complete`` that is a rollout engine's HF decoding of ``policy`` is then replaced by the cached
-    greedy decoder (the same greedy decoding of the same model).
+    (teacher pair distribution over ``(b, a)``). ``complete``: the matched completer (a rollout engine's
+    ``complete_queries`` whose backend does not decode ``policy`` in this process, e.g. vLLM); None decodes
+    ``policy`` here (``cached_greedy_complete`` with ``prefix_cache``, else ``greedy_complete``). Random controls
+    come from ``control_sampler``. ``prefix_cache`` (default) reads each rollout's shared prefix from one KV cache
+    in completion and scoring (same numbers, much cheaper).
     """
     rng = rng or random.Random(0)
     B, T = len(trajs), completion_len
@@ -56,10 +55,6 @@ def run_igsd(
     pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size)
     m["positions_selected"] = float(len(pairs))
     m["time_proposal"] = time.perf_counter() - t0
-    if not pairs and not sync.active():  # several processes: every rank goes through verification's forwards
-        return tens, m, samples
-    if prefix_cache and _is_hf_engine_of(complete, policy):
-        complete = None
     controls = verify_pairs(pairs, trajs, policy=policy, tokenizer=tokenizer, retriever=retriever, cfg=cfg, topk=topk,
                             complete=complete, corpus=corpus, rng=rng, m=m, batch_size=batch_size, prefix_cache=prefix_cache)
     done = [(p, c) for p, c in zip(pairs, controls) if p.verified]
@@ -92,14 +87,6 @@ def gate_precision_counts(done: Sequence[Pair], trajs: Sequence[Trajectory], m: 
         side = "pos" if p.delta > 0 else "nonpos"
         m[f"delta_{side}_pairs"] += 1.0
         m[f"delta_{side}_teacher_hits"] += hit
-
-
-
-def _is_hf_engine_of(complete: Any, policy: Any) -> bool:
-    """Whether ``complete`` is ``RolloutEngine.complete_queries`` of an engine whose backend decodes ``policy`` itself,
-    in this process (its ``model`` is ``policy``: the HF backend; a vLLM backend holds an engine, not the model)."""
-    backend = getattr(getattr(complete, "__self__", None), "backend", None)
-    return policy is not None and getattr(backend, "model", None) is policy
 
 
 

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
-from hindsearch.hindsight import losses, sync
+from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd.types import (Pair)
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs, through_last_query
 from hindsearch.records import Trajectory
@@ -74,8 +74,6 @@ def propose_pairs(
     failed = [i for i, tr in enumerate(trajs) if tr.failed]
     rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers]
     m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
-    if not rows and not sync.active():  # several processes: an idle rank still joins the teacher's forwards
-        return []
     prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
     comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
     lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)

@@ -11,10 +11,10 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.hindsight import losses, sync
-from hindsearch.hindsight.igsd.decode import cached_greedy_complete, cached_utilities, greedy_complete
+from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
+from hindsearch.hindsight import losses
+from hindsearch.hindsight.igsd.decode import cached_greedy_complete, greedy_complete
 from hindsearch.hindsight.igsd.types import (SIDES, CompleteFn, Completion, Metrics, Pair, Scored, Side)
-from hindsearch.hindsight.teacher import continuation_logprobs
 from hindsearch.records import Passage, Trajectory
 
 
@@ -105,8 +105,8 @@ def complete_stage(
         outs = cached_greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens, groups, batch_size)
     elif complete is None:
         outs = greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens)
-    else:  # several processes: every rank calls the engine (its HF backend runs in lockstep), even with nothing
-        outs = complete(prefixes, cfg.max_query_tokens) if prefixes or sync.active() else []
+    else:
+        outs = complete(prefixes, cfg.max_query_tokens)
     m: Metrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
     close = protocol.search_close_ids(tokenizer)
     res: list[dict[Side, Completion]] = [{} for _ in pairs]
@@ -152,7 +152,7 @@ def score_stage(
 ) -> tuple[list[Scored | None], list[list[list[Passage]]], Metrics]:
     """``u(D)`` of each side's documents and of ``n_controls`` shared control sets, in one batched pass
     (identical sequences scored once) → ``(scores, controls, metrics)``; ``None`` / ``[]`` for a pair whose
-    retrieval failed. ``prefix_cache`` scores with ``cached_utilities``, else full-sequence forwards (same numbers)."""
+    retrieval failed. ``prefix_cache`` scores with ``core.scoring.shared_prefix_utilities``, else full-sequence forwards (same numbers)."""
     t0 = time.perf_counter()
     m: Metrics = {"answers_cut": 0.0}
     draw = control_sampler(retriever, corpus, [d for g in got for ds in g.values() if ds for d in ds], rng)
@@ -205,13 +205,10 @@ def score_stage(
 
 def _utilities(policy: Any, states: list[list[int]], ctxs: list[list[int]], conts: list[list[int]],
                groups: list[tuple[int, int]], batch_size: int, prefix_cache: bool) -> list[float]:
-    """``u`` of every scored sequence (mean answer-token log-prob); several processes: an idle rank still
-    joins the policy's forwards."""
-    if not conts and not sync.active():
-        return []
+    """``u`` of every scored sequence (mean answer-token log-prob)."""
     if prefix_cache:
-        return cached_utilities(policy, states, ctxs, conts, groups, batch_size).tolist()
-    lp, _, _ = continuation_logprobs(policy, [s + c for s, c in zip(states, ctxs)], conts, 0, batch_size)
+        return shared_prefix_utilities(policy, states, ctxs, conts, groups, batch_size).tolist()
+    lp, _, _ = score_continuations(policy, [s + c for s, c in zip(states, ctxs)], conts, 0, batch_size)
     lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
     return (lp.sum(-1) / lens).tolist()
 

@@ -25,14 +25,16 @@ nest regions of the same model). Nothing here does anything unless ``torch.distr
 initialised with more than one process (``active()``): a single process runs exactly the code and
 the forwards it ran before (no collective, no dummy forward, same results bit for bit).
 
-The regions of the hindsight path (``hindsearch.hindsight``, ``hindsearch.agent.engine``), per step:
+Who opens the regions: the model core does, and nobody else. Every decode (``core.decode``) and every scoring
+call (``core.scoring``) is one region around all its forwards (every rank calls it at the same point, with its own
+rows, none included), so no caller needs to know about the lockstep. The regions of one training step:
 
 ==============================  ======================================  =====================================
 region                          model                                   sharded under ZeRO-3 / FSDP?
 ==============================  ======================================  =====================================
 policy rollout (HF backend)     the policy (TRL's unwrapped model)      yes under FSDP, and under ZeRO-3 with
                                                                         ``ds3_gather_for_generation = False``
-LM judge critiques (generate)   ``frozen`` (default) or judge_model     see below
+LM judge critiques (decode)     ``frozen`` (default) or judge_model     see below
 teacher log-probs (HindSearch,  ``frozen`` / ``live`` (policy) / ``ema``  see below
 neutral control, IGSD propose)
 IGSD matched completion         the policy                              yes
@@ -123,7 +125,7 @@ def lockstep(dummy: Callable[[], Any]) -> Iterator[None]:
 
 
 def forward(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run ``fn(*args, **kwargs)`` (one forward, or one ``generate`` with ``synced_gpus``), announced to the
+    """Run ``fn(*args, **kwargs)`` (one forward), announced to the
     other ranks when a region is open; exactly ``fn(*args, **kwargs)`` otherwise."""
     if _region is not None:
         any_rank(True)
@@ -173,12 +175,6 @@ def end_process(rc: int) -> NoReturn:
     os._exit(rc)
 
 
-def generate_kwargs() -> dict[str, Any]:
-    """Extra ``generate`` kwargs: ``synced_gpus=True`` when synced (the decode loop runs until every rank is
-    done, whatever transformers detects about sharding), nothing in a single process."""
-    return {"synced_gpus": True} if active() else {}
-
-
 def pad_forward(model: Any, pad_id: int) -> Callable[[], None]:
     """A region's dummy: one no-grad forward of a single pad token through ``model`` (only the last logit kept)."""
 
@@ -191,19 +187,5 @@ def pad_forward(model: Any, pad_id: int) -> Callable[[], None]:
                 model(**kw, logits_to_keep=1)
             except TypeError:  # architectures without logits_to_keep
                 model(**kw)
-
-    return run
-
-
-def pad_generate(model: Any, pad_id: int) -> Callable[[], None]:
-    """A region's dummy for ``generate`` calls: a one-token greedy ``generate`` of a pad token with
-    ``synced_gpus`` (it keeps forwarding until the rank that announced its generate is done)."""
-
-    def run() -> None:
-        dev = next(model.parameters()).device
-        ids = torch.full((1, 1), int(pad_id), dtype=torch.long, device=dev)
-        with torch.no_grad():
-            model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=1, do_sample=False,
-                           pad_token_id=int(pad_id), **generate_kwargs())
 
     return run

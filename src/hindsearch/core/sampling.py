@@ -1,0 +1,125 @@
+"""Sampling and the stop rule of the decode loop: what picks the next id of a row and what ends the row.
+
+- ``SamplingParams``: greedy, or temperature + top-p (``top_p_filter``); ``sample_tokens`` picks one id per row.
+  Log-probs: ``log softmax(logits / T)`` of the picked id (T = 1 when greedy), before top-p filtering, i.e. what a
+  trainer recomputes from the same logits.
+- ``GenOutput``: what a row generated (ids, their log-probs, why it stopped).
+- THE stop rule (``stop_reason``), checked in this order after each new id: an EOS id -> ``eos``; a stop string in
+  the decoded text of the row's last ``STOP_WINDOW`` ids, counting the context's last id as the first of them (so
+  a stop string that starts in the context's last token counts) -> ``stop``; the row's budget -> ``length``.
+- ``stop_token_ids``: the EOS ids of a tokenizer and a model's generation config.
+- ``repetition_penalty``: transformers' repetition penalty as a logits hook.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+LogitsHook = Callable[[list[int], list[list[int]], Tensor], Tensor]
+"""``hook(rows, new_ids, logits[B, V]) -> logits``: ``rows[j]`` is the caller's index of batch row ``j`` and
+``new_ids[j]`` what that row generated so far in its current segment."""
+
+STOP_WINDOW = 16
+"""Ids decoded when looking for a stop string (the context's last id and the newest ids); a stop string of n
+characters spans at most n ids, and ours (``</search>``, ``</answer>``) have 9."""
+
+
+@dataclass
+class SamplingParams:
+    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    greedy: bool = False
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+GREEDY = SamplingParams(greedy=True)
+
+
+@dataclass
+class GenOutput:
+    """One segment a row generated: new ids, their sampling log-probs, why it stopped."""
+
+    ids: list[int]
+    logprobs: list[float]
+    finish: str  # "stop" (stop string), "eos", "length"
+
+
+def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
+    """Mask (to -inf) tokens outside the nucleus of mass ``top_p``. logits: [B, V] -> [B, V]."""
+    if top_p >= 1.0:
+        return logits
+    sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    remove = probs.cumsum(-1) - probs > top_p  # keep the token that crosses top_p
+    sorted_logits = sorted_logits.masked_fill(remove, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
+
+
+def sample_tokens(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+    """Pick next tokens and their log-probs. logits: [B, V] float -> (tokens [B], logprobs [B])."""
+    if sampling.is_greedy:
+        logp = logits.log_softmax(-1)
+        tok = logits.argmax(-1)
+    else:
+        scaled = logits / sampling.temperature
+        logp = scaled.log_softmax(-1)
+        probs = top_p_filter(scaled, sampling.top_p).softmax(-1)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
+    """EOS ids that end a row: the tokenizer's EOS and the model's ``generation_config.eos_token_id``(s)."""
+    ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
+    gc = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    ids |= set(gc if isinstance(gc, list) else [gc] if gc is not None else [])
+    return ids
+
+
+@dataclass
+class Stop:
+    """When a decoded row stops: an id in ``eos_ids``, a string of ``strings`` in its decoded tail, its budget."""
+
+    tokenizer: Any
+    eos_ids: set[int]
+    strings: Sequence[str] = ()
+
+
+def stop_reason(stop: Stop, lead: Sequence[int], ids: Sequence[int], budget: int) -> str | None:
+    """THE stop rule (module docstring) for a row with new ``ids`` after a context ending in ``lead`` (its last
+    id, or nothing): ``eos`` / ``stop`` / ``length``, or None to go on."""
+    if ids and ids[-1] in stop.eos_ids:
+        return "eos"
+    if stop.strings:
+        tail = (list(lead[-1:]) + list(ids))[-STOP_WINDOW:]
+        text = stop.tokenizer.decode(tail, skip_special_tokens=False)
+        if any(s in text for s in stop.strings):
+            return "stop"
+    return "length" if len(ids) >= budget else None
+
+
+def repetition_penalty(contexts: Sequence[Sequence[int]], penalty: float | None) -> LogitsHook | None:
+    """transformers' repetition penalty as a logits hook (None when ``penalty`` is 1 or unset): the logit of
+    every id already in the row (its context and new ids; never the padding) is divided by ``penalty``
+    (multiplied when negative). ``logits [B, V]`` -> ``[B, V]``; ``rows`` index ``contexts``."""
+    if not penalty or penalty == 1.0:
+        return None
+
+    def hook(rows: list[int], new_ids: list[list[int]], logits: Tensor) -> Tensor:
+        for j, i in enumerate(rows):
+            seen = torch.tensor(sorted(set(contexts[i]) | set(new_ids[j])), dtype=torch.long, device=logits.device)
+            v = logits[j, seen]
+            logits[j, seen] = torch.where(v < 0, v * penalty, v / penalty)
+        return logits
+
+    return hook
