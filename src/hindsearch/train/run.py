@@ -515,14 +515,12 @@ class _Job:
         return model
 
     def _train(self, model: Any, ckpt: Path | None) -> Any:
-        from hindsearch.fsutil import atomic_checkpoints
         from hindsearch.memory import release_memory_callback
         from hindsearch.train.aux_loss import NonFiniteLoss
 
         cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
-        atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
         from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log
