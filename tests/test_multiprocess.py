@@ -385,7 +385,7 @@ def _kill(pid: int, killpg: bool = False, only_if: str | None = None) -> None:
 def prepare(d: Path) -> None:
     """The world's BM25 index and a tiny random model + tokenizer saved once for both ranks."""
     from hindsearch.data.world import generate_world
-    from hindsearch.models.micro import train_tokenizer
+    from recipes.micro.build import train_tokenizer
     from hindsearch.models import tiny_random_model
     from hindsearch.retrieval.factory import build_index
 

@@ -344,9 +344,6 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
     set_threads(threads or cfg.train.threads, log)
-    from hindsearch.models import resolve_model
-
-    resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
     if resume is None:
         run_dir = expand_out(cfg.out)
     good, torn = complete_checkpoints(run_dir / "checkpoints") if run_dir.is_dir() else ([], [])
