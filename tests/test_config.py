@@ -33,23 +33,20 @@ def no_models(monkeypatch):
 
 def test_presets_exist_and_load():
     names = {p.stem for p in PRESETS}
-    for want in ("tiny-cpu", "tiny-cpu-hindsearch", "tiny-cpu-igsd", "qwen2.5-3b-instruct-grpo", "qwen2.5-7b-instruct-grpo",
-                 "qwen2.5-3b-instruct-hindsearch", "qwen2.5-3b-instruct-hindsearch-nogold", "qwen2.5-3b-instruct-igsd",
-                 "qwen2.5-7b-instruct-igsd"):
-        assert want in names
+    assert names == {"tiny-cpu", "qwen2.5-3b-instruct", "qwen2.5-7b-instruct", "qwen2.5-3b-instruct-hindsearch-nogold"}
     for p in PRESETS:
         cfg = Config.load(p)
         assert cfg.rollout.num_generations >= 2
     assert Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml").hindsearch.judge_sees_gold is False
-    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")
+    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct.toml")
     assert (paper.rollout.num_generations, paper.train.lr, paper.train.kl_coef, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
     assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
     assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
 
 
-# What the paper presets held before they were one base per model size (the values that differ from the defaults),
-# and the tiny CPU presets before they were one: every old preset must resolve to the same config from its new base
-# and --method (or overlay).
+# What the paper presets held before they were one base per model size (the values that differ from the defaults;
+# six files, of which only the no-gold overlay remains), and the tiny CPU presets before tiny-cpu-hindsearch.toml and
+# tiny-cpu-igsd.toml went: every old preset resolves to the same config from its base and --method (or overlay).
 PAPER_3B = {
     "model.name": "Qwen/Qwen2.5-3B-Instruct", "model.dtype": "bfloat16", "model.device": "cuda",
     "model.attn_implementation": "flash_attention_2", "data.train": "FILL_ME/nq_hotpotqa_train/train.parquet",
@@ -103,7 +100,7 @@ def _non_default(cfg: Config) -> dict:
 @pytest.mark.parametrize("old", sorted(OLD_PRESETS))
 def test_every_old_preset_resolves_to_the_same_config(old):
     """``hindsearch train --config NEW [--method M]`` (the CLI adds ``method="M"``) gives the config the old preset
-    file held, field for field; where the old file is still there, it is checked against the same values."""
+    file held, field for field (the old files were checked against these values before they were removed)."""
     new, method, held = OLD_PRESETS[old]
     cfg = Config.load(find_config(new), [f'method="{method}"'] if method else [])
     got = _non_default(cfg)
@@ -112,8 +109,6 @@ def test_every_old_preset_resolves_to_the_same_config(old):
     assert {k: v for k, v in got.items() if k not in drop} == {k: v for k, v in held.items() if k not in drop}
     if old == "tiny-cpu-hindsearch":  # the README's HindSearch command passes --out
         assert cfg.out == "runs/tiny-cpu" and cfg.method == "hindsearch"
-    if (CONFIGS / f"{old}.toml").exists():
-        assert _non_default(Config.load(CONFIGS / f"{old}.toml")) == held
 
 
 def test_overlay_presets_and_the_method_in_out(tmp_path):
@@ -145,7 +140,7 @@ def test_overlay_presets_and_the_method_in_out(tmp_path):
 def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not the repo: found relative to the package checkout
     assert find_config(None).name == "tiny-cpu.toml"
-    assert find_config("tiny-cpu-igsd").name == "tiny-cpu-igsd.toml"
+    assert find_config("qwen2.5-7b-instruct").name == "qwen2.5-7b-instruct.toml"
     with pytest.raises(FileNotFoundError, match="presets: .*tiny-cpu"):
         find_config("no-such-preset")
 
@@ -178,7 +173,7 @@ def test_bad_values_fail_before_any_model_loads(override, needle, no_models, cap
 
 
 def test_missing_files_are_named_before_any_model_loads(no_models, capsys):
-    rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")])
+    rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct.toml")])
     assert rc == 1
     assert "data.train = 'FILL_ME/nq_hotpotqa_train/train.parquet': file not found" in capsys.readouterr().err
     cfg = Config.load(CONFIGS / "tiny-cpu.toml", ['retrieval.index_dir="/nonexistent/index"'])
