@@ -45,12 +45,19 @@ def peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def completion_logits(hidden: "torch.Tensor", lm_head: "torch.nn.Module", completion_len: int) -> "torch.Tensor":
+    """Logits predicting the completion tokens from the backbone's last hidden state at every position (what the
+    trainer avoids: ``selected_logits``). ``hidden`` [B, P + C, H] -> [B, C, V], ``out[:, t]`` predicting
+    ``completion_ids[:, t]``."""
+    return lm_head(hidden[:, -completion_len - 1 : -1, :])
+
+
 def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
     import torch
 
     from hindsearch.hindsight.terms import at, scatter
     from hindsearch.hindsight import losses
-    from hindsearch.train.aux_loss import completion_logits, selected_logits
+    from hindsearch.train.aux_loss import selected_logits
 
     torch.manual_seed(0)
     torch.set_num_threads(1)

@@ -19,6 +19,20 @@ def distill(name: str, mask: torch.Tensor, lS: torch.Tensor | None = None, lT: t
     return L.agg(L.divergence(name).fn(x), mask)
 
 
+def loss_from_full_logits(term, logits: torch.Tensor, completion_ids: torch.Tensor, inputs: dict) -> tuple:
+    """``term.loss`` from full logits ``[B, T, V]``: the term's own positions selected first, as the trainer selects
+    them from its hidden states (``aux_loss.selected_logits``)."""
+    idx = term.positions(inputs, completion_ids.shape[1]).to(logits.device).nonzero()
+    return term.loss(logits[idx[:, 0], idx[:, 1]], idx, completion_ids, inputs)
+
+
+def distill_mask(traj, tokenizer, distill_on: str = "query") -> list[int]:
+    """The tokens a hindsight term distils (0/1): ``teacher.distill_weights > 0``."""
+    from hindsearch.hindsight.teacher import distill_weights
+
+    return [int(w > 0) for w in distill_weights(traj, tokenizer, distill_on)]
+
+
 def test_agg_modes_and_empty_mask():
     loss = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, float("nan")]])
     mask = torch.tensor([[1, 1, 0], [1, 0, 0]])

@@ -8,8 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
-
 from hindsearch.config import Config, HindSearchConfig
 from hindsearch.hindsight import judge as J
 from hindsearch.hindsight.teacher import encode_prompt, teacher_token_logprobs
@@ -17,6 +15,7 @@ from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Trajectory, Turn
 from hindsearch.hindsight.contract import AuxContext
+from test_hindsight_losses import loss_from_full_logits
 
 TEMPLATE = HindSearchConfig().judge_template
 

@@ -8,16 +8,14 @@ import math
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
-
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
-from test_hindsight_losses import distill
 from hindsearch.hindsight import teacher as T
 from hindsearch.models import tiny_random_model
+from test_hindsight_losses import distill, distill_mask, loss_from_full_logits
 
 
 # ------------------------------------------------------------------ pure losses
@@ -142,9 +140,9 @@ def test_action_mask_covers_exactly_the_action_openers(world, tok):
         assert "<answer>" in decoded.replace(" ", "") or "<search>" in decoded.replace(" ", "")
         checked += len(d.turns) - 1
     assert checked >= 6
-    dm = T.distill_mask(demos[0], tok, "action")
+    dm = distill_mask(demos[0], tok, "action")
     assert all(dm[i] for i, q in enumerate(demos[0].query_mask) if q) and sum(dm) > sum(demos[0].query_mask)
-    assert T.distill_mask(demos[0], tok, "query") == demos[0].query_mask
+    assert distill_mask(demos[0], tok, "query") == demos[0].query_mask
 
 
 # ------------------------------------------------------------------ hindsight-reading demonstrations

@@ -27,15 +27,6 @@ def term_inputs(inputs: dict[str, Any], term: str) -> dict[str, torch.Tensor]:
     return {k[len(pre) :]: v for k, v in inputs.items() if k.startswith(pre)}
 
 
-def completion_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int) -> torch.Tensor:
-    """Logits predicting the completion tokens from the backbone's last hidden state (every position).
-
-    ``hidden``: [B, P + C, H] for ``input_ids = [prompt (left-padded, P), completion (C)]``;
-    returns [B, C, V] with ``out[:, t]`` predicting ``completion_ids[:, t]`` (positions ``P-1 .. P+C-2``).
-    The trainer does not use it (see ``selected_logits``); kept as the reference the tests compare with.
-    """
-    return lm_head(hidden[:, -completion_len - 1 : -1, :])
-
 
 def selected_logits(hidden: torch.Tensor, lm_head: torch.nn.Module, completion_len: int,
                     positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
