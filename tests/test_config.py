@@ -42,6 +42,12 @@ def test_presets_exist_and_load():
     assert (paper.rollout.num_generations, paper.train.lr, paper.train.kl_coef, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
     assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
     assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
+    micro = {p.stem: Config.load(p) for p in sorted((CONFIGS.parent / "recipes" / "micro").glob("*.toml"))}
+    assert set(micro) == {"micro", "micro-mech", "micro-scarce"}  # micro-mech lays itself over micro, scarce over mech
+    scarce = micro["micro-scarce"]
+    assert (scarce.out, scarce.rollout.num_generations, scarce.data.world_test_questions, scarce.hindsearch.lam,
+            scarce.hindsearch.divergence, scarce.warmup.lr) == ("runs/micro-scarce", 4, 600, 2.0, "reverse_kl", 1e-3)
+    assert micro["micro-mech"].model.name == scarce.model.name != micro["micro"].model.name
 
 
 # What the paper presets held before they were one base per model size (the values that differ from the defaults;

@@ -436,6 +436,7 @@ if __name__ == "__main__":
                     help="disable hindsearch.hindsight.sync everywhere, or only in the hindsight terms (shows the hang)")
     ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
     a = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as tests/conftest.py: recipes.micro.build
     worker(a.dir, a.methods, a.unsynced, a.watchdog)
     from hindsearch.hindsight import sync
 
