@@ -297,8 +297,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     if isolate and jobs > 1:
         pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
-        failed = _run_parallel(_one_run, pending, jobs, lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)),
-                               log)
+        failed = _run_parallel(_one_run, pending, jobs,
+                               lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)), log)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
                                f"finished runs are kept.")
@@ -320,8 +320,9 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
 
 
 def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, finished: Any, log: Any) -> list[str]:
-    """``target(*args, threads=...)`` (``_one_run``) of every ``(args, name)``, ``jobs`` at a time, each in a fresh spawned process with
-    ``cpu_count // jobs`` torch threads; ``finished()`` after each run that succeeds (results.md stays current).
+    """``target(*args, threads=...)`` (``_one_run``) of every ``(args, name)``, ``jobs`` at a time, each in a fresh
+    spawned process with ``cpu_count // jobs`` torch threads; ``finished()`` after each run that succeeds (results.md
+    stays current).
     Returns the names that failed, each reported with its traceback as it fails. Stopping the parent (Ctrl-C,
     SIGTERM) stops every run (they resume from their checkpoints next time)."""
     import multiprocessing as mp

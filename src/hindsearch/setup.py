@@ -1,7 +1,7 @@
 """One setup path: what ``train``, ``sft``, ``eval``, ``compare`` and ``probe`` all need from a config.
 
-``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built and cached on first use), the index
-(the configured one, or the world's, built when missing with the configured encoder) and the retriever
+``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built and cached on first use),
+the index (the configured one, or the world's, built when missing with the configured encoder) and the retriever
 (in-process or remote), and loads the training and dev questions. ``eval_engine`` is the greedy HF rollout
 engine every evaluation uses. Written once here; the commands only add what is theirs.
 """

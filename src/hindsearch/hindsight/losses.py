@@ -23,10 +23,10 @@ sample. The alternatives:
 * ``one_sided``: the lowering half of ``signed``, ``a_t = clip(lT_t - lS_t, -c, 0)``: a failed token is lowered
   where the teacher likes it less and nothing is ever raised (one-sided per token; restricted to the decisions
   to answer, ``distill_on = answer_decision``, it only lowers "answer now" where the teacher would search again).
-* ``reverse_kl`` and ``jsd`` (``topk_reverse_kl_per_token``, ``topk_jsd_per_token``) compare the two distributions on the teacher's top-k token
-  ids (k = 50 by default) **plus one tail bucket** holding the remaining mass of each distribution
-  (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for both. Nothing is
-  renormalised, so the student's sampled token always has a gradient, through its own id when it is
+* ``reverse_kl`` and ``jsd`` (``topk_reverse_kl_per_token``, ``topk_jsd_per_token``) compare the two
+  distributions on the teacher's top-k token ids (k = 50 by default) **plus one tail bucket** holding the
+  remaining mass of each distribution (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for
+  both. Nothing is renormalised, so the student's sampled token always has a gradient, through its own id when it is
   in the teacher's top-k and through the tail bucket when it is not.
 
 IGSD (information-gain-gated candidate-pair distillation)::
