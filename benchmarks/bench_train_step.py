@@ -130,14 +130,14 @@ def main(argv: list[str] | None = None) -> None:
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.config import Config
-    from hindsearch.models import cache_dir, load_policy, resolve_model
+    from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.factory import load_retriever
     from hindsearch.setup import load_records, resolve_data
     from hindsearch.train.cli import find_config
     from hindsearch.train.run import build_trainer, ensure_on_disk, preflight
 
     load_before = load_average()
-    cfg = resolve_model(Config.load(find_config(args.config), args.set))
+    cfg = Config.load(find_config(args.config), args.set)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     for m in methods:
         preflight(replace(copy.deepcopy(cfg), method=m))

@@ -20,7 +20,7 @@ Per checkpoint (``curve.jsonl``, one row per arm, seed and step; the table at th
 
 Usage (one torch thread per process; resumable: finished (arm, seed) runs and measured steps are skipped):
 
-    OMP_NUM_THREADS=1 python benchmarks/distill_check.py --config configs/micro-mech.toml \\
+    OMP_NUM_THREADS=1 python benchmarks/distill_check.py --config recipes/micro/micro-mech.toml \\
         --arms gold,nogold,shuffled --seeds 0,1,2 --steps 60 --every 20 --out runs/distill-check
 
 ``--set KEY=VALUE`` overrides the arms' training config (e.g. ``hindsearch.lam=2``); the defaults are the
@@ -120,7 +120,7 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    ap.add_argument("--config", default="configs/micro-mech.toml")
+    ap.add_argument("--config", default="recipes/micro/micro-mech.toml")
     ap.add_argument("--arms", default="gold,nogold,shuffled")
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--steps", type=int, default=60)
@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> int:
 
     from hindsearch.compare import shared_warmup
     from hindsearch.config import Config
-    from hindsearch.models import resolve_model
     from hindsearch.train.run import run_train
 
     out = Path(args.out)
@@ -153,7 +152,6 @@ def main(argv: list[str] | None = None) -> int:
 
     base = Config.load(args.config)
     with torch_threads(START_THREADS):  # the start compare builds, on any machine
-        resolve_model(base)
         init = shared_warmup(base, out)
     if init is None:
         ap.error("the preset has no warm-up: the check starts from the shared warmed-up checkpoint")

@@ -20,7 +20,7 @@ script goes on; the exit code is 1 when any cell failed):
    One action turn (``--throughput-turns``) at the preset's per-turn budget, sampled, seed 0;
 2. ``step grpo`` / ``step hindsearch`` / ``step igsd``: ``--steps`` real training steps assembled by the
    project's own ``train.run`` (``preflight``, ``build_trainer``) and ``setup`` (``resolve_data``; ``load_policy``) from
-   the presets ``configs/qwen2.5-3b-instruct-<method>.toml`` with their shapes (rollouts of up to
+   the preset ``configs/qwen2.5-3b-instruct.toml`` with each method, at its shapes (rollouts of up to
    ``max_total_tokens``, ``max_new_tokens_per_turn``, ``max_turns``, ``num_generations``, KL reference,
    gradient checkpointing, the LM judge, IGSD's verification), on the generated fictional world with
    in-process BM25. The step time is split as the trainer logs it (``time/rollout``,
@@ -84,6 +84,8 @@ from hindsearch.cli import nonneg_int, positive_float, positive_int  # noqa: E40
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("smollm2-135m", "qwen2.5-3b-random")
 METHODS = ("grpo", "hindsearch", "igsd")
+PRESET = "qwen2.5-3b-instruct.toml"
+"""The paper preset every method's step is built from (loaded with ``method = <method>``)."""
 TARGETS = {"hindsearch": 1.3, "igsd": 1.5}
 """Step-time ratio targets against grpo (README: at most 1.3x for HindSearch, 1.5x for IGSD)."""
 RESULT_MARK = "GPU_CHECK_RESULT "
@@ -163,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--think-tokens", type=nonneg_int, default=None,
                     help="free tokens per turn before the scripted action (default 200, 6 with --tiny)")
     ap.add_argument("--preset-dir", type=Path, default=ROOT / "configs",
-                    help="folder of the qwen2.5-3b-instruct-<method>.toml presets")
+                    help=f"folder of the {PRESET} preset")
     ap.add_argument("--world-dir", type=Path, default=Path(".hindsearch/world"),
                     help="fictional world (built on first use); --tiny uses a 60-entity world under the work folder")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation for the HF models (the presets ask for "
@@ -201,10 +203,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         ap.error("--device cpu needs --tiny (the 3B model and the presets' shapes do not fit a CPU budget)")
     if a.train_backend == "vllm" and (a.device == "cpu" or a.tiny):
         ap.error("--train-backend vllm needs --device cuda without --tiny")
-    for method in a.methods:
-        p = a.preset_dir / f"qwen2.5-3b-instruct-{method}.toml"
-        if not p.is_file():
-            ap.error(f"--preset-dir {a.preset_dir}: {p.name} not found")
+    if not (a.preset_dir / PRESET).is_file():
+        ap.error(f"--preset-dir {a.preset_dir}: {PRESET} not found")
     for s in a.set:
         if "=" not in s:
             ap.error(f"--set expects KEY=VALUE, got {s!r}")
@@ -511,10 +511,10 @@ class Memory:
 
 # ---------------------------------------------------------------- config through the presets
 def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Path, world_dir: Path) -> Any:
-    """The method's paper preset with this check's model, data, step count and (``--tiny``) shapes."""
+    """The paper preset with the method, this check's model, data, step count and (``--tiny``) shapes."""
     from hindsearch.config import Config
 
-    cfg = Config.load(a.preset_dir / f"qwen2.5-3b-instruct-{method}.toml")
+    cfg = Config.load(a.preset_dir / PRESET, [f'method="{method}"'])
     cfg.method, cfg.out = method, str(run_dir)
     m = cfg.model
     m.name, m.gguf_file, m.device = model_name, None, a.device

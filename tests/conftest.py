@@ -1,8 +1,12 @@
 """Test-wide settings: offline, quiet TRL experimental warnings, fewer threads fighting on 2 cores."""
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the research rigs: import recipes.micro.build
 
 from hindsearch.memory import tune_malloc
 

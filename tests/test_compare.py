@@ -133,7 +133,7 @@ def test_dev_curve_joins_base_periodic_and_final_evals(tmp_path):
 def tiny_preset(tmp_path_factory):
     """A preset on a 60-entity world with a tiny micro model (built here) and a tiny warm-up."""
     from hindsearch.data.world import ensure_world
-    from hindsearch.models.micro import MicroSpec, ensure_micro
+    from recipes.micro.build import MicroSpec, ensure_micro
 
     d = tmp_path_factory.mktemp("cmp")
     world = ensure_world(d / "world", seed=0, n_entities=60)
@@ -209,6 +209,30 @@ def test_tiny_compare_end_to_end_and_skip(tiny_preset, monkeypatch):
     assert not any("training" in x for x in logs) and (out / "grpo-s0" / "done.json").exists()
 
 
+def _sleep_or_fail(seconds: float, fail: bool, threads: int | None = None) -> None:
+    """A parallel run for ``_run_parallel``: sleeps, then raises when told to."""
+    import time
+
+    time.sleep(seconds)
+    if fail:
+        raise RuntimeError("this run broke")
+
+
+def test_parallel_runs_report_each_failure_and_keep_the_others(capsys):
+    """``--jobs``: a run that raises is reported by name with its traceback; the others finish and each finished run
+    updates the results (``finished``)."""
+    from hindsearch.compare import _run_parallel
+
+    logs: list[str] = []
+    finished: list[int] = []
+    failed = _run_parallel(_sleep_or_fail, [((0.1, True), "bad-s0"), ((0.1, False), "good-s0"), ((0.1, False), "good-s1")],
+                           2, lambda: finished.append(1), logs.append)
+    assert failed == ["bad-s0"] and len(finished) == 2
+    assert any(x.startswith("bad-s0: failed (RuntimeError: this run broke)") for x in logs)
+    assert sum(x.endswith(": done") for x in logs) == 2 and sum("started" in x for x in logs) == 3
+    assert "this run broke" in capsys.readouterr().err
+
+
 def test_stopping_compare_stops_its_isolated_run(tmp_path):
     """SIGTERM to the parent must not leave the spawned training process running (an orphan on the CPU)."""
     import os
@@ -249,9 +273,17 @@ def test_tiny_compare_parallel_jobs_with_probe_and_bootstrap(tiny_preset, monkey
     monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
     out = tiny_preset / "out-par"
     logs: list[str] = []
+    table_when_done: list[bool] = []  # results.md is rewritten after each finished run, not only at the end
+
+    def log(msg: str) -> None:
+        logs.append(msg)
+        if msg.endswith(": done"):
+            table_when_done.append((out / "results.md").exists())
+
     md = run_compare(str(tiny_preset / "preset.toml"), ["grpo", "hindsearch"], [0], out, test_limit=4,
-                     log=logs.append, jobs=2, probe=2)
+                     log=log, jobs=2, probe=2)
     assert sum("started" in x for x in logs) == 2 and sum(x.endswith(": done") for x in logs) == 2
+    assert table_when_done == [False, True]
     for m in ("grpo", "hindsearch"):
         assert (out / f"{m}-s0" / "done.json").exists()
     probe = json.loads((out / "probe.json").read_text())

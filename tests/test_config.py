@@ -33,24 +33,120 @@ def no_models(monkeypatch):
 
 def test_presets_exist_and_load():
     names = {p.stem for p in PRESETS}
-    for want in ("tiny-cpu", "tiny-cpu-hindsearch", "tiny-cpu-igsd", "qwen2.5-3b-instruct-grpo", "qwen2.5-7b-instruct-grpo",
-                 "qwen2.5-3b-instruct-hindsearch", "qwen2.5-3b-instruct-hindsearch-nogold", "qwen2.5-3b-instruct-igsd",
-                 "qwen2.5-7b-instruct-igsd"):
-        assert want in names
+    assert names == {"tiny-cpu", "qwen2.5-3b-instruct", "qwen2.5-7b-instruct", "qwen2.5-3b-instruct-hindsearch-nogold"}
     for p in PRESETS:
         cfg = Config.load(p)
         assert cfg.rollout.num_generations >= 2
     assert Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml").hindsearch.judge_sees_gold is False
-    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")
+    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct.toml")
     assert (paper.rollout.num_generations, paper.train.lr, paper.train.kl_coef, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
     assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
     assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
+    micro = {p.stem: Config.load(p) for p in sorted((CONFIGS.parent / "recipes" / "micro").glob("*.toml"))}
+    assert set(micro) == {"micro", "micro-mech", "micro-scarce"}  # micro-mech lays itself over micro, scarce over mech
+    scarce = micro["micro-scarce"]
+    assert (scarce.out, scarce.rollout.num_generations, scarce.data.world_test_questions, scarce.hindsearch.lam,
+            scarce.hindsearch.divergence, scarce.warmup.lr) == ("runs/micro-scarce", 4, 600, 2.0, "reverse_kl", 1e-3)
+    assert micro["micro-mech"].model.name == scarce.model.name != micro["micro"].model.name
+
+
+# What the paper presets held before they were one base per model size (the values that differ from the defaults;
+# six files, of which only the no-gold overlay remains), and the tiny CPU presets before tiny-cpu-hindsearch.toml and
+# tiny-cpu-igsd.toml went: every old preset resolves to the same config from its base and --method (or overlay).
+PAPER_3B = {
+    "model.name": "Qwen/Qwen2.5-3B-Instruct", "model.dtype": "bfloat16", "model.device": "cuda",
+    "model.attn_implementation": "flash_attention_2", "data.train": "FILL_ME/nq_hotpotqa_train/train.parquet",
+    "data.dev": "FILL_ME/nq_hotpotqa_train/test.parquet", "retrieval.kind": "remote",
+    "retrieval.url": "http://127.0.0.1:8000", "retrieval.timeout_s": 60.0, "rollout.backend": "vllm",
+    "rollout.max_new_tokens_per_turn": 500, "rollout.max_total_tokens": 4096, "rollout.num_generations": 5,
+    "warmup.enabled": False, "train.steps": 300, "train.questions_per_step": 64, "train.save_steps": 50,
+    "train.gradient_checkpointing": True, "train.samples_per_step": 8, "train.eval_limit": 1000,
+    "train.micro_batch_size": 4, "eval.batch_size": 64,
+}
+PAPER_7B = {**PAPER_3B, "model.name": "Qwen/Qwen2.5-7B-Instruct"}
+TINY = {
+    "out": "runs/tiny-cpu", "model.device": "cpu", "retrieval.topk": 2, "rollout.max_turns": 2,
+    "rollout.max_new_tokens_per_turn": 40, "rollout.max_total_tokens": 640, "warmup.num_demos": 64,
+    "warmup.epochs": 1, "warmup.lr": 0.0003, "warmup.batch_size": 4, "warmup.micro_batch_size": 1,
+    "train.steps": 3, "train.questions_per_step": 2, "train.lr": 5e-06, "train.kl_coef": 0.0, "train.save_steps": 3,
+    "train.gradient_checkpointing": True, "train.eval_limit": 16, "train.micro_batch_size": 1,
+}
+TINY_HIND = {"hindsearch.judge_model": "smollm2-135m", "hindsearch.critique_max_tokens": 32}
+TINY_IGSD = {"igsd.max_positions_per_rollout": 2, "igsd.max_query_tokens": 16, "igsd.n_controls": 1}
+OLD_PRESETS = {  # old name: (preset now, --method, the old file's values that differ from the defaults)
+    "qwen2.5-3b-instruct-grpo": ("qwen2.5-3b-instruct", "grpo", {**PAPER_3B, "out": "runs/qwen2.5-3b-instruct-grpo"}),
+    "qwen2.5-3b-instruct-hindsearch": ("qwen2.5-3b-instruct", "hindsearch", {
+        **PAPER_3B, "method": "hindsearch", "out": "runs/qwen2.5-3b-instruct-hindsearch"}),
+    "qwen2.5-3b-instruct-hindsearch-nogold": ("qwen2.5-3b-instruct-hindsearch-nogold", None, {
+        **PAPER_3B, "method": "hindsearch", "out": "runs/qwen2.5-3b-instruct-hindsearch-nogold",
+        "hindsearch.judge_sees_gold": False}),
+    "qwen2.5-3b-instruct-igsd": ("qwen2.5-3b-instruct", "igsd", {
+        **PAPER_3B, "method": "igsd", "out": "runs/qwen2.5-3b-instruct-igsd"}),
+    "qwen2.5-7b-instruct-grpo": ("qwen2.5-7b-instruct", "grpo", {**PAPER_7B, "out": "runs/qwen2.5-7b-instruct-grpo"}),
+    "qwen2.5-7b-instruct-igsd": ("qwen2.5-7b-instruct", "igsd", {
+        **PAPER_7B, "method": "igsd", "out": "runs/qwen2.5-7b-instruct-igsd"}),
+    "tiny-cpu": ("tiny-cpu", None, {**TINY, **TINY_HIND, **TINY_IGSD}),
+    "tiny-cpu-hindsearch": ("tiny-cpu", "hindsearch", {
+        **TINY, **TINY_HIND, "method": "hindsearch", "out": "runs/tiny-cpu-hindsearch"}),
+    "tiny-cpu-igsd": ("tiny-cpu", "igsd", {**TINY, **TINY_IGSD, "method": "igsd", "out": "runs/tiny-cpu-igsd"}),
+}
+TINY_UNREAD = {"tiny-cpu-hindsearch": ("out", "igsd."), "tiny-cpu-igsd": ("out", "hindsearch.")}
+"""What tiny-cpu --method hindsearch/igsd resolves differently from the old tiny-cpu-hindsearch/-igsd files: the run
+folder (runs/tiny-cpu unless --out, as the README's command passes) and the other method's section, which the
+method never reads (tiny-cpu holds its CPU-sized values)."""
+
+
+def _non_default(cfg: Config) -> dict:
+    from hindsearch.config import flat_keys
+
+    base = flat_keys(Config().to_dict())
+    return {k: v for k, v in flat_keys(cfg.to_dict()).items() if k not in base or base[k] != v}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_PRESETS))
+def test_every_old_preset_resolves_to_the_same_config(old):
+    """``hindsearch train --config NEW [--method M]`` (the CLI adds ``method="M"``) gives the config the old preset
+    file held, field for field (the old files were checked against these values before they were removed)."""
+    new, method, held = OLD_PRESETS[old]
+    cfg = Config.load(find_config(new), [f'method="{method}"'] if method else [])
+    got = _non_default(cfg)
+    unread = TINY_UNREAD.get(old, ())
+    drop = [k for k in set(got) | set(held) if k in unread or k.startswith(tuple(u for u in unread if u.endswith(".")))]
+    assert {k: v for k, v in got.items() if k not in drop} == {k: v for k, v in held.items() if k not in drop}
+    if old == "tiny-cpu-hindsearch":  # the README's HindSearch command passes --out
+        assert cfg.out == "runs/tiny-cpu" and cfg.method == "hindsearch"
+
+
+def test_overlay_presets_and_the_method_in_out(tmp_path):
+    """``base = "other.toml"`` lays a preset over another (relative to its folder; tables merged key by key; a chain
+    of bases), ``{method}`` in ``out`` is the resolved method; a missing base and a cycle are named."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "a.toml").write_text('method = "igsd"\nout = "runs/a-{method}"\n[train]\nsteps = 7\nlr = 1e-4\n'
+                                     '[igsd]\nlam = 0.5\n')
+    (tmp_path / "sub" / "b.toml").write_text('base = "../a.toml"\n[train]\nsteps = 9\n')
+    (tmp_path / "sub" / "c.toml").write_text('base = "b.toml"\nmethod = "hindsearch"\n[hindsearch]\nlam = 2.0\n')
+    a = Config.load(tmp_path / "a.toml")
+    assert (a.out, a.train.steps, a.train.lr) == ("runs/a-igsd", 7, 1e-4)
+    b = Config.load(tmp_path / "sub" / "b.toml", ['method="grpo"'])
+    assert (b.out, b.method, b.train.steps, b.train.lr, b.igsd.lam) == ("runs/a-grpo", "grpo", 9, 1e-4, 0.5)
+    c = Config.load(tmp_path / "sub" / "c.toml")
+    assert (c.out, c.train.steps, c.igsd.lam, c.hindsearch.lam) == ("runs/a-hindsearch", 9, 0.5, 2.0)
+    (tmp_path / "d.toml").write_text('base = "nope.toml"\n')
+    with pytest.raises(ConfigError, match=r"d.toml: base = 'nope.toml': .*nope.toml not found"):
+        Config.load(tmp_path / "d.toml")
+    (tmp_path / "e.toml").write_text('base = "f.toml"\n')
+    (tmp_path / "f.toml").write_text('base = "e.toml"\n')
+    with pytest.raises(ConfigError, match="makes a cycle"):
+        Config.load(tmp_path / "e.toml")
+    (tmp_path / "g.toml").write_text('base = 3\n')
+    with pytest.raises(ConfigError, match="base must be the file name of another preset"):
+        Config.load(tmp_path / "g.toml")
 
 
 def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # not the repo: found relative to the package checkout
     assert find_config(None).name == "tiny-cpu.toml"
-    assert find_config("tiny-cpu-igsd").name == "tiny-cpu-igsd.toml"
+    assert find_config("qwen2.5-7b-instruct").name == "qwen2.5-7b-instruct.toml"
     with pytest.raises(FileNotFoundError, match="presets: .*tiny-cpu"):
         find_config("no-such-preset")
 
@@ -83,7 +179,7 @@ def test_bad_values_fail_before_any_model_loads(override, needle, no_models, cap
 
 
 def test_missing_files_are_named_before_any_model_loads(no_models, capsys):
-    rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct-grpo.toml")])
+    rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct.toml")])
     assert rc == 1
     assert "data.train = 'FILL_ME/nq_hotpotqa_train/train.parquet': file not found" in capsys.readouterr().err
     cfg = Config.load(CONFIGS / "tiny-cpu.toml", ['retrieval.index_dir="/nonexistent/index"'])

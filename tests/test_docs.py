@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), *sorted((ROOT / "recipes").rglob("*.md"))]
 FENCE = re.compile(r"```(\w*)\n(.*?)```", re.S)
 
 
@@ -94,12 +94,19 @@ def _parse_hindsearch(words: list[str], where: str) -> None:
 
 
 def _parse_script(words: list[str], where: str) -> None:
-    """``python benchmarks/X.py ARGS``: the script exists and its own argparse accepts ARGS (stopped there)."""
+    """``python benchmarks/X.py ARGS`` (or ``recipes/...``): the script exists and its own argparse accepts ARGS
+    (stopped there)."""
+    import sys
+
     script = ROOT / words[0]
     assert script.is_file(), f"{where}: {words[0]} is not in the repository"
     spec = importlib.util.spec_from_file_location(f"docs_example_{script.stem}", script)
     mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    sys.modules[spec.name] = mod  # as a script runs: its dataclasses look their module up there
+    try:
+        spec.loader.exec_module(mod)
+    finally:
+        sys.modules.pop(spec.name, None)
 
     class Parsed(Exception):
         pass
@@ -136,7 +143,7 @@ def test_shell_blocks_parse_with_the_real_commands(page, text):
             assert words[i + 1] == "hindsearch.cli", where
             _parse_hindsearch(words[i + 2:], where)
             checked += 1
-        elif words[0] in ("python", "python3") and len(words) > 1 and words[1].startswith("benchmarks/"):
+        elif words[0] in ("python", "python3") and len(words) > 1 and words[1].startswith(("benchmarks/", "recipes/")):
             _parse_script(words[1:], where)
             checked += 1
         elif words[0] == "pip" or words[1:3] == ["-m", "pip"]:
@@ -185,7 +192,7 @@ def test_the_retrieve_json_examples_are_what_the_server_takes_and_gives():
     assert set(format_result([[Passage(id="1", contents='"T"\nx', score=1.0)]], True)["result"][0][0]) == {"document", "score"}
 
 
-CITED = re.compile(r"(?<![\w./-])((?:docs|configs|benchmarks|tests|src|\.ci)/[\w./+{},*-]*[\w/}*])")
+CITED = re.compile(r"(?<![\w./-])((?:docs|configs|recipes|benchmarks|tests|src|\.ci)/[\w./+{},*-]*[\w/}*])")
 
 
 def test_no_page_cites_a_file_the_repository_lacks():

@@ -196,32 +196,29 @@ def test_cli_eval(world, index_dir, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("how", ["path", "preset name"])
-def test_cli_eval_resolves_the_micro_alias_like_train(how, world, index_dir, model, tok, tmp_path, monkeypatch, capsys):
-    """``hindsearch eval --config configs/micro.toml`` goes through the one setup path: ``model.name = "micro"``
-    becomes its world's micro model folder (``models.resolve_model``), not a hub id named "micro". ``--config micro``
-    (a preset's name) does the same from a folder without ``configs/``, as for ``train`` and ``compare``."""
-    from pathlib import Path
-
-    import hindsearch.models.micro as micro
+def test_cli_eval_loads_the_model_a_preset_names(how, world, index_dir, model, tok, tmp_path, monkeypatch, capsys):
+    """``hindsearch eval --config PRESET`` goes through the one setup path and loads ``model.name`` as the preset
+    writes it (a model folder, as the micro recipes name theirs); ``--config NAME`` finds a preset by its name from
+    a folder's ``configs/``, as for ``train`` and ``compare``."""
     from hindsearch.cli import main
 
     folder = tmp_path / "micro-model"
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
-    seen = []
-    monkeypatch.setattr(micro, "micro_model_path", lambda data_cfg, *a, **k: seen.append(data_cfg) or folder)
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:2]))
-    preset = Path(__file__).resolve().parents[1] / "configs" / "micro.toml"
+    (tmp_path / "configs").mkdir()
+    preset = tmp_path / "configs" / "mine.toml"
+    preset.write_text(f'[model]\nname = "{folder.as_posix()}"\ndevice = "cpu"\n')
     if how == "preset name":
         monkeypatch.chdir(tmp_path)
-    args = ["eval", "--config", str(preset) if how == "path" else "micro", "--index", str(index_dir),
+    args = ["eval", "--config", str(preset) if how == "path" else "mine", "--index", str(index_dir),
             "--data", f"world={path}", "--limit", "2",
             "--out", str(tmp_path / "out"), "--set", "rollout.max_new_tokens_per_turn=8", "--set", "rollout.max_turns=1",
             "--no-progress"]
     assert main(args) == 0, capsys.readouterr().err
-    assert len(seen) == 1 and seen[0].world_seed == 0
-    assert json.loads((tmp_path / "out" / "summary.json").read_text())["benchmarks"]["world"]["n"] == 2
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["benchmarks"]["world"]["n"] == 2
 
 
 def test_cli_eval_config_that_is_neither_file_nor_preset_is_one_line(tmp_path, capsys):
@@ -229,7 +226,7 @@ def test_cli_eval_config_that_is_neither_file_nor_preset_is_one_line(tmp_path, c
 
     assert main(["eval", "--config", "no-such-preset", "--out", str(tmp_path / "o")]) == 1
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert "config 'no-such-preset' not found" in err and "micro" in err  # the presets are listed
+    assert "config 'no-such-preset' not found" in err and "tiny-cpu" in err  # the presets are listed
 
 
 @pytest.mark.parametrize("flag", ["--retrieval-url", "--retriever-url"])

@@ -27,8 +27,8 @@ import pytest
 
 from conftest import one_line_error  # the shared CLI-error check
 from hindsearch.cli import main
-from hindsearch.fsutil import (COMPLETE_NAME, LOCK_NAME, STAGING_NAME, FolderLock, FolderLocked, UnsafeOutput,
-                               atomic_checkpoints)
+from hindsearch.fsutil import (COMPLETE_NAME, LOCK_NAME, STAGING_NAME, AtomicCheckpoints, FolderLock, FolderLocked,
+                               UnsafeOutput)
 from hindsearch.retrieval.factory import build_index
 
 pytestmark = pytest.mark.timeout(300)
@@ -210,7 +210,10 @@ def tiny_trainer(out: Path, steps: int):
     args = TrainingArguments(output_dir=str(out), max_steps=steps, save_steps=1, save_total_limit=2,
                              per_device_train_batch_size=1, report_to="none", use_cpu=True, logging_steps=1,
                              disable_tqdm=True)
-    return atomic_checkpoints(Trainer(model=model, args=args, train_dataset=data))
+    class AtomicTrainer(AtomicCheckpoints, Trainer):
+        pass
+
+    return AtomicTrainer(model=model, args=args, train_dataset=data)
 
 
 def test_killed_checkpoint_save_is_never_resumed(tmp_path):

@@ -78,7 +78,7 @@ def test_bad_arguments_exit_2_with_the_reason(argv, message, capsys):
 def test_missing_preset_and_folder_out_are_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         gc.parse_args(["--preset-dir", str(tmp_path)])
-    assert "qwen2.5-3b-instruct-grpo.toml not found" in capsys.readouterr().err
+    assert "qwen2.5-3b-instruct.toml not found" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         gc.parse_args(["--out", str(tmp_path)])
     assert "is a folder" in capsys.readouterr().err

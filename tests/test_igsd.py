@@ -8,8 +8,6 @@ import random
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
-
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.config import IGSDConfig, RolloutConfig
@@ -21,6 +19,7 @@ from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.hindsight.contract import AuxContext
+from test_hindsight_losses import loss_from_full_logits
 
 FACTS = [
     ("Edwin Marlow", "Edwin Marlow was a painter born in the harbour town of Kestrel Bay in 1821."),

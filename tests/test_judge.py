@@ -8,8 +8,6 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
-
 from hindsearch.agent import protocol
 from hindsearch.config import Config, HindSearchConfig
 from hindsearch.core.model import pad_id
@@ -19,6 +17,7 @@ from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Trajectory, Turn
 from hindsearch.hindsight.contract import AuxContext
+from test_hindsight_losses import loss_from_full_logits
 
 TEMPLATE = HindSearchConfig().judge_template
 

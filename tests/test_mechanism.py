@@ -8,8 +8,6 @@ import math
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
-
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend
@@ -17,6 +15,7 @@ from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
 from hindsearch.models import tiny_random_model
+from test_hindsight_losses import distill, distill_mask, loss_from_full_logits
 
 
 # ------------------------------------------------------------------ pure losses
@@ -28,10 +27,10 @@ def test_tail_bucket_hand_numbers():
     mask = torch.ones(1, 1)
     ps, pt = [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]
     rkl = sum(a * math.log(a / b) for a, b in zip(ps, pt))
-    assert L.topk_reverse_kl(s_logits, ids, t_logp, mask).item() == pytest.approx(rkl, abs=1e-6)
+    assert distill("reverse_kl", mask, logits=s_logits, topk_ids=ids, topk_logp=t_logp).item() == pytest.approx(rkl, abs=1e-6)
     m = [(a + b) / 2 for a, b in zip(ps, pt)]
     jsd = 0.5 * sum(b * math.log(b / c) for b, c in zip(pt, m)) + 0.5 * sum(a * math.log(a / c) for a, c in zip(ps, m))
-    assert L.topk_jsd(s_logits, ids, t_logp, mask).item() == pytest.approx(jsd, abs=1e-6)
+    assert distill("jsd", mask, logits=s_logits, topk_ids=ids, topk_logp=t_logp).item() == pytest.approx(jsd, abs=1e-6)
     assert L.tail_logp(t_logp).exp().sum().item() == pytest.approx(1.0, abs=1e-6)
 
 
@@ -60,12 +59,12 @@ def test_signed_form_hand_numbers_and_direction():
     lS = torch.tensor([[-1.0, -2.0, -0.5]], requires_grad=True)
     lT = torch.tensor([[-0.5, -4.0, -0.5]])
     mask = torch.tensor([[1.0, 1.0, 0.0]])
-    loss = L.hind_signed(lS, lT, mask, clip=1.0)
+    loss = distill("signed", mask, lS, lT, clip=1.0)
     # a = clip(lT - lS) = (0.5, -1.0); loss = -(0.5 * -1 + -1 * -2) / 2 = -(1.5) / 2
     assert loss.item() == pytest.approx(-0.75)
     loss.backward()
     assert lS.grad.tolist()[0] == pytest.approx([-0.25, 0.5, 0.0])  # descent raises token 0, lowers token 1
-    assert L.hind_signed(lS, lS.detach(), mask).item() == 0.0
+    assert distill("signed", mask, lS, lS.detach()).item() == 0.0
 
 
 def test_one_sided_lowers_a_failed_token_only_where_the_teacher_likes_it_less():
@@ -141,9 +140,9 @@ def test_action_mask_covers_exactly_the_action_openers(world, tok):
         assert "<answer>" in decoded.replace(" ", "") or "<search>" in decoded.replace(" ", "")
         checked += len(d.turns) - 1
     assert checked >= 6
-    dm = T.distill_mask(demos[0], tok, "action")
+    dm = distill_mask(demos[0], tok, "action")
     assert all(dm[i] for i, q in enumerate(demos[0].query_mask) if q) and sum(dm) > sum(demos[0].query_mask)
-    assert T.distill_mask(demos[0], tok, "query") == demos[0].query_mask
+    assert distill_mask(demos[0], tok, "query") == demos[0].query_mask
 
 
 # ------------------------------------------------------------------ hindsight-reading demonstrations

@@ -1,8 +1,10 @@
-"""The ``micro`` preset model: BPE trained on the world, protocol tags as single tokens, cached build, loadable."""
+"""The micro model (``recipes/micro/build.py``): BPE trained on the world, protocol tags as single tokens, cached
+build keyed by the world files' contents, loadable by path; a model name never builds it."""
 
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import torch
@@ -10,9 +12,8 @@ import torch
 from hindsearch.agent import protocol
 from hindsearch.config import Config, DataConfig, ModelConfig
 from hindsearch.data.world import generate_world, write_world
-from hindsearch.models import resolve_model
-from hindsearch.models.micro import PROTOCOL_TAGS, MicroSpec, copy_rows, ensure_micro, world_texts
 from hindsearch.models import load_policy
+from recipes.micro.build import PROTOCOL_TAGS, MicroSpec, copy_rows, ensure_micro, main, world_texts
 
 SPEC = MicroSpec(vocab_size=800, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  pretrain_steps=0)
@@ -70,19 +71,46 @@ def test_bad_world_files_are_named(tmp_path):
         list(world_texts(tmp_path))
 
 
-def test_micro_alias_resolves(tmp_path, monkeypatch):
-    monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path / "cache"))
-    cfg = Config.load(None, ['model.name="micro"', f'data.world_dir="{(tmp_path / "w").as_posix()}"',
-                             "data.world_entities=40"])
-    import hindsearch.models.micro as m
+def test_a_copied_world_reuses_the_build(micro, world_dir, tmp_path):
+    """The cache key hashes the world files' contents: a copy with new times (no ``cp -a``) is the same world, an
+    edited file is another."""
+    import shutil
 
-    monkeypatch.setattr(m, "MicroSpec", lambda: SPEC)
-    resolve_model(cfg)
-    assert (tmp_path / "cache" / "models").as_posix() in cfg.model.name
-    assert (tmp_path / "w" / "corpus.jsonl").exists()
-    model, tok = load_policy(ModelConfig(name=cfg.model.name, device="cpu"))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    for f in world_dir.iterdir():
+        if f.is_file():
+            shutil.copyfile(f, copy / f.name)  # contents only: new modification times
+            os.utime(copy / f.name, (1, 1))
+    stamp = (micro / "model.safetensors").stat().st_mtime_ns
+    assert ensure_micro(copy, micro, seed=0, spec=SPEC) == micro
+    assert (micro / "model.safetensors").stat().st_mtime_ns == stamp
+    key = json.loads((micro / "micro.json").read_text())["key"]
+    with (copy / "train.jsonl").open("a") as f:
+        f.write(json.dumps({"question": "Who is new?", "golden_answers": ["Nobody"]}) + "\n")
+    rebuilt = ensure_micro(copy, tmp_path / "other", seed=0, spec=SPEC)
+    assert json.loads((rebuilt / "micro.json").read_text())["key"] != key
+
+
+def test_build_command_prints_its_folder_and_a_name_never_builds(world_dir, tmp_path, monkeypatch, capsys):
+    """``python recipes/micro/build.py --world DIR --out DIR`` builds and prints the folder; the model is then named
+    by that path. Loading the name ``micro`` is an error naming it: resolving a name never trains anything."""
+    import recipes.micro.build as build
+
+    monkeypatch.setattr(build, "MicroSpec", lambda: SPEC)
+    assert main(["--world", str(world_dir), "--out", str(tmp_path / "m"), "--seed", "0"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "m")
+    model, _ = load_policy(ModelConfig(name=str(tmp_path / "m"), device="cpu"))
     assert model.config.hidden_size == SPEC.hidden_size
-    assert DataConfig().world_dir == ".hindsearch/world"
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("not a model")
+    with pytest.raises(Exception, match="not a micro model folder"):
+        main(["--world", str(world_dir), "--out", str(tmp_path / "mine")])
+    cfg = Config.load(None, ['model.name="micro"', 'model.device="cpu"'])
+    with pytest.raises(FileNotFoundError, match="'micro'"):
+        load_policy(cfg.model)
+    assert cfg.model.name == "micro" and DataConfig().world_dir == ".hindsearch/world"
+
 
 
 def test_copy_rows_supervise_only_the_repeat():

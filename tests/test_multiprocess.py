@@ -375,7 +375,7 @@ def _kill(pid: int, killpg: bool = False, only_if: str | None = None) -> None:
 def prepare(d: Path) -> None:
     """The world's BM25 index and a tiny random model + tokenizer saved once for both ranks."""
     from hindsearch.data.world import generate_world
-    from hindsearch.models.micro import train_tokenizer
+    from recipes.micro.build import train_tokenizer
     from hindsearch.models import tiny_random_model
     from hindsearch.retrieval.factory import build_index
 
@@ -426,6 +426,7 @@ if __name__ == "__main__":
                     help="disable the model core's lockstep (shows the hang)")
     ap.add_argument("--watchdog", type=float, default=TIMEOUT_S, help="seconds before a rank dumps its stacks and exits")
     a = ap.parse_args()
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # as tests/conftest.py: recipes.micro.build
     worker(a.dir, a.methods, a.unsynced, a.watchdog)
     from hindsearch.core import lockstep
 

@@ -18,7 +18,7 @@ from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.data.world import generate_world
-from hindsearch.models.micro import train_tokenizer
+from recipes.micro.build import train_tokenizer
 from hindsearch.models import tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train import rollout_adapter as ra

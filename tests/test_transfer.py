@@ -12,8 +12,9 @@ from hindsearch.agent import protocol
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
-from hindsearch.hindsight.terms import HindSearchTerm, loss_from_full_logits
+from hindsearch.hindsight.terms import HindSearchTerm
 from hindsearch.models import tiny_random_model
+from test_hindsight_losses import distill_mask, loss_from_full_logits
 
 from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401  (fixtures; tests dir on sys.path)
 
@@ -61,7 +62,7 @@ def test_distill_weights_per_mode(world, tok):
     w = T.distill_weights(d, tok, "decision_query", action_weight=4.0)
     assert w == [4.0 if x and not y else float(bool(y)) for x, y in zip(dec, later)]
     assert T.distill_weights(d, tok, "decision", action_weight=3.0) == [3.0 * x for x in dec]
-    assert T.distill_mask(d, tok, "decision_query") == [int(x > 0) for x in w]
+    assert distill_mask(d, tok, "decision_query") == [int(x > 0) for x in w]
     # answer_decision: the decision of the turn that answered, not of the turn that searched again
     answered = T.distill_weights(d, tok, "answer_decision", action_weight=2.0)
     spans = {t.action: t.gen_span for t in d.turns[1:]}

@@ -15,13 +15,13 @@ def installed():
     shown: list[str] = []
     old = warnings.showwarning
     warnings.showwarning = lambda m, c, f, n, file=None, line=None: shown.append(f"{c.__name__}: {m}")  # the "original"
-    U.uninstall()
+    U._state["seen"] = set()  # what an earlier test was shown: forgotten
     U.install()
     try:
         yield shown
     finally:
-        U.uninstall()
         warnings.showwarning = old
+        U._state["seen"] = set()
 
 
 def _warn_from(n: int, message: str, category: type[Warning]) -> None:

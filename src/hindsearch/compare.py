@@ -37,7 +37,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from hindsearch.isolated import run_isolated, run_parallel
+from hindsearch.isolated import run_isolated, stopped_on_exit
 from hindsearch.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs,
                                 zero_advantage_share)
 
@@ -217,17 +217,12 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]],
 
 def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: int | None, mini_limit: int | None,
                     probe: int, log: Any, states: int = 0) -> str | None:
-    """Every run's initial model (the shared warm-up, else the micro model, else None: the preset's), once the micro
-    model is built, the evaluation sets load (the mini index built) and, with ``probe``, the start is probed."""
-    from hindsearch.models import resolve_model
-    from hindsearch.models.micro import MICRO_ALIAS
-
+    """Every run's initial model (the shared warm-up, else None: the preset's), once the evaluation sets load (the
+    mini index built) and, with ``probe``, the start is probed."""
     from hindsearch.models import torch_threads
 
-    alias = base_cfg.model.name == MICRO_ALIAS
     with torch_threads(START_THREADS):  # the start's weights depend on the thread count: one count, any machine
-        resolve_model(base_cfg)  # the micro model is built (cached) before the warm-up
-        init = shared_warmup(base_cfg, out_dir, log) or (base_cfg.model.name if alias else None)
+        init = shared_warmup(base_cfg, out_dir, log)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
         from hindsearch.train.probe_cli import probe_checkpoint
@@ -242,7 +237,7 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
 
 STATES_NAME = "states.json"
 START_THREADS = 1
-"""Torch threads the shared start (micro model and warm-up) is built with, whatever the machine: with another
+"""Torch threads the shared start (the warm-up) is built with, whatever the machine: with another
 count the same preset gives other weights (``models.torch_threads``); ``init.json`` records the count and the
 weights' digest."""
 
@@ -302,7 +297,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     if isolate and jobs > 1:
         pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
-        failed = run_parallel(_one_run, pending, jobs, log=log)
+        failed = _run_parallel(_one_run, pending, jobs,
+                               lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)), log)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
                                f"finished runs are kept.")
@@ -321,6 +317,42 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
             _one_run(*job)
         write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
+
+
+def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, finished: Any, log: Any) -> list[str]:
+    """``target(*args, threads=...)`` (``_one_run``) of every ``(args, name)``, ``jobs`` at a time, each in a fresh
+    spawned process with ``cpu_count // jobs`` torch threads; ``finished()`` after each run that succeeds (results.md
+    stays current).
+    Returns the names that failed, each reported with its traceback as it fails. Stopping the parent (Ctrl-C,
+    SIGTERM) stops every run (they resume from their checkpoints next time)."""
+    import multiprocessing as mp
+    import traceback
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    queue, running, failed = list(pending), {}, []
+    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool, \
+            stopped_on_exit() as procs:
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:  # a run is submitted when a worker is free: it starts now
+                    args, name = queue.pop(0)
+                    running[pool.submit(target, *args, threads=threads)] = name
+                    log(f"{name}: started ({threads} thread{'s' if threads > 1 else ''})")
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for fut in done:
+                    name = running.pop(fut)
+                    if (exc := fut.exception()) is not None:
+                        failed.append(name)
+                        traceback.print_exception(exc)  # with the run's own traceback (its cause)
+                        log(f"{name}: failed ({type(exc).__name__}: {exc})")
+                    else:
+                        log(f"{name}: done")
+                        finished()
+        except BaseException:
+            procs.extend(mp.active_children())  # the pool's workers: terminated on leaving stopped_on_exit
+            raise
+    return failed
 
 
 def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None, base_ov: list[str],
@@ -344,9 +376,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
         run_train(None, resume=rd)
     elif state == "new":
         run_train(cfg)
-    from hindsearch.models import resolve_model
-
-    sets = eval_sets(resolve_model(Config.load(config, base_ov)), mini, test_limit, mini_limit or cfg.eval.limit)
+    sets = eval_sets(Config.load(config, base_ov), mini, test_limit, mini_limit or cfg.eval.limit)
     from dataclasses import replace
 
     from hindsearch.models import load_policy

@@ -14,7 +14,7 @@
 * ``FolderLock(folder)`` holds ``folder/.hindsearch.lock`` (PID, host, process start time) for one
   writer; a second writer gets ``FolderLocked`` naming the holder. A lock whose process is gone
   (or whose PID was reused by another process) is stale and taken over, with a message.
-* ``atomic_checkpoints(trainer)`` makes a transformers ``Trainer`` write each checkpoint into a
+* ``AtomicCheckpoints`` (a ``Trainer`` mixin) makes a transformers ``Trainer`` write each checkpoint into a
   staging folder, check it is complete (``checkpoint_problem``: weights, optimizer, scheduler, RNG
   state, trainer state, all present and readable), mark it complete with every file's size and
   rename it into place; ``complete_checkpoints(dir)`` checks again when reading and lists the
@@ -417,7 +417,7 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
     Complete means: ``trainer_state.json`` readable, the weights readable and of the size their header
     says (every shard of a sharded save), and, unless the save was model-only, ``optimizer.pt``,
     ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable. The completion marker
-    written by ``atomic_checkpoints`` lists every file with its size; a file that changed size since
+    written by ``AtomicCheckpoints`` lists every file with its size; a file that changed size since
     (truncated, replaced) or went missing makes the checkpoint incomplete too.
     """
     ckpt = Path(ckpt)
@@ -478,27 +478,36 @@ def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[tuple[P
     return good, skipped
 
 
-def atomic_checkpoints(trainer: Any) -> Any:
-    """Make ``trainer._save_checkpoint`` atomic: save into ``OUTPUT/.checkpoint-staging``, write the
-    completion marker, then rename ``checkpoint-N`` into ``OUTPUT`` and rotate there. A kill during a
-    save leaves only the staging folder, which no resume reads (it is cleared on the next save)."""
-    from transformers.trainer_utils import rotate_checkpoints
+class AtomicCheckpoints:
+    """A ``transformers.Trainer`` mixin (``class T(AtomicCheckpoints, Trainer)``) that makes each checkpoint save
+    atomic: save into ``OUTPUT/.checkpoint-staging``, write the completion marker, then rename ``checkpoint-N``
+    into ``OUTPUT`` and rotate there. A kill during a save leaves only the staging folder, which no resume reads
+    (it is cleared on the next save)."""
 
-    original_save = trainer._save_checkpoint
-    original_dir = trainer._get_output_dir
+    _checkpoint_stage: Path | None = None
+    """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
 
-    def save(model: Any, trial: Any) -> None:
-        real = Path(original_dir(trial=trial))
+    # transformers 5 has no public hook for where a checkpoint is written: these two overrides redirect it
+    def _get_output_dir(self, trial: Any) -> str:
+        if self._checkpoint_stage is not None:
+            return str(self._checkpoint_stage)
+        return super()._get_output_dir(trial)  # type: ignore[misc]
+
+    def _save_checkpoint(self, model: Any, trial: Any) -> None:
+        from transformers.trainer_utils import rotate_checkpoints
+
+        trainer: Any = self
+        real = Path(trainer._get_output_dir(trial=trial))
         stage = real / STAGING_NAME
         if trainer.args.should_save:
             shutil.rmtree(stage, ignore_errors=True)
             stage.mkdir(parents=True, exist_ok=True)
         trainer.accelerator.wait_for_everyone()
-        trainer._get_output_dir = lambda trial=None: str(stage)
+        self._checkpoint_stage = stage
         try:
-            original_save(model, trial)
+            super()._save_checkpoint(model, trial)  # type: ignore[misc]
         finally:
-            trainer._get_output_dir = original_dir
+            self._checkpoint_stage = None
         trainer.accelerator.wait_for_everyone()
         if trainer.args.should_save:
             model_only = bool(getattr(trainer.args, "save_only_model", False))
@@ -522,6 +531,3 @@ def atomic_checkpoints(trainer: Any) -> Any:
             rotate_checkpoints(output_dir=str(real), save_total_limit=trainer.args.save_total_limit,
                                best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
         trainer.accelerator.wait_for_everyone()
-
-    trainer._save_checkpoint = save
-    return trainer

@@ -1,4 +1,5 @@
-"""Runs in fresh spawned processes, one at a time (``run_isolated``) or several at once (``run_parallel``).
+"""Runs in fresh spawned processes: ``run_isolated`` runs one and waits (several at once: ``compare``'s
+``ProcessPoolExecutor``, one fresh process per run).
 
 A run's models, trainer and framework state are freed when its process exits (in one process, memory grew by
 ~1.5 GB per SmolLM2 run), and a crash names the run that failed. Stopping the parent (Ctrl-C or SIGTERM)
@@ -58,35 +59,3 @@ def run_isolated(target: Any, args: tuple, name: str, on_start: Any = None) -> i
         proc.join()
         return proc.exitcode
 
-
-def run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, log: Any = print) -> list[str]:
-    """Run ``target(*args, threads=...)`` for every ``(args, name)`` in spawned processes, ``jobs`` at a time; each
-    child gets ``cpu_count // jobs`` torch threads. Returns the names that failed. Stopping the parent
-    (Ctrl-C, SIGTERM) stops every child (runs resume from their checkpoints next time)."""
-    import multiprocessing as mp
-    import os
-
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    ctx = mp.get_context("spawn")
-    queue, failed = list(pending), []
-    with stopped_on_exit() as procs:
-        running: list[Any] = []
-        while queue or running:
-            while queue and len(running) < jobs:
-                args, name = queue.pop(0)
-                proc = ctx.Process(target=target, args=args, kwargs={"threads": threads}, name=name)
-                procs.append(proc)
-                proc.start()
-                log(f"{name}: started (pid {proc.pid}, {threads} thread{'s' if threads > 1 else ''})")
-                running.append(proc)
-            for proc in list(running):
-                proc.join(timeout=1.0)
-                if proc.exitcode is None:
-                    continue
-                running.remove(proc)
-                if proc.exitcode != 0:
-                    failed.append(proc.name)
-                    log(f"{proc.name}: failed (exit code {proc.exitcode})")
-                else:
-                    log(f"{proc.name}: done")
-    return failed

@@ -1,8 +1,7 @@
 """One setup path: what ``train``, ``sft``, ``eval``, ``compare`` and ``probe`` all need from a config.
 
-``prepare(cfg)`` resolves the model name (``models.resolve_model``: the ``micro`` alias becomes its built
-folder), the data (the configured files, or the fictional world, built and cached on first use), the index
-(the configured one, or the world's, built when missing with the configured encoder) and the retriever
+``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built and cached on first use),
+the index (the configured one, or the world's, built when missing with the configured encoder) and the retriever
 (in-process or remote), and loads the training and dev questions. ``eval_engine`` is the greedy HF rollout
 engine every evaluation uses. Written once here; the commands only add what is theirs.
 """
@@ -74,10 +73,7 @@ def open_retriever(cfg: Config, paths: dict[str, Any]) -> Any:
 
 
 def prepare(cfg: Config) -> Setup:
-    """Model name, data, index, retriever and questions of ``cfg`` (``cfg.model`` resolved in place)."""
-    from hindsearch.models import resolve_model
-
-    resolve_model(cfg)
+    """Data, index, retriever and questions of ``cfg``."""
     paths = resolve_data(cfg)
     train, dev = load_records(cfg, paths)
     return Setup(paths, train, dev, open_retriever(cfg, paths))

@@ -74,10 +74,3 @@ def install() -> None:
     if warnings.showwarning is not _show:
         _state["original"] = warnings.showwarning
         warnings.showwarning = _show
-
-
-def uninstall() -> None:
-    """Restore the ``showwarning`` that ``install`` replaced, and forget what was shown (for tests)."""
-    if warnings.showwarning is _show and _state["original"] is not None:
-        warnings.showwarning = _state["original"]
-    _state["seen"] = set()

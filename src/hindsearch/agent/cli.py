@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-bad", action="store_true",
                    help="skip and count malformed QA rows (each named on stderr) instead of failing on the first")
     p.add_argument("--out", required=True, help="output folder (summary.json, results.md, trajectories.jsonl); reruns resume")
-    p.add_argument("--config", help="TOML file or shipped preset name, e.g. micro (default: built-in defaults)")
+    p.add_argument("--config", help="TOML file or shipped preset name, e.g. tiny-cpu (default: built-in defaults)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
     p.add_argument("--batch-size", type=positive_int, help="trajectories per batch (default: eval.batch_size)")
     p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
@@ -95,7 +95,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
-    from hindsearch.models import load_policy, resolve_model
+    from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_index
     from hindsearch.setup import open_retriever, resolve_data
     from hindsearch.train.cli import find_config  # a file or a preset name, as train and compare take it
@@ -113,7 +113,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.retrieval_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
     cfg = Config.load(find_config(args.config) if args.config else None, overrides)
-    resolve_model(cfg)  # e.g. --config configs/micro.toml: model.name "micro" is its world's micro model
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]

@@ -5,6 +5,11 @@ A preset is a TOML file whose tables are the concerns (``[model]``, ``[data]``,
 ``[eval]``) plus top-level ``method`` and ``out``. ``--set section.key=value`` overrides
 a single field (values parsed as TOML, falling back to a plain string).
 
+Presets without copies: a top-level ``base = "other.toml"`` (a path relative to the preset's folder) reads that
+preset first and lays this one over it, table by table and key by key (``read_preset``); a base may have its own
+base. ``out`` may hold ``{method}``, replaced by the resolved method when the preset loads, so that one preset per
+model serves every method (``--method``) with a run folder per method.
+
 Every value is validated by ``Config.validate`` *before* any model is loaded; an error
 names the key and the allowed values. Allowed values and numeric bounds are declared once, in
 the field's metadata (``choice(...)``, ``bounded(...)``): ``validate`` walks every field and
@@ -54,12 +59,43 @@ def read_toml(p: Path) -> dict[str, Any]:
         raise ConfigError(f"{p}: invalid TOML: nested too deep to read") from None
 
 
+BASE_KEY = "base"
+"""Top-level key of a preset naming the preset it lays itself over."""
+
+
+def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
+    """``top`` laid over ``base``: tables merged key by key (recursively), any other value replaced."""
+    out = dict(base)
+    for k, v in top.items():
+        out[k] = _overlay(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_preset(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A preset's TOML as a dict, its ``base`` chain resolved: the base (relative to ``p``'s folder) read first, then
+    ``p`` laid over it (``_overlay``). A missing base or a cycle raises ``ConfigError`` naming the files."""
+    d = read_toml(p)
+    if BASE_KEY not in d:
+        return d
+    name = d.pop(BASE_KEY)
+    if not isinstance(name, str) or not name:
+        raise ConfigError(f"{p}: base must be the file name of another preset, got {name!r}")
+    base = p.parent / name
+    if base.resolve() in _seen or base.resolve() == p.resolve():
+        chain = " -> ".join(str(q) for q in (*_seen, p.resolve(), base.resolve()))
+        raise ConfigError(f"{p}: base = {name!r} makes a cycle ({chain})")
+    if not base.is_file():
+        raise ConfigError(f"{p}: base = {name!r}: {base} not found (a path relative to the preset's folder)")
+    return _overlay(read_preset(base, (*_seen, p.resolve())), d)
+
+
 @dataclass
 class Config:
     method: str = choice("grpo", METHODS)
     """``grpo``, ``hindsearch``, ``igsd`` or ``hindsearch+igsd``."""
     out: str = "runs/default"
-    """Run folder: config.toml, metrics.jsonl, samples.jsonl, checkpoints/."""
+    """Run folder: config.toml, metrics.jsonl, samples.jsonl, checkpoints/. In a preset, ``{method}`` in it becomes
+    the method (``runs/qwen2.5-3b-instruct-{method}``)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
@@ -91,18 +127,20 @@ class Config:
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "Config":
-        """Load a TOML preset (None = defaults), apply ``section.key=value`` overrides, validate."""
+        """Load a TOML preset (None = defaults; its ``base`` chain resolved: ``read_preset``), apply
+        ``section.key=value`` overrides, fill ``{method}`` in ``out``, validate."""
         d: dict[str, Any] = {}
         src = "<defaults>"
         if path is not None:
             p = Path(path)
             if not p.exists():
                 raise ConfigError(f"config file not found: {p}")
-            d = read_toml(p)
+            d = read_preset(p)
             src = str(p)
         cfg = cls.from_dict(d, src)
         for ov in overrides or []:
             cfg.set(ov)
+        cfg.out = cfg.out.replace("{method}", cfg.method)
         cfg.validate()
         return cfg
 

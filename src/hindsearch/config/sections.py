@@ -34,7 +34,8 @@ class LoRAConfig:
 @dataclass
 class ModelConfig:
     name: str = "smollm2-135m"
-    """Policy model: a short alias (``smollm2-135m``, ``tiny-random``, ``micro``), an HF hub id or a local path."""
+    """Policy model: a short alias (``smollm2-135m``, ``tiny-random``), an HF hub id or a local path (e.g. a micro model
+    built by ``recipes/micro/build.py``)."""
     gguf_file: str | None = None
     """GGUF file name inside ``name`` (for GGUF checkpoints); set automatically for the ``smollm2-135m`` alias."""
     dtype: str = choice("float32", ("float32", "bfloat16", "float16"))

@@ -23,10 +23,10 @@ sample. The alternatives:
 * ``one_sided``: the lowering half of ``signed``, ``a_t = clip(lT_t - lS_t, -c, 0)``: a failed token is lowered
   where the teacher likes it less and nothing is ever raised (one-sided per token; restricted to the decisions
   to answer, ``distill_on = answer_decision``, it only lowers "answer now" where the teacher would search again).
-* ``topk_reverse_kl`` and ``topk_jsd`` compare the two distributions on the teacher's top-k token
-  ids (k = 50 by default) **plus one tail bucket** holding the remaining mass of each distribution
-  (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for both. Nothing is
-  renormalised, so the student's sampled token always has a gradient, through its own id when it is
+* ``reverse_kl`` and ``jsd`` (``topk_reverse_kl_per_token``, ``topk_jsd_per_token``) compare the two
+  distributions on the teacher's top-k token ids (k = 50 by default) **plus one tail bucket** holding the
+  remaining mass of each distribution (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for
+  both. Nothing is renormalised, so the student's sampled token always has a gradient, through its own id when it is
   in the teacher's top-k and through the tail bucket when it is not.
 
 IGSD (information-gain-gated candidate-pair distillation)::
@@ -157,27 +157,9 @@ def clamped_sampled_weight(lT: Tensor, lS: Tensor) -> Tensor:
     return (lT.detach() - lS.detach()).clamp(0.0, 1.0)
 
 
-def hind_clamped_sampled(lS: Tensor, lT: Tensor, mask: Tensor) -> Tensor:
-    """HindSearch loss ``-sum(w * lS * mask) / max(sum(mask), 1)``; ``[B, T]`` inputs → scalar.
-
-    The gradient flows through ``lS`` only (``w`` is detached); exact 0 when ``mask`` is empty.
-    """
-    w = clamped_sampled_weight(lT, lS)
-    return -agg(w * lS, mask, "token-mean")
-
-
 def signed_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
     """``a = clamp(lT - lS, -clip, clip)``, detached; ``lT``, ``lS``: ``[B, T]`` → ``[B, T]``."""
     return (lT.detach() - lS.detach()).clamp(-clip, clip)
-
-
-def hind_signed(lS: Tensor, lT: Tensor, mask: Tensor, clip: float = 1.0) -> Tensor:
-    """Signed per-token distillation ``-sum(a * lS * mask) / max(sum(mask), 1)``; ``[B, T]`` inputs → scalar.
-
-    ``a = signed_advantage(lT, lS, clip)`` (detached): the gradient raises ``lS`` where the teacher
-    is more likely than the student and lowers it where it is less likely. Exact 0 on an empty mask.
-    """
-    return -agg(signed_advantage(lT, lS, clip) * lS, mask, "token-mean")
 
 
 def _log1mexp(x: Tensor) -> Tensor:
@@ -227,16 +209,6 @@ def topk_jsd_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher
     kl_t = (log_pt.exp() * (log_pt - log_m)).sum(-1)
     kl_s = (log_ps.exp() * (log_ps - log_m)).sum(-1)
     return 0.5 * (kl_t + kl_s)
-
-
-def topk_reverse_kl(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean of ``topk_reverse_kl_per_token`` under ``mask [B, T]`` → scalar (0 when empty)."""
-    return agg(topk_reverse_kl_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
-
-
-def topk_jsd(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor, mask: Tensor) -> Tensor:
-    """Token-mean of ``topk_jsd_per_token`` under ``mask [B, T]`` → scalar (0 when empty)."""
-    return agg(topk_jsd_per_token(student_logits, teacher_topk_ids, teacher_topk_logp), mask)
 
 
 # ---------------------------------------------------------------------------------------- divergences

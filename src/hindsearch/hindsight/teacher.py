@@ -96,10 +96,6 @@ def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action
     return [float(action_weight) if a and not q else float(bool(q)) for q, a in zip(query, act)]
 
 
-def distill_mask(traj: Any, tokenizer: Any, distill_on: str = "query") -> list[int]:
-    """The tokens a hindsight term distils (0/1): ``distill_weights > 0``."""
-    return [int(w > 0) for w in distill_weights(traj, tokenizer, distill_on)]
-
 
 def teacher_token_logprobs(
     model: Any,

@@ -332,10 +332,3 @@ def make_terms(cfg: Any, judge: Any = None) -> list[AuxTerm]:
     if "igsd" in method:
         terms.append(IGSDTerm(cfg.igsd, seed=cfg.train.seed))
     return terms
-
-
-def loss_from_full_logits(term: Any, logits: torch.Tensor, completion_ids: torch.Tensor,
-                          inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-    """``term.loss`` from full logits ``[B, T, V]`` (tests, scripts): selects the term's own positions first."""
-    idx = term.positions(inputs, completion_ids.shape[1]).to(logits.device).nonzero()
-    return term.loss(logits[idx[:, 0], idx[:, 1]], idx, completion_ids, inputs)

@@ -262,18 +262,6 @@ def lora_peft_config(lora_cfg: Any) -> Any:
                       target_modules=targets, bias="none", task_type="CAUSAL_LM")
 
 
-def resolve_model(cfg: Any) -> Any:
-    """The one place a config's model name is resolved before loading: ``model.name = "micro"`` becomes the
-    configured world's micro model folder (``models.micro``, built and cached on first use); every other name
-    (an alias, hub id or path) is ``load_policy``'s. In place; returns ``cfg``."""
-    from hindsearch.models.micro import MICRO_ALIAS, micro_model_path
-
-    if cfg.model.name == MICRO_ALIAS:
-        cfg.model.name = str(micro_model_path(cfg.data))
-        cfg.model.gguf_file = None
-    return cfg
-
-
 def weights_digest(folder: str | Path) -> str | None:
     """sha256 of a checkpoint folder's weights, tensor by tensor in name order (names, dtypes, shapes and bytes):
     the same for two saves of the same weights whatever the file layout; None when the folder holds no

@@ -119,10 +119,6 @@ def plot_lines(data: Sequence[tuple[str, list[float], list[float]]], title: str,
     return fig_to_b64(fig)
 
 
-def line_plot(rows: list[dict[str, Any]], keys: list[str], title: str) -> str | None:
-    """Base64 PNG of the ``keys`` against step (None when none has a value)."""
-    return plot_lines([(k, *series(rows, k)) for k in keys], title)
-
 
 def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     """Base64 PNG: stacked bars of the step time split (seconds) per step."""

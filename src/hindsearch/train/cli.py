@@ -1,7 +1,7 @@
 """``hindsearch train`` (the main job) and ``hindsearch sft`` (the protocol warm-up alone).
 
 ``hindsearch train`` with no arguments runs the ``tiny-cpu`` preset. ``--config`` takes a TOML file
-or the name of a shipped preset (``tiny-cpu``, ``qwen2.5-3b-instruct-grpo``, ...), looked up in the
+or the name of a shipped preset (``tiny-cpu``, ``qwen2.5-3b-instruct``, ...), looked up in the
 ``configs/`` folder of the checkout (``pip install -e .``) or of the current directory.
 """
 

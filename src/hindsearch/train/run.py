@@ -344,9 +344,6 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
     set_threads(threads or cfg.train.threads, log)
-    from hindsearch.models import resolve_model
-
-    resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder, before the run folder is made
     if resume is None:
         run_dir = expand_out(cfg.out)
     good, torn = complete_checkpoints(run_dir / "checkpoints") if run_dir.is_dir() else ([], [])
@@ -515,14 +512,12 @@ class _Job:
         return model
 
     def _train(self, model: Any, ckpt: Path | None) -> Any:
-        from hindsearch.fsutil import atomic_checkpoints
         from hindsearch.memory import release_memory_callback
         from hindsearch.train.aux_loss import NonFiniteLoss
 
         cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
-        atomic_checkpoints(trainer)  # checkpoint-N appears only when complete (staging folder + rename)
         from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log

@@ -68,6 +68,7 @@ import torch
 from transformers import TrainerCallback
 from trl import GRPOTrainer
 
+from hindsearch.fsutil import AtomicCheckpoints
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
 from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, selected_logits,
@@ -99,6 +100,18 @@ class KeepWeights(TrainerCallback):
                     self.trainer.processing_class.save_pretrained(str(out))
 
 
+def _timed(timer: StepTimer, part: str, func: Callable[..., Any]) -> Callable[..., Any]:
+    """A TRL reward function whose calls add to ``timer``'s ``part`` (its name kept: TRL logs rewards by it)."""
+    import functools
+
+    @functools.wraps(func)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with timer.part(part):
+            return func(*args, **kwargs)
+
+    return timed
+
+
 def _units(term: Any, inputs: dict[str, torch.Tensor], C: int) -> torch.Tensor:
     """``[B, C]``: what a term's reduction counts per token: its ``unit_weights`` when it weights tokens, else its
     0/1 positions."""
@@ -106,8 +119,9 @@ def _units(term: Any, inputs: dict[str, torch.Tensor], C: int) -> torch.Tensor:
     return weights(inputs, C) if weights is not None else term.positions(inputs, C)
 
 
-class HindsearchGRPOTrainer(GRPOTrainer):
-    """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms)."""
+class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
+    """GRPO over multi-turn Search-R1 rollouts (+ optional hindsight terms); checkpoints saved atomically
+    (``fsutil.AtomicCheckpoints``)."""
 
     def __init__(
         self,
@@ -153,18 +167,18 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         self.ema_decay = ema_decay
         self.grad_share_steps = grad_share_steps
         self.grpo_scale = float(grpo_scale)  # train.grpo_scale: 0 = the hindsight terms alone
+        self.timer = StepTimer(self.record_metrics)
         if getattr(args, "use_vllm", False):
             self._apply_vllm_fields(args, engine)
         super().__init__(
             model=model,
-            reward_funcs=reward_funcs,
+            reward_funcs=[_timed(self.timer, "reward", f) for f in reward_funcs],
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             rollout_func=self._rollout,
             **kwargs,
         )
-        self.timer = StepTimer(self.record_metrics)
         self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
         for cb in (self.timer, MetricsWriter(self.run_dir), self.samples_writer, EMAUpdate(self)):
             self.add_callback(cb)
@@ -226,10 +240,7 @@ class HindsearchGRPOTrainer(GRPOTrainer):
         vg.attach_vllm(self)
 
     # ------------------------------------------------------------------ scoring + aux prepare
-    def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):  # noqa: D401 - TRL hook
-        with self.timer.part("reward"):
-            return super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
-
+    # TRL 1.16 has no public hook that adds per-row tensors to the training batch: the terms' prepare goes here
     def _generate_and_score_completions(self, inputs: list[dict[str, Any]]) -> dict[str, Any]:
         if not self.use_vllm:
             return self._score_and_prepare(inputs)

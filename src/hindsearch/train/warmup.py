@@ -320,18 +320,15 @@ def cmd_sft(args: Any) -> int:
     from hindsearch.config import Config
 
     cfg = Config.load(args.config, args.set)
-    from hindsearch.models import resolve_model
-
     demos = args.demos or cfg.warmup.demos
     if demos and not Path(demos).exists():
         raise FileNotFoundError(f"demonstrations file not found: {demos}")
     if demos:
-        resolve_model(cfg)  # model.name = "micro" -> the world's micro model folder
         records, retriever = [], None
     else:
         from hindsearch.setup import prepare
 
-        setup = prepare(cfg)  # model name, data, index and retriever, as every command resolves them
+        setup = prepare(cfg)  # data, index and retriever, as every command resolves them
         records, retriever = setup.train, setup.retriever
     from hindsearch.models import load_policy
 

@@ -1,11 +1,19 @@
-"""The ``micro`` preset model: a small Llama-style causal LM trained from scratch on the fictional world.
+"""The micro model: a small Llama-style causal LM trained from scratch on the fictional world (a research rig).
+
+Build it, then name its folder as ``model.name`` (the presets beside this file do)::
+
+    python recipes/micro/build.py --config recipes/micro/micro.toml --out .hindsearch/micro
+    python recipes/micro/build.py --world .hindsearch/world --out .hindsearch/micro   # an existing world folder
+
+The command prints the folder it wrote (or found up to date). ``--config`` builds the preset's world
+(``[data]``) when it is missing; ``--world`` takes a world folder as it is.
 
 Small instruct models are slow on a CPU (one GRPO step of SmolLM2-135M costs minutes on 2 cores),
 so a method comparison with them only gets a handful of steps. ``micro`` is built for that
 comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
 
-``ensure_micro(world_dir, out_dir, seed)`` builds, once (cached by a hash of its inputs):
-
+``ensure_micro(world_dir, out_dir, seed)`` builds, once (cached by a hash of its inputs: the world files'
+contents, the spec and the seed):
 1. a byte-level BPE vocabulary (``MicroSpec.vocab_size`` at most, default 8,192; ``min_frequency`` 1,
    so every word of the world is one token and copying a name is copying one token) trained with
    ``tokenizers`` on the world's passages and questions plus the Search-R1 protocol strings (the
@@ -23,7 +31,7 @@ comparison: a few-layer model (~2-3M parameters) whose steps take seconds.
    the tokenizer, with ``micro.json`` recording the copy accuracy before, during and after,
 
 so ``load_policy(ModelConfig(name=str(path)))`` loads it like any local model. Teaching it the
-protocol is the warm-up's job (``configs/micro.toml``: long warm-up, feedback-conditioned demos).
+protocol is the warm-up's job (``micro.toml`` here: long warm-up, feedback-conditioned demos).
 
 **Why the copy rows** (measured on 2 CPU cores): copying is the skill the protocol needs (the query
 repeats the question's entity, the answer repeats a name from the passages), and a model this size does
@@ -36,12 +44,13 @@ warm-up the model repeats the question as its query in 90 of 100 dev questions a
 (one-hop 31.3, two-hop 1.9). Rows packing several short ``x x`` episodes did not work (copy accuracy at
 chance after 800 steps); one long episode per row does.
 
-The ``micro`` alias of ``model.name`` is resolved by ``hindsearch.models.resolve_model(cfg)`` (world built when missing,
-model cached under ``$HINDSEARCH_CACHE/models/micro-w<world seed>-<size>-s<seed>``).
+The torch thread count changes the weights (``--threads``, default 1: the count ``hindsearch compare`` builds its
+start with).
 """
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -64,7 +73,6 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 MICRO_VERSION = 4
-MICRO_ALIAS = "micro"
 
 # Phrases the scripted searcher and the judges write; repeated in the tokenizer corpus so they merge.
 _PHRASES = (
@@ -326,14 +334,23 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
     return {"loss": out["loss"], "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
 
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def _cache_key(world_dir: Path, spec: MicroSpec, seed: int) -> str:
+    """The build's inputs: the spec, the seed and the *contents* of the world files (a copy of the world, with
+    other times or another folder, is the same world: no 17-minute rebuild)."""
     h = hashlib.sha256()
     h.update(json.dumps({"spec": asdict(spec), "seed": seed, "v": MICRO_VERSION}, sort_keys=True).encode())
     for name in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl"):
         p = world_dir / name
         if p.exists():
-            st = p.stat()
-            h.update(f"{name}:{st.st_size}:{int(st.st_mtime)}".encode())
+            h.update(f"{name}:{_file_sha256(p)}".encode())
     return h.hexdigest()[:16]
 
 
@@ -375,16 +392,36 @@ def ensure_micro(world_dir: str | Path, out_dir: str | Path, seed: int = 0, spec
     return out
 
 
-def micro_model_path(data_cfg: Any, seed: int = 0, spec: MicroSpec | None = None) -> Path:
-    """The ``micro`` alias: the micro model of the configured world (world built first when missing).
+def main(argv: list[str] | None = None) -> int:
+    """``python recipes/micro/build.py (--world DIR | --config PRESET) --out DIR``: build (or find up to date) the
+    micro model and print its folder."""
+    from hindsearch.models import torch_threads
 
-    Cached under ``$HINDSEARCH_CACHE/models/micro-w<world_seed>-<n_entities|default>-s<seed>``.
-    """
-    from hindsearch.data.world import ensure_world_for
-    from hindsearch.models import cache_dir
+    p = argparse.ArgumentParser(prog="python recipes/micro/build.py",
+                                description="Build the micro model (own BPE, copy-row pretraining) of a world.")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--world", help="a world folder (hindsearch world --out DIR)")
+    src.add_argument("--config", help="a preset whose [data] world is used, built when missing")
+    p.add_argument("--out", required=True, help="model folder (rebuilt only when the world, spec or seed changed)")
+    p.add_argument("--seed", type=int, default=0, help="initialisation and pretraining seed (default: 0)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads; the weights depend on the count (default: 1, as compare builds its start)")
+    args = p.parse_args(argv)
+    from hindsearch.fsutil import check_replaceable
 
-    world = ensure_world_for(data_cfg)
-    size = data_cfg.world_entities or "default"
-    tq = getattr(data_cfg, "world_test_questions", None)
-    name = f"micro-w{data_cfg.world_seed}-{size}{f'-t{tq}' if tq else ''}-s{seed}"
-    return ensure_micro(world, cache_dir() / "models" / name, seed, spec)
+    out = check_replaceable(args.out, lambda f: (f / "micro.json").exists(), "micro model folder")
+    if args.config:
+        from hindsearch.config import Config
+        from hindsearch.data.world import ensure_world_for
+
+        world = ensure_world_for(Config.load(args.config).data)
+    else:
+        world = Path(args.world)
+    with torch_threads(args.threads):
+        folder = ensure_micro(world, out, args.seed)
+    print(folder)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
