@@ -79,7 +79,7 @@ from typing import Any
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from hindsearch.cli import nonneg_int, positive_float, positive_int  # noqa: E402 - argument types (messages name the flag)
+from hindsearch.cli.args import nonneg_int, positive_float, positive_int  # noqa: E402 - argument types (messages name the flag)
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ("smollm2-135m", "qwen2.5-3b-random")

@@ -441,7 +441,7 @@ def test_someone_elses_trajectories_jsonl_names_the_file(tmp_path, rows):
 
 def test_eval_has_skip_bad_and_the_qa_error_names_it(tmp_path, capsys):
     """The QA error told users to pass --skip-bad to eval, which had no such flag."""
-    from hindsearch.agent.cli import load_datasets
+    from hindsearch.cli.eval import load_datasets
     from hindsearch.data.qa import QAError, load_qa
 
     p = write_lines(tmp_path / "qa.jsonl", '{"question": "q1", "golden_answers": ["a"]}', "{broken",

@@ -328,7 +328,7 @@ def test_the_start_is_the_presets_whichever_seeds_are_listed(tiny_preset, monkey
 def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatch, capsys):
     """``--config tiny-cpu`` resolves like ``hindsearch train --config tiny-cpu`` (the checkout's configs/), from
     a folder without configs/; an unknown name fails with one line listing the presets."""
-    import hindsearch.compare
+    import hindsearch.cli.compare
     from hindsearch.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -338,7 +338,7 @@ def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatc
         seen.update(config=config, methods=methods, seeds=seeds, kw=kw)
         return "table"
 
-    monkeypatch.setattr(hindsearch.compare, "run_compare", fake_run_compare)
+    monkeypatch.setattr(hindsearch.cli.compare, "run_compare", fake_run_compare)
     assert main(["compare", "--config", "tiny-cpu", "--methods", "grpo", "--seeds", "3", "--out", "o", "--no-report",
                  "--jobs", "2", "--probe", "5", "--steps", "7", "--mini-limit", "9"]) == 0
     cfg = Path(seen["config"])

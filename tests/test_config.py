@@ -10,7 +10,7 @@ import torch
 
 from hindsearch import cli
 from hindsearch.config import Config, ConfigError
-from hindsearch.train.cli import find_config
+from hindsearch.cli.train import find_config
 from hindsearch.train.grpo_config import grpo_args
 from hindsearch.train.dev_eval import format_table, summary_row
 from hindsearch.train.run import preflight, truncate_jsonl

@@ -78,7 +78,7 @@ def test_toml_blocks_load_as_configs_and_trl_knows_their_fields(page, text, tmp_
 def _parse_hindsearch(words: list[str], where: str) -> None:
     from hindsearch.cli import build_parser
     from hindsearch.config import Config
-    from hindsearch.train.cli import find_config
+    from hindsearch.cli.train import find_config
 
     parser = build_parser()
     parser.exit = lambda status=0, message=None: (_ for _ in ()).throw(AssertionError(f"{where}: {message}"))

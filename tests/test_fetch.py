@@ -24,6 +24,7 @@ import pytest
 from hindsearch.cli import main as cli_main
 from hindsearch.data import fetch as fetch_mod
 from hindsearch.data.fetch import REMOTES, FetchError, Joined, Remote, fetch
+from hindsearch.retrieval.dense import faiss_shape
 
 COMMIT = "a" * 40
 TOKEN = "hf_fake_token_for_tests"
@@ -208,7 +209,7 @@ def test_fetch_all_writes_the_readme_paths_and_a_rerun_is_served_from_cache(smal
     assert not list(out.rglob("*.incomplete")) and not list(out.rglob("*.joining"))
 
     hub.requests.clear()
-    fetch("all", out, remotes=remotes, log=lambda s: None)
+    fetch("all", out, remotes=remotes, log=lambda s: None, index_shape=faiss_shape)
     assert hub.gets() == []  # nothing downloaded again
     heads = [p for m, p, _, _ in hub.requests if m == "HEAD"]
     assert len(heads) == 2 * (n_files - 2)  # a dry-run and a real HEAD per plain file; the joined index: none
@@ -230,7 +231,7 @@ def test_the_readme_commands_run_on_what_fetch_wrote(small_hub, tmp_path, capsys
     _, remotes, _ = small_hub
     out = tmp_path / "data"
     for what in ("test", "wiki18", "e5index"):
-        fetch(what, out, remotes=remotes, log=lambda s: None)
+        fetch(what, out, remotes=remotes, log=lambda s: None, index_shape=faiss_shape)
     assert len(load_qa(out / "2wikimultihopqa/dev.jsonl")) == remotes["test"][4].rows  # the eval --data paths load
     wiki = str(out / "wiki18/wiki-18.jsonl.gz")
     assert cli_main(["index", "--corpus", wiki, "--out", str(tmp_path / "bm25")]) == 0
@@ -365,9 +366,18 @@ def test_joining_the_index_parts_checks_the_space_it_needs(small_hub, tmp_path, 
     monkeypatch.setattr(fetch_mod.shutil, "disk_usage", lambda p: real(p)._replace(free=5000))
     with pytest.raises(FetchError, match=rf"cannot join part_aa \+ part_ab of dataset repo PeterJinGo/wiki-18-e5-index "
                                          rf"into .*e5_Flat\.index: it needs {len(index):,} bytes and .* has 5,000 free"):
-        fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None)
+        fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None, index_shape=faiss_shape)
     assert sorted(p.name for p in (tmp_path / "o/wiki18").iterdir()) == [".cache", "part_aa", "part_ab"]
     monkeypatch.setattr(fetch_mod.shutil, "disk_usage", real)
     hub.requests.clear()
-    fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None)  # the kept parts are not downloaded again
+    fetch("e5index", tmp_path / "o", remotes=remotes, log=lambda s: None, index_shape=faiss_shape)  # the kept parts are not downloaded again
     assert hub.gets() == [] and (tmp_path / "o/wiki18/e5_Flat.index").read_bytes() == index
+
+
+def test_verifying_a_joined_index_needs_its_reader_and_asks_before_any_download(small_hub, tmp_path):
+    """The data layer downloads the index, the retrieval layer reads it: ``fetch`` takes the reader from its caller
+    (the command passes FAISS's ``faiss_shape``) and, without one, refuses before it downloads anything."""
+    hub, remotes, _ = small_hub
+    with pytest.raises(ValueError, match=r"checking e5index needs index_shape .*or verify=False"):
+        fetch("all", tmp_path / "o", remotes=remotes, log=lambda s: None)
+    assert hub.requests == [] and not (tmp_path / "o").exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hindsearch.data import cli as data_cli
+from hindsearch.cli import data as data_cli
 from hindsearch.data.corpus import read_corpus
 from hindsearch.data.mini import BENCHMARKS, build_mini, fast_normalize, passage_key
 from hindsearch.data.qa import load_qa

@@ -355,7 +355,7 @@ def test_ensure_warmup_is_cached(world, tok, tmp_path):
 def test_sft_cli_scripted_then_from_a_trajectories_file(tmp_path):
     import argparse
 
-    from hindsearch.train.cli import register
+    from hindsearch.cli.train import register
 
     parser = argparse.ArgumentParser()
     register(parser.add_subparsers())

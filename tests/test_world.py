@@ -9,7 +9,7 @@ import bm25s
 import pytest
 import Stemmer
 
-from hindsearch.data import cli as data_cli
+from hindsearch.cli import data as data_cli
 from hindsearch.data.corpus import read_corpus
 from hindsearch.data.qa import load_qa
 from hindsearch.data.world import ensure_world, generate_world, world_is_current

@@ -29,7 +29,6 @@ lowers a failed token where the teacher likes it less (``hindsearch.divergence =
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -225,7 +224,7 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
         init = shared_warmup(base_cfg, out_dir, log)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
-        from hindsearch.train.probe_cli import probe_checkpoint
+        from hindsearch.train.probe import probe_checkpoint
 
         probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
     if states > 0 and not (out_dir / STATES_NAME).exists():
@@ -392,7 +391,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     if eval_at and WORLD in numbers:
         curve[str(cfg.train.steps)] = numbers[WORLD]
     if probe > 0 and not (rd / "probe.json").exists():
-        from hindsearch.train.probe_cli import probe_checkpoint
+        from hindsearch.train.probe import probe_checkpoint
 
         probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None, loaded=final)
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers, "curve": curve,
@@ -404,61 +403,3 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
 def _title(config: str, cfg: Any) -> str:
     judge = f", judge {cfg.hindsearch.judge_kind}"
     return f"hindsearch compare: {Path(config).name} (model {Path(cfg.model.name).name}{judge}, {cfg.train.steps} steps)"
-
-
-def main_compare(args: argparse.Namespace) -> int:
-    """Entry point of ``hindsearch compare`` (arguments defined in ``register``)."""
-    from hindsearch.train.cli import find_config
-
-    methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
-    config = str(find_config(args.config))  # a TOML file or a shipped preset name, as for ``hindsearch train``
-    md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
-                     mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,
-                     jobs=getattr(args, "jobs", 1), probe=getattr(args, "probe", 0),
-                     sampled=getattr(args, "sampled", None) or 0, states=getattr(args, "states", None) or 0,
-                     eval_at=parse_steps(getattr(args, "eval_at", None) or ""))
-    print(md)
-    if not args.no_report:
-        from hindsearch.report import write_report
-
-        print(f"report: {write_report(args.out)}")
-    return 0
-
-
-# --------------------------------------------------------------------------- CLI
-def register(sub: Any) -> None:
-    """Add the ``compare`` subcommand."""
-    from hindsearch.cli import positive_int
-
-    c = sub.add_parser("compare", help="train and evaluate several methods x seeds from one warmed-up checkpoint")
-    c.add_argument("--config", default="tiny-cpu",
-                   help="base config: a TOML file or a shipped preset name, as for 'hindsearch train'")
-    c.add_argument("--methods", default="grpo,hindsearch,hindsearch-nogold,igsd",
-                   help="comma list of " + ", ".join(METHOD_ALIASES))
-    c.add_argument("--seeds", default="0,1", help="comma list of training seeds")
-    c.add_argument("--steps", type=positive_int, default=None,
-                   help="RL steps per run (default: the preset's train.steps)")
-    c.add_argument("--mini", default=None, help="folder from 'hindsearch data mini' (adds the seven mini benchmarks)")
-    c.add_argument("--mini-limit", type=positive_int, default=None,
-                   help="questions per mini benchmark (default: the preset's eval.limit)")
-    c.add_argument("--test-limit", type=positive_int, default=None, help="world test questions (default: all)")
-    c.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="config override applied to every run (repeatable)")
-    c.add_argument("--out", required=True, help="comparison folder (resumable)")
-    c.add_argument("--no-report", action="store_true", help="do not write DIR/report.html")
-    c.add_argument("--jobs", type=positive_int, default=1,
-                   help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
-    c.add_argument("--probe", type=positive_int, default=0, metavar="N",
-                   help="probe the starting checkpoint on N failed training rollouts, into DIR/probe.json, and each "
-                        "run's final checkpoint, into RUN/probe.json (default: no probe)")
-    c.add_argument("--sampled", type=positive_int, default=None, metavar="K",
-                   help="also draw K samples per test question of each run at the rollout temperature: sampled EM, "
-                        "pass@K, evidence recall (default: greedy only)")
-    c.add_argument("--states", type=positive_int, default=None, metavar="N",
-                   help="also measure each run on N held-out failed two-hop states of the start (test split): sampled "
-                        "P(search again), bridge-query hit (default: none)")
-    c.add_argument("--eval-at", default=None, metavar="STEPS",
-                   help="comma list of steps after which each run is also evaluated greedily on the world test split "
-                        "(EM along the way: sample efficiency; default: the end only)")
-    c.add_argument("--debug", action="store_true", help="show tracebacks")
-    c.set_defaults(func=main_compare)

@@ -24,7 +24,8 @@ points at a mirror, ``HF_HUB_OFFLINE=1`` uses only what is already on disk. An u
 is retried with ``huggingface_hub``'s backoff (about 23 s) before one error line names the file.
 
 After downloading, each file is checked by row count (QA files are parsed with
-``hindsearch.data.qa.load_qa``, so a format change fails loudly; the e5 index is opened with FAISS)
+``hindsearch.data.qa.load_qa``, so a format change fails loudly; the e5 index is measured by the caller's
+``index_shape``, FAISS's ``hindsearch.retrieval.dense.faiss_shape`` from the command line)
 and recorded in ``fetch.json`` with the repo, the commit it came from (``X-Repo-Commit``), its
 size and rows. A source's ``revision`` pins a commit; none is pinned yet (their commits were not
 known when this was written), so each download records the commit it got.
@@ -37,6 +38,7 @@ import gzip
 import json
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -221,7 +223,13 @@ def _check_rows(dest: Path, expected: int | None, found: int, source: str) -> No
                          "file is damaged; delete it to download again, or pass --no-verify to keep it)")
 
 
-def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, etag_timeout: float, log) -> dict:
+IndexShape = Callable[[Path], tuple[int, int]]
+"""``(vectors, dimensions)`` of a joined index file (``retrieval.dense.faiss_shape`` for FAISS): the data layer
+downloads the index, the retrieval layer reads it."""
+
+
+def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, etag_timeout: float, log,
+          index_shape: IndexShape | None) -> dict:
     """Download ``job``'s parts, concatenate them into ``job.dest`` (through a temporary file), delete the parts."""
     dest = out / job.dest
     known = manifest.get(job.dest)
@@ -245,9 +253,7 @@ def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, e
                     shutil.copyfileobj(src, f, 1 << 24)
         rows = dim = None
         if verify:
-            from hindsearch.retrieval.dense import faiss_shape
-
-            rows, dim = faiss_shape(tmp)
+            rows, dim = index_shape(tmp)
             _check_rows(dest, job.rows, rows, job.parts[0].repo)
             if job.dim is not None and dim != job.dim:
                 raise FetchError(f"{dest}: vectors have {dim} dimensions, expected {job.dim}")
@@ -264,8 +270,9 @@ def _join(job: Joined, out: Path, endpoint: str, manifest: dict, verify: bool, e
 
 def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool = True,
           remotes: dict[str, list[Remote | Joined]] | None = None, etag_timeout: float = 10.0,
-          log=print) -> dict[str, Any]:
-    """Fetch ``what`` (train | test | wiki18 | e5index | all) into ``out``; returns the updated ``fetch.json``."""
+          log=print, index_shape: IndexShape | None = None) -> dict[str, Any]:
+    """Fetch ``what`` (train | test | wiki18 | e5index | all) into ``out``; returns the updated ``fetch.json``.
+    ``index_shape`` measures a joined index file (needed to verify ``e5index``)."""
     remotes = remotes or REMOTES
     if what not in (*remotes, "all"):
         raise ValueError(f"--what must be one of {', '.join([*remotes, 'all'])}, got {what!r}")
@@ -273,9 +280,13 @@ def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool 
     out = Path(out)
     manifest_path = out / "fetch.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
-    for job in [j for k in (remotes if what == "all" else [what]) for j in remotes[k]]:
+    jobs = [j for k in (remotes if what == "all" else [what]) for j in remotes[k]]
+    if verify and index_shape is None and (joined := [j.name for j in jobs if isinstance(j, Joined)]):
+        raise ValueError(f"checking {', '.join(joined)} needs index_shape (e.g. hindsearch.retrieval.dense.faiss_shape), "
+                         "or verify=False")
+    for job in jobs:
         if isinstance(job, Joined):
-            entry = _join(job, out, endpoint, manifest, verify, etag_timeout, log)
+            entry = _join(job, out, endpoint, manifest, verify, etag_timeout, log, index_shape)
         else:
             log(f"{job.name}: {job.repo}/{job.path} -> {out / job.dest}")
             path, info = hub_download(job, out, endpoint, etag_timeout)

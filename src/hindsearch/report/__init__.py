@@ -38,16 +38,14 @@ its turns (action, query or answer, retrieved ids and titles), so nothing is par
 text. Whatever is missing is reported as "not recorded" rather than failing: runs from before samples
 carried their turns show "turns not recorded" for each rollout.
 
-``register(sub)`` adds the ``report`` command. A comparison's numbers come from ``hindsearch.results``;
-this module never imports ``hindsearch.compare`` (which imports it to write the page).
+The ``report`` command is ``hindsearch.cli.report``. A comparison's numbers come from ``hindsearch.results``;
+this module never imports ``hindsearch.compare``.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 from pathlib import Path
-from typing import Any
 
 from hindsearch.report.env import environment
 from hindsearch.report.evals import eval_view
@@ -56,7 +54,7 @@ from hindsearch.report.runs import Run, is_compare_dir, is_eval_dir, load_run, s
 from hindsearch.report.views import (MAX_SAMPLES_COMPARED, compare_view, run_view, shade_css, token_spans,
                                     turns_of)
 
-__all__ = ["Run", "load_run", "render", "register", "shade_css", "token_spans", "turns_of", "write_report"]
+__all__ = ["Run", "load_run", "render", "shade_css", "token_spans", "turns_of", "write_report"]
 
 
 def has_comparison(path: Path) -> bool:
@@ -137,20 +135,3 @@ def write_report(path: str | Path, out: str | Path | None = None) -> Path:
     finally:
         tmp.unlink(missing_ok=True)
     return out_path
-
-
-# --------------------------------------------------------------------------- CLI
-def _cmd_report(args: argparse.Namespace) -> int:
-    out = write_report(args.run_dir, args.out)
-    print(f"wrote {out} ({out.stat().st_size / 1024:.0f} KiB)")
-    return 0
-
-
-def register(sub: Any) -> None:
-    """Add the ``report`` subcommand."""
-    p = sub.add_parser("report", help="static HTML report of a run, evaluation, runs or comparison folder")
-    p.add_argument("run_dir", help="run folder (metrics.jsonl, samples.jsonl), evaluation folder (hindsearch eval "
-                                   "--out), folder of runs, or compare folder")
-    p.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html)")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=_cmd_report)

@@ -316,7 +316,7 @@ def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_re
 
 # ---------------------------------------------------------------- CLI
 def cmd_sft(args: Any) -> int:
-    """``hindsearch sft`` (the parser lives in ``hindsearch.train.cli`` so the CLI starts without torch)."""
+    """``hindsearch sft`` (the parser lives in ``hindsearch.cli.train`` so the CLI starts without torch)."""
     from hindsearch.config import Config
 
     cfg = Config.load(args.config, args.set)

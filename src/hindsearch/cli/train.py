@@ -36,7 +36,7 @@ def find_config(name: str | None) -> Path:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    from hindsearch.cli import positive_int
+    from hindsearch.cli.args import positive_int
 
     p = sub.add_parser("train", help="warm-up + GRPO/HindSearch/IGSD training with dev EM before and after")
     p.add_argument("--config", default=None, help=f"TOML file or preset name (default: {DEFAULT_PRESET})")

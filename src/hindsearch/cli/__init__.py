@@ -1,8 +1,9 @@
 """The ``hindsearch`` command line.
 
-Each stage owns a small ``cli`` module with ``register(subparsers)``; this file only
-collects them, so ``hindsearch --help`` stays fast (heavy imports happen inside the
-command functions).
+Each stage's commands live in one module of this package (``data``, ``retrieval``, ``eval``, ``train``,
+``probe``, ``report``, ``compare``) with ``register(subparsers)``; the argument types they share are in
+``args``. This module only collects them, so ``hindsearch --help`` stays fast (heavy imports happen inside
+the command functions). The package is the top layer: it wires the stages, which never import it.
 """
 
 from __future__ import annotations
@@ -13,100 +14,14 @@ import sys
 
 # Modules that define ``register(subparsers)``; each adds one or more subcommands.
 COMMAND_MODULES = (
-    "hindsearch.data.cli",
-    "hindsearch.retrieval.cli",
-    "hindsearch.agent.cli",
-    "hindsearch.train.cli",
-    "hindsearch.train.probe_cli",
-    "hindsearch.report",
-    "hindsearch.compare",
+    "hindsearch.cli.data",
+    "hindsearch.cli.retrieval",
+    "hindsearch.cli.eval",
+    "hindsearch.cli.train",
+    "hindsearch.cli.probe",
+    "hindsearch.cli.report",
+    "hindsearch.cli.compare",
 )
-
-
-# ---------------------------------------------------------------- argument types (argparse names the flag)
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
-    return v
-
-
-def nonneg_int(text: str) -> int:
-    """An integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return v
-
-
-def positive_float(text: str) -> float:
-    """A finite number > 0."""
-    import math
-
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not math.isfinite(v) or v <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
-    return v
-
-
-def port_number(text: str) -> int:
-    """A TCP port, 0..65535 (0: any free port)."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
-    if not 0 <= v <= 65535:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
-    return v
-
-
-def http_url(text: str) -> str:
-    """An ``http://`` or ``https://`` URL with a host."""
-    from urllib.parse import urlsplit
-
-    try:
-        u = urlsplit(text)
-        u.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL ({e})") from None
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an http:// or https:// URL with a host")
-    return text
-
-
-class _DeprecatedFlag(argparse.Action):
-    """Stores into the new flag's ``dest`` and says, in one stderr line, which flag replaces this one."""
-
-    def __init__(self, *args, new: str, **kwargs) -> None:
-        self.new = new
-        super().__init__(*args, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"{parser.prog}: {option_string} is deprecated, use {self.new} (same meaning)", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_deprecated_alias(group: argparse._ActionsContainer, old: str, new: str, **kwargs) -> None:
-    """Accept ``old`` as a hidden alias of the flag ``new`` (already added to ``group``, same ``dest``, ``type``...):
-    it sets the same value and prints a one-line deprecation notice. Hidden from ``--help``, where ``new``'s
-    help names it."""
-    action = group._option_string_actions[new]  # type: ignore[attr-defined]
-    group.add_argument(old, action=_DeprecatedFlag, new=new, dest=action.dest, type=action.type,
-                       metavar=action.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
-
-
-RETRIEVAL_URL = "--retrieval-url"
-"""The retrieval server's URL flag of every command (config key ``retrieval.url``)."""
 
 
 def _version() -> str:
@@ -254,6 +169,3 @@ def entry() -> None:
         lockstep.end_process(rc)
     sys.exit(rc)
 
-
-if __name__ == "__main__":
-    entry()

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hindsearch.cli import RETRIEVAL_URL, add_deprecated_alias, http_url, nonneg_int, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, add_deprecated_alias, http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -98,7 +98,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_index
     from hindsearch.setup import open_retriever, resolve_data
-    from hindsearch.train.cli import find_config  # a file or a preset name, as train and compare take it
+    from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
     from hindsearch.eval import (EvalMismatch, config_record, full_record, is_legacy_eval_folder, model_identity,
                                  qa_file_record, refuse_message, reuse_problem)

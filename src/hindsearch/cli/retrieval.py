@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hindsearch.cli import RETRIEVAL_URL, add_deprecated_alias, http_url, port_number, positive_float, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, add_deprecated_alias, http_url, port_number, positive_float, positive_int
 from hindsearch.retrieval.limits import ServerLimits
 
 

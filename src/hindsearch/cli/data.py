@@ -12,7 +12,7 @@ import argparse
 import json
 import time
 
-from hindsearch.cli import http_url, nonneg_int, positive_float, positive_int
+from hindsearch.cli.args import http_url, nonneg_int, positive_float, positive_int
 from hindsearch.data.fetch import WHAT
 
 
@@ -47,8 +47,10 @@ def cmd_world(args: argparse.Namespace) -> int:
 
 def cmd_fetch(args: argparse.Namespace) -> int:
     from hindsearch.data.fetch import fetch
+    from hindsearch.retrieval.dense import faiss_shape
 
-    fetch(args.what, args.out, endpoint=args.endpoint, verify=not args.no_verify, etag_timeout=args.connect_timeout)
+    fetch(args.what, args.out, endpoint=args.endpoint, verify=not args.no_verify, etag_timeout=args.connect_timeout,
+          index_shape=faiss_shape)
     return 0
 
 

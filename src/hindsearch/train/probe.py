@@ -1,35 +1,15 @@
-"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student?
+"""Probe a checkpoint (``hindsearch probe``, ``compare --probe``): is its hindsight teacher better than its student?
 
-Runs ``hindsearch.hindsight.probe.run_probe`` on failed greedy training rollouts of one checkpoint and
-writes ``probe.json`` + ``probe.md`` (one table) into ``--out`` (default: the checkpoint folder, or the
-config's run folder when the checkpoint is the preset's warm-up).
+Runs ``hindsearch.hindsight.probe.run_probe`` on failed greedy training rollouts of one checkpoint (the preset's
+warm-up, built and cached when none is given) and writes ``probe.json`` + ``probe.md`` (one table) into ``--out``
+(default: the checkpoint folder, or the config's run folder when the checkpoint is the preset's warm-up). The
+command's flags are in ``hindsearch.cli.probe``.
 """
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 from typing import Any
-
-
-def register(sub: argparse._SubParsersAction) -> None:
-    from hindsearch.cli import positive_int
-
-    p = sub.add_parser(
-        "probe", help="teacher probes: hint gain, query quality at the failed state, decision preference, token gaps",
-        description="Answers, on N failed greedy training rollouts of a checkpoint, whether the hindsight teacher "
-                    "(critique with/without gold, IGSD answer line, neutral control) is better than the student.",
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", default=None, help="TOML file or preset name (default: tiny-cpu)")
-    p.add_argument("--checkpoint", default=None, metavar="DIR",
-                   help="model folder to probe (default: the preset's warmed-up checkpoint, built and cached when missing)")
-    p.add_argument("--n", type=positive_int, default=64, help="failed rollouts to probe")
-    p.add_argument("--questions", type=positive_int, default=256, help="training questions rolled out to find them")
-    p.add_argument("--samples", type=positive_int, default=4, help="samples per state for the decision probability")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field (repeatable)")
-    p.add_argument("--out", default=None, help="output folder for probe.json / probe.md")
-    p.add_argument("--debug", action="store_true", help="show tracebacks")
-    p.set_defaults(func=_cmd_probe)
 
 
 def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: int = 256, samples: int = 4,
@@ -85,14 +65,3 @@ def guard_probe_out(out: str | Path) -> Path:
     if not folder.exists() or not any(folder.iterdir()):
         claim_output(folder, "probe")
     return folder
-
-
-def _cmd_probe(args: argparse.Namespace) -> int:
-    from hindsearch.config import Config
-    from hindsearch.train.cli import find_config
-
-    cfg = Config.load(find_config(args.config), args.set).validate()
-    if args.out is not None:
-        guard_probe_out(args.out)  # refused before anything is loaded or probed
-    probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out)
-    return 0

@@ -1,0 +1,92 @@
+"""Argument types and shared flags of the ``hindsearch`` commands: each type's error names the flag (argparse adds
+it), and ``add_deprecated_alias`` keeps a renamed flag working with a one-line notice."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    return v
+
+
+def nonneg_int(text: str) -> int:
+    """An integer >= 0."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
+    return v
+
+
+def positive_float(text: str) -> float:
+    """A finite number > 0."""
+    import math
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not math.isfinite(v) or v <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be a finite number > 0")
+    return v
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0..65535 (0: any free port)."""
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= v <= 65535:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number (0..65535)")
+    return v
+
+
+def http_url(text: str) -> str:
+    """An ``http://`` or ``https://`` URL with a host."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        u.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL ({e})") from None
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise argparse.ArgumentTypeError(f"{text!r} must be an http:// or https:// URL with a host")
+    return text
+
+
+class _DeprecatedFlag(argparse.Action):
+    """Stores into the new flag's ``dest`` and says, in one stderr line, which flag replaces this one."""
+
+    def __init__(self, *args, new: str, **kwargs) -> None:
+        self.new = new
+        super().__init__(*args, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        print(f"{parser.prog}: {option_string} is deprecated, use {self.new} (same meaning)", file=sys.stderr)
+        setattr(namespace, self.dest, values)
+
+
+def add_deprecated_alias(group: argparse._ActionsContainer, old: str, new: str, **kwargs) -> None:
+    """Accept ``old`` as a hidden alias of the flag ``new`` (already added to ``group``, same ``dest``, ``type``...):
+    it sets the same value and prints a one-line deprecation notice. Hidden from ``--help``, where ``new``'s
+    help names it."""
+    action = group._option_string_actions[new]  # type: ignore[attr-defined]
+    group.add_argument(old, action=_DeprecatedFlag, new=new, dest=action.dest, type=action.type,
+                       metavar=action.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+
+
+RETRIEVAL_URL = "--retrieval-url"
+"""The retrieval server's URL flag of every command (config key ``retrieval.url``)."""
