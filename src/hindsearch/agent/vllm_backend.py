@@ -56,7 +56,7 @@ SEED_HIGH = 2**31 - 1
 
 def _import_vllm() -> Any:
     try:
-        import vllm
+        import vllm  # optional: vllm
     except ImportError as e:
         raise RuntimeError(
             "rollout.backend = 'vllm' needs vLLM (a GPU extra): pip install vllm; "

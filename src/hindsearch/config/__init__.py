@@ -195,7 +195,7 @@ class Config:
                 raise ConfigError(f"{key} = 'ema' is not supported with model.lora (the EMA copy averages the "
                                   f"whole policy); use 'frozen' or 'live', or set model.lora.r = 0")
         try:
-            import peft  # noqa: F401
+            import peft  # noqa: F401  # optional: lora
         except ImportError as e:
             raise ConfigError("model.lora.r > 0 needs the peft package: pip install peft "
                               "(or pip install -e \".[lora]\")") from e

@@ -253,7 +253,7 @@ def lora_peft_config(lora_cfg: Any) -> Any:
     """
     if lora_cfg is None or lora_cfg.r == 0:
         return None
-    from peft import LoraConfig
+    from peft import LoraConfig  # optional: lora
 
     targets: Any = list(lora_cfg.target_modules)
     if targets == ["all-linear"]:

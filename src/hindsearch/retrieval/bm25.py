@@ -16,8 +16,9 @@ Tokenising (bm25s' tokenizer) and turning tokens into ids are vectorised over th
 no Python per query or per document in the search. ``n_threads`` > 1 splits a batch over threads
 (the kernel releases the GIL).
 
-numba is the ``fast`` extra (``pip install 'hindsearch[fast]'``; ``dev`` has it). Compiled code is
-cached on disk, so only the first process pays the compilation (~6 s CPU; 0.2 s to load it later).
+numba is the ``fast`` extra (``pip install 'hindsearch[fast]'``; ``dev`` has it), imported when a retriever first
+picks its backend. Compiled code is cached on disk, so only the first process pays the compilation (~6 s CPU;
+0.2 s to load it later).
 Without numba the same search runs as a scipy sparse product with a top k per query (same results,
 about 3x slower; ``backend="sparse"`` forces it, which the tests use to check both agree).
 
@@ -29,6 +30,7 @@ The server renders the stored rows (``retrieve_ids`` + ``PassageStore.raw``) eit
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import json
 import os
@@ -70,11 +72,6 @@ from bm25s.tokenization import _infer_stopwords
 from hindsearch.records import Passage
 from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore
 
-try:
-    import numba
-except ImportError:  # the `fast` extra is not installed: the sparse fallback
-    numba = None
-
 STOPWORDS = "en"
 BACKENDS = ("auto", "numba", "sparse")
 MAX_CHUNK_NNZ = 20_000_000  # sparse fallback: entries of one W @ Q product
@@ -110,7 +107,7 @@ def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True
     model.save(str(out_dir), show_progress=False)
 
 
-def _insert(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
+def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
     """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document ascending)."""
     if n == k and (s < out_scores[q, n - 1] or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
         return n
@@ -193,29 +190,44 @@ def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids
         out_n[q] = n
 
 
+@functools.cache
+def _numba():
+    """The ``numba`` module, or None where the ``fast`` extra is not installed (then the sparse fallback)."""
+    try:
+        import numba  # optional: fast
+    except ImportError:
+        return None
+    return numba
+
+
 def _compile(fn, **kw):
     """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache folder is writable."""
     try:
-        return numba.njit(nogil=True, cache=True, **kw)(fn)
+        return _numba().njit(nogil=True, cache=True, **kw)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
-        return numba.njit(nogil=True, **kw)(fn)
+        return _numba().njit(nogil=True, **kw)(fn)
 
 
-if numba is not None:
-    _insert = _compile(_insert, inline="always")
-    _search_batch = _compile(_search_batch_py)
-else:
-    _search_batch = None
+_COMPILING = threading.Lock()
+
+
+@functools.cache
+def _search_batch():
+    """The compiled ``_search_batch_py`` (with ``_insert`` compiled and inlined into it), made on the first call."""
+    global _insert
+    with _COMPILING:
+        _insert = _compile(_insert_py, inline="always")  # a global of _search_batch_py, compiled before it
+        return _compile(_search_batch_py)
 
 
 def pick_backend(backend: str) -> str:
     """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is usable."""
     if backend not in BACKENDS:
         raise ValueError(f"bm25 backend {backend!r} is not supported; choose one of {', '.join(BACKENDS)}")
-    if backend == "numba" and numba is None:
+    if backend == "numba" and _numba() is None:
         raise ImportError("bm25 backend 'numba' needs numba: pip install 'hindsearch[fast]'")
     if backend == "auto":
-        return "numba" if numba is not None else "sparse"
+        return "numba" if _numba() is not None else "sparse"
     return backend
 
 
@@ -307,7 +319,7 @@ class BM25Retriever(IndexedRetriever):
     def _run(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         nq = len(qptr) - 1
         ids, scores, n = np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
-        _search_batch(terms, counts, qptr - qptr[0], self.data, self.indptr, self.indices, self._buffer(), k, ids, scores, n)
+        _search_batch()(terms, counts, qptr - qptr[0], self.data, self.indptr, self.indices, self._buffer(), k, ids, scores, n)
         return ids, scores, n
 
     def _top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

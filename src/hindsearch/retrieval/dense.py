@@ -99,7 +99,7 @@ class Encoder:
         self.name = name
         if model is None:
             try:
-                from sentence_transformers import SentenceTransformer
+                from sentence_transformers import SentenceTransformer  # optional: dense
             except ImportError as e:
                 raise ImportError("dense retrieval needs sentence-transformers: pip install -e '.[dense]'") from e
             model = SentenceTransformer(resolve_encoder(name), device=device)
@@ -135,7 +135,7 @@ def faiss_factory(factory: str | None = None, hnsw: int | None = None) -> str:
 
 def new_faiss_index(d: int, factory: str):
     """An empty inner-product index from ``factory``; ``ValueError`` naming the string when FAISS refuses it."""
-    import faiss
+    import faiss  # optional: dense
 
     try:
         return faiss.index_factory(int(d), factory, faiss.METRIC_INNER_PRODUCT)
@@ -165,7 +165,7 @@ def search_params(factory: str, nprobe: int | None = None, ef_search: int | None
 
 def set_search_params(index, params: dict) -> None:
     """Apply ``{"nprobe": n, "efSearch": n}`` to a FAISS index (CPU)."""
-    import faiss
+    import faiss  # optional: dense
 
     ps = faiss.ParameterSpace()
     for name, value in params.items():
@@ -183,7 +183,7 @@ def fill_faiss_index(index, n: int, rows, train_rows: int = TRAIN_ROWS, seed: in
     ``rows(ids)``: float32 [len(ids), d] for sorted row ids; ``rows(slice)`` a contiguous chunk.
     """
     if not index.is_trained:
-        import faiss
+        import faiss  # optional: dense
 
         ivf = faiss.try_extract_index_ivf(index)
         train_rows = max(train_rows, 40 * ivf.nlist if ivf is not None else 0)  # FAISS wants >= 39 points per list
@@ -209,7 +209,7 @@ def build_dense(
     ef_search: int | None = None,
 ) -> dict:
     """Encode ``texts`` as passages, write ``faiss.index`` (a ``factory`` index); returns metadata for ``index.json``."""
-    import faiss
+    import faiss  # optional: dense
 
     factory = faiss_factory(factory, hnsw)
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, batch_size=batch_size)
@@ -226,7 +226,7 @@ def build_dense(
 
 def read_faiss(path: str | Path, mmap: bool = True):
     """Open a FAISS index file (memory-mapped unless ``mmap`` is false); clear errors for a missing or foreign file."""
-    import faiss
+    import faiss  # optional: dense
 
     path = Path(path)
     if not path.exists():
@@ -344,7 +344,7 @@ def convert_flat(src: str | Path, dst: str | Path, factory: str, train_rows: int
     ``src`` is read memory-mapped, ``ADD_CHUNK`` vectors at a time (a 21M x 768 file is never loaded whole);
     an IVF index is trained on a seeded sample of ``train_rows`` of them.
     """
-    import faiss
+    import faiss  # optional: dense
 
     flat = read_faiss(src)  # read_index returns the concrete class (a downcast copy would not own the index)
     if not isinstance(flat, faiss.IndexFlat) or flat.metric_type != faiss.METRIC_INNER_PRODUCT:
@@ -421,7 +421,7 @@ def to_gpus(index, log=None):
     """(index, on_gpu): ``index`` sharded over every visible GPU in fp16 (Search-R1's ``--faiss_gpu``), or, with a
     warning through ``log``, the CPU index itself when that cannot be done (no GPU build of FAISS, no visible
     GPU, or an index type FAISS has no GPU version of, such as HNSW)."""
-    import faiss
+    import faiss  # optional: dense
 
     warn = log or (lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=3))
     n = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0

@@ -61,7 +61,7 @@ def preflight(cfg: Config) -> None:
         raise ConfigError(f"warmup.demos = {cfg.warmup.demos!r}: file not found")
     if cfg.rollout.backend == "vllm":
         try:
-            import vllm  # noqa: F401
+            import vllm  # noqa: F401  # optional: vllm
         except ImportError as e:
             raise ConfigError("rollout.backend = 'vllm' needs the vllm package (pip install 'hindsearch[vllm]'); "
                               "use rollout.backend = 'hf' on CPU") from e
