@@ -48,7 +48,7 @@ def peak_mb() -> float:
 def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
     import torch
 
-    from hindsearch.hindsight.terms import at, scatter
+    from hindsearch.hindsight.contract import at, scatter
     from hindsearch.hindsight import losses
     from hindsearch.train.aux_loss import completion_logits, selected_logits
 

@@ -39,7 +39,8 @@ from pathlib import Path
 from typing import Any
 
 METHODS = ("grpo", "hindsearch", "igsd", "hindsearch+igsd")
-VOLATILE = ("time/", "memory/", "perf/", "rss", "_runtime", "samples_per_second", "steps_per_second", "runtime")
+VOLATILE = ("time", "memory/", "perf/", "rss", "samples_per_second", "steps_per_second")
+"""Metric keys holding any of these words are timings or memory: left out of the fingerprint."""
 
 
 def digest(obj: Any) -> str:
@@ -95,7 +96,8 @@ def train(model_dir: str, world: Path, tmp: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for method in METHODS:
         run = tmp / method.replace("+", "_")
-        sets = [f'method="{method}"', f'model.name="{model_dir}"', 'model.device="cpu"', f'data.world_dir="{world}"',
+        sets = [f'method="{method}"', f'model.name="{model_dir}"', 'model.device="cpu"', f'data.train="{world}/train.jsonl"',
+                f'data.dev="{world}/dev.jsonl"', f'retrieval.index_dir="{world}/index-bm25"',
                 'retrieval.kind="bm25"', "retrieval.topk=2", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=48",
                 "rollout.max_total_tokens=1024", "rollout.temperature=0.7", "rollout.num_generations=4",
                 "warmup.enabled=false", "train.steps=2", "train.questions_per_step=2", "train.save_steps=2",

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from hindsearch.hindsight.terms import loss_from_full_logits
+from hindsearch.hindsight.contract import loss_from_full_logits
 
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
@@ -215,7 +215,7 @@ def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperatu
     (the old diagnostics compared temperature-1 teacher scores with sampling log-probs and were biased)."""
     from types import SimpleNamespace
 
-    from hindsearch.hindsight import terms
+    from hindsearch.hindsight.methods import hindsearch as terms
 
     w, retriever = world
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()

@@ -11,7 +11,8 @@ import torch
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
-from hindsearch.hindsight.terms import HindSearchTerm, loss_from_full_logits
+from hindsearch.hindsight.contract import loss_from_full_logits
+from hindsearch.hindsight.methods.hindsearch import HindSearchTerm
 from hindsearch.models import tiny_random_model
 
 from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401  (fixtures; tests dir on sys.path)
