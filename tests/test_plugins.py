@@ -67,7 +67,9 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
     from hindsearch.compare import run_compare
     from hindsearch.fsutil import claim_output
 
-    monkeypatch.setenv("HINDSEARCH_CACHE", str(Path(".hindsearch/cache").resolve()))
+    from hindsearch.models import cache_dir
+
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(cache_dir().resolve()))  # the tiny model's tokenizer
     config = toy_config(tmp_path / "toy.toml", world)
     cfg = Config.load(config)
     assert "toy" in METHODS and "toy" in RETRIEVERS and cfg.toy.lam == 0.5  # the [toy] table, from the registry
@@ -76,6 +78,10 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
     claim_output(cmp, "compare")
     run = cmp / "toy-s0"
     assert main(["train", "--config", str(config), "--out", str(run)]) == 0
+    from hindsearch.config.registry import load_plugin
+
+    opened = load_plugin(str(PLUGIN.resolve())).OPENED  # the retriever kind the run's config named
+    assert len(opened) == 1 and len(opened[0].passages) == sum(1 for _ in (world / "corpus.jsonl").open())
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["toy/gen_tokens"] > 0 and "toy/L_toy" in r and "toy/rows" in r for r in rows)
@@ -88,7 +94,7 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
     # the report shows the term's declared panel and loss
     assert main(["report", str(run), "--out", str(tmp_path / "run.html")]) == 0
     page = (tmp_path / "run.html").read_text()
-    assert "Toy self-imitation" in page and "toy/L_toy" in page
+    assert "Toy self-imitation" in page  # the panel (its series are drawn into the plot)
     from hindsearch.report.runs import metric_groups
 
     groups = metric_groups(set(rows[0]))
@@ -106,10 +112,17 @@ def test_plugin_flag_and_method_choices(world, tmp_path, capsys):
     assert "invalid choice: 'no-such-method'" in capsys.readouterr().err
     cfg = Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'method="hindsearch+toy"', "toy.lam=0.2"])
     assert cfg.toy.lam == 0.2 and list(cfg.sections) == ["hindsearch", "igsd", "toy"]
+    assert list(METHODS)[:4] == ["grpo", "hindsearch", "igsd", "toy"]  # the built-ins first
     with pytest.raises(ConfigError, match="toy.rows = 'some' is not allowed"):
         Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'toy.rows="some"'])
     with pytest.raises(ConfigError, match="plugins = .*no such file"):
         Config.load(None, ['plugins=["nowhere/plugin.py"]'])
+    assert Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'retrieval.kind="toy"']).retrieval.kind == "toy"
+    with pytest.raises(ConfigError, match="retrieval.kind = 'nope' is not allowed; choose one of bm25, dense, remote"):
+        Config.load(None, ['retrieval.kind="nope"'])
+    rc = main(["train", "--plugin", str(PLUGIN), "--method", "toy", "--out", str(tmp_path / "r"),
+               "--set", "train.steps=0", "--set", "retrieval.kind=\"nope\""])
+    assert rc == 1 and "retrieval.kind = 'nope' is not allowed" in capsys.readouterr().err  # --method toy parsed
     for p in SRC.rglob("*.py"):
         text = p.read_text()
         assert "toy_plugin" not in text and "SelfImitationTerm" not in text and "OverlapRetriever" not in text, p

@@ -53,15 +53,17 @@ def test_run_assembly_loads_the_judge_model_once():
 
 
 def test_methods_come_from_the_registry_and_compose():
-    assert list(METHODS) == ["grpo", "hindsearch", "igsd", "hindsearch+igsd"]
+    names = list(METHODS)  # a plugin another test imported may follow the built-ins
+    assert names[:3] == ["grpo", "hindsearch", "igsd"] and "hindsearch+igsd" in names
     assert "igsd+hindsearch" in METHODS and "grpo+igsd" not in METHODS and "hindsearch+hindsearch" not in METHODS
     assert [t.name for t in make_terms(Config.load(None, ['method="igsd+hindsearch"']))] == ["igsd", "hind"]
     assert method("grpo").term is None and method("hindsearch").term is HindSearchTerm
-    with pytest.raises(ConfigError, match="choose one of grpo, hindsearch, igsd, hindsearch\\+igsd"):
+    with pytest.raises(ConfigError, match="method = .ppo. is not allowed; choose one of grpo, hindsearch, igsd"):
         Config.load(None, ['method="ppo"'])
     cfg = Config.load(None, [])
-    assert list(cfg.sections) == ["hindsearch", "igsd"]  # the [hindsearch] and [igsd] tables come from the registry
-    assert list(cfg.to_dict())[-3:] == ["hindsearch", "igsd", "eval"]
+    assert list(cfg.sections)[:2] == ["hindsearch", "igsd"]  # the [hindsearch] and [igsd] tables, from the registry
+    keys = list(cfg.to_dict())
+    assert keys[keys.index("train") + 1:][:2] == ["hindsearch", "igsd"] and keys[-1] == "eval"
 
 
 def test_every_method_has_its_own_ema_decay():

@@ -60,6 +60,8 @@ class SelfImitationTerm:
 
 
 WORD = re.compile(r"\w+")
+OPENED: list[OverlapRetriever] = []
+"""Every retriever ``open_toy`` built (the test checks that the run used one)."""
 
 
 @register_retriever("toy")
@@ -68,7 +70,8 @@ def open_toy(cfg, index_dir, corpus):
     path = Path(index_dir) / "corpus.jsonl" if index_dir is not None else corpus
     if path is None:
         raise ValueError("retrieval.kind = 'toy' needs retrieval.index_dir: a folder with corpus.jsonl")
-    return OverlapRetriever([Passage(r["id"], r["contents"]) for r in map(json.loads, Path(path).open())])
+    OPENED.append(OverlapRetriever([Passage(r["id"], r["contents"]) for r in map(json.loads, Path(path).open())]))
+    return OPENED[-1]
 
 
 class OverlapRetriever:

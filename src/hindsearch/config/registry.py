@@ -35,7 +35,9 @@ class Registry:
         self._loaded = False
 
     def register(self, name: str, entry: Any) -> None:
-        """Add ``name``; a name already taken by another entry is an error (a plugin cannot shadow a built-in)."""
+        """Add ``name``; a name already taken by another entry is an error (a plugin cannot shadow a built-in). The
+        built-ins are loaded first, so they come first whenever a plugin registers."""
+        self.load()
         if not isinstance(name, str) or not name or "+" in name or ":" in name:
             raise ValueError(f"{self.what} name {name!r}: a non-empty name without '+' or ':'")
         old = self._entries.get(name)
