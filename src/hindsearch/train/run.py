@@ -115,7 +115,8 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
     frozen = copy.deepcopy(model).eval() if terms and (cfg.train.kl_coef == 0 or peft_config is not None) else None
     # one EMA copy of the policy per decay some term asks for (terms with the same decay read the same copy)
-    emas = {d: copy.deepcopy(model).eval() for d in dict.fromkeys(t.ema_decay for t in terms) if d is not None}
+    decays = dict.fromkeys(getattr(t, "ema_decay", None) for t in terms)
+    emas = {d: copy.deepcopy(model).eval() for d in decays if d is not None}
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever,
                      complete=engine.complete_queries, topk=cfg.retrieval.topk,
                      device=next(model.parameters()).device) if terms else None
