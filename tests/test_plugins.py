@@ -19,6 +19,29 @@ PLUGIN = Path(__file__).with_name("toy_plugin.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def registries():
+    """The plugin's registrations stay in this module: the registries and imported plugins are restored after it."""
+    import sys
+
+    from hindsearch.config import registry
+    from hindsearch.config.registry import REWARDS
+
+    regs = (METHODS, RETRIEVERS, REWARDS)
+    for r in regs:
+        r.load()
+    saved = [(dict(r._entries), dict(r._rank), dict(r._module)) for r in regs]
+    plugins, modules = dict(registry._PLUGINS), set(sys.modules)
+    yield
+    for r, (entries, rank, module) in zip(regs, saved):
+        r._entries, r._rank, r._module = entries, rank, module
+    registry._PLUGINS.clear()
+    registry._PLUGINS.update(plugins)
+    for name in set(sys.modules) - modules:
+        if name.startswith("hindsearch_plugin_") or name == "toy_reward":
+            del sys.modules[name]
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     from hindsearch.data.world import ensure_world
@@ -123,6 +146,13 @@ def test_plugin_flag_and_method_choices(world, tmp_path, capsys):
     rc = main(["train", "--plugin", str(PLUGIN), "--method", "toy", "--out", str(tmp_path / "r"),
                "--set", "train.steps=0", "--set", "retrieval.kind=\"nope\""])
     assert rc == 1 and "retrieval.kind = 'nope' is not allowed" in capsys.readouterr().err  # --method toy parsed
+    from hindsearch.hindsight.registry import register_method
+    from hindsearch.retrieval.base import register_retriever
+
+    with pytest.raises(ValueError, match="method 'hindsearch' is already registered"):  # no shadowing a built-in
+        register_method("hindsearch")(None)
+    with pytest.raises(ValueError, match="retrieval.kind 'bm25' is already registered"):
+        register_retriever("bm25")(lambda cfg, index_dir, corpus: None)
     for p in SRC.rglob("*.py"):
         text = p.read_text()
         assert "toy_plugin" not in text and "SelfImitationTerm" not in text and "OverlapRetriever" not in text, p

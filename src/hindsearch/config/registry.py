@@ -32,18 +32,23 @@ class Registry:
         self.builtins = builtins
         """Modules whose import registers the built-in entries (imported on first read)."""
         self._entries: dict[str, Any] = {}
+        self._rank: dict[str, tuple[int, int]] = {}  # name -> (its builtin module's position, registration order)
+        self._module: dict[str, str | None] = {}  # name -> the module that registered it
         self._loaded = False
 
-    def register(self, name: str, entry: Any) -> None:
-        """Add ``name``; a name already taken by another entry is an error (a plugin cannot shadow a built-in). The
-        built-ins are loaded first, so they come first whenever a plugin registers."""
+    def register(self, name: str, entry: Any, module: str | None = None) -> None:
+        """Add ``name``, registered by ``module``; a name already taken by another entry is an error (a plugin
+        cannot shadow a built-in). The built-ins are listed first, in the order of ``builtins``, whatever order
+        their modules were imported in."""
         self.load()
         if not isinstance(name, str) or not name or "+" in name or ":" in name:
             raise ValueError(f"{self.what} name {name!r}: a non-empty name without '+' or ':'")
-        old = self._entries.get(name)
-        if old is not None and old is not entry and _origin(old) != _origin(entry):
-            raise ValueError(f"{self.what} {name!r} is already registered (by {_origin(old)})")
-        self._entries[name] = entry
+        if name in self._entries and self._module[name] != module:  # the same module imported again may re-register
+            raise ValueError(f"{self.what} {name!r} is already registered (by {self._module[name] or 'hindsearch'})")
+        rank = next((i for i, b in enumerate(self.builtins) if module == b or (module or "").startswith(b + ".")),
+                    0 if module is None else len(self.builtins))
+        self._entries[name], self._module[name] = entry, module
+        self._rank.setdefault(name, (rank, len(self._rank)))
 
     def load(self) -> None:
         """Import the built-in modules (once)."""
@@ -62,7 +67,7 @@ class Registry:
 
     def names(self) -> tuple[str, ...]:
         self.load()
-        return tuple(self._entries)
+        return tuple(sorted(self._entries, key=self._rank.__getitem__))
 
     def __contains__(self, name: object) -> bool:
         self.load()
@@ -73,11 +78,6 @@ class Registry:
 
     def __len__(self) -> int:
         return len(self.names())
-
-
-def _origin(entry: Any) -> str:
-    """``module.qualname`` of a registered entry (a re-import of the same plugin file registers it again)."""
-    return f"{getattr(entry, '__module__', '?')}.{getattr(entry, '__qualname__', type(entry).__qualname__)}"
 
 
 _PLUGINS: dict[str, Any] = {}

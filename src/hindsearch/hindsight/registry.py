@@ -69,7 +69,8 @@ def register_method(name: str, config: type | None = None) -> Callable[[Any], An
                                 f"hindsearch.hindsight.registry.Metrics (its metrics' reductions)")
             if not isinstance(getattr(term, "name", None), str):
                 raise TypeError(f"method {name!r}: {term.__qualname__}.name must be a str (its metrics' prefix)")
-        METHODS.register(name, MethodSpec(name, config, term, metrics))
+        origin = term if term is not None else config
+        METHODS.register(name, MethodSpec(name, config, term, metrics), getattr(origin, "__module__", None))
         return term
 
     return deco

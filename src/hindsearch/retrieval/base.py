@@ -68,7 +68,7 @@ def register_retriever(kind: str, index: bool = False) -> Callable[[OpenFn], Ope
     """Decorator: make ``open`` the retriever of ``retrieval.kind = kind`` (``index``: it opens an index folder of
     the same kind, ``hindsearch.retrieval.factory.build_index``)."""
     def add(fn: OpenFn) -> OpenFn:
-        RETRIEVERS.register(kind, RetrieverKind(kind, fn, index))
+        RETRIEVERS.register(kind, RetrieverKind(kind, fn, index), fn.__module__)
         return fn
     return add
 

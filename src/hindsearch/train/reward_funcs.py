@@ -25,7 +25,7 @@ RewardFn = Callable[..., list[float]]
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
     """Decorator: make a TRL reward function available as ``train.reward_funcs = ["name"]``."""
     def add(fn: RewardFn) -> RewardFn:
-        REWARDS.register(name, fn)
+        REWARDS.register(name, fn, fn.__module__)
         return fn
     return add
 
