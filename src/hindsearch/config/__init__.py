@@ -78,8 +78,7 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
-        self.sections: dict[str, Any] = {}
-        """One options object per registered method that has some (``[hindsearch]``, ``[igsd]``), by name."""
+        self.sections: dict[str, Any] = {}  # one options object per registered method that has some, by name
         self.add_sections()
 
     def add_sections(self) -> None:
