@@ -70,7 +70,8 @@ def main() -> None:
     import json
 
     from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.config import IGSDConfig, ModelConfig, RolloutConfig
+    from hindsearch.config import ModelConfig, RolloutConfig
+    from hindsearch.hindsight.methods.igsd import IGSDConfig
     from hindsearch.data.world import ensure_world
     from hindsearch.hindsight.igsd import run_igsd
     from hindsearch.models import load_policy, load_tokenizer, tiny_random_model

@@ -10,11 +10,12 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
-from hindsearch.config import IGSDConfig, RolloutConfig
+from hindsearch.config import RolloutConfig
+from hindsearch.hindsight.methods.igsd import IGSDConfig
 from hindsearch.hindsight import igsd as G
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
+from hindsearch.hindsight.methods.igsd import IGSDTerm
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs
-from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
@@ -250,7 +251,8 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
            make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow", reward=1.0)]
     T = max(len(t.completion_ids) for t in trs)
     term = IGSDTerm(IGSDConfig(positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever, rollout_engine=engine, config=None, step=3)
+    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
+                     complete=engine.complete_queries, topk=engine.topk, step=3)
     batch = term.prepare(trs, T, ctx)
     assert batch.metrics["positions_verified"] == 3 and batch.metrics["completions"] == 6
     assert batch.samples[1] == {} and len(batch.samples[0]["igsd_pairs"]) == 3
