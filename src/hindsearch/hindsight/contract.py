@@ -24,7 +24,6 @@ top-k, the step and the device, never the engine or the whole config.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -33,13 +32,9 @@ import torch
 from hindsearch.records import Trajectory
 
 if TYPE_CHECKING:
+    from hindsearch.agent.backend import Backend
     from hindsearch.hindsight.registry import Metrics
     from hindsearch.retrieval.base import Retriever
-
-CompleteFn = Callable[[list[list[int]], int], list[tuple[list[int], str, bool]]]
-"""``complete(prefix_ids_list, max_query_tokens) -> [(new ids, query text, closed)]``: the rollout engine's greedy
-query completion (``RolloutEngine.query_completer``)."""
-
 
 @dataclass
 class AuxContext:
@@ -53,10 +48,10 @@ class AuxContext:
     """The policy's tokenizer (``PreTrainedTokenizerBase``)."""
     retriever: Retriever | None
     """The retriever the rollouts used (``retrieve(queries, topk)``)."""
-    complete: CompleteFn | None = None
-    """The rollout engine's greedy completion of search queries when its backend decodes elsewhere (vLLM); None when
-    the policy decodes in this process (a term then completes with its own shared-prefix decoder, the same greedy
-    decoding)."""
+    complete: Backend | None = None
+    """The rollout engine's query completer (``RolloutEngine.query_completer``: a backend whose ``complete_queries``
+    decodes elsewhere, vLLM) or None when the policy decodes in this process (IGSD then completes on an HF backend of
+    ``policy``, the same greedy decoding)."""
     topk: int = 3
     """Passages per search of the rollouts (``retrieval.topk``)."""
     step: int = 0
