@@ -254,7 +254,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
     T = max(len(t.completion_ids) for t in trs)
     term = IGSDTerm(IGSDConfig(positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
-                     complete=engine.complete_queries, topk=engine.topk, step=3)
+                     complete=engine.backend, topk=engine.topk, step=3)
     batch = term.prepare(trs, T, ctx)
     assert batch.metrics["positions_verified"] == 3 and batch.metrics["completions"] == 6
     assert batch.samples[1] == {} and len(batch.samples[0]["igsd_pairs"]) == 3
