@@ -54,7 +54,7 @@ def completion_logits(hidden, lm_head, completion_len: int):
 def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
     import torch
 
-    from hindsearch.hindsight.terms import at, scatter
+    from hindsearch.hindsight.contract import at, scatter
     from hindsearch.hindsight import losses
     from hindsearch.train.aux_loss import selected_logits
 

@@ -1,8 +1,8 @@
 """IGSD prepare cost: the plain path (full-sequence forwards) vs the prefix-cached path, one run.
 
 A fixed batch of failed two-search rollouts over the seeded world (real BM25 retrieval, real
-information blocks) goes through ``run_igsd`` twice per repeat: ``prefix_cache=False`` (matched
-completion through the rollout engine's HF backend, every utility a full forward of
+information blocks) goes through ``run_igsd`` twice per repeat: ``prefix_cache=False`` (every matched
+completion decoded from its whole context, every utility a full forward of
 prompt + completion prefix + information block + answer) and ``prefix_cache=True`` (each rollout's
 shared prefix computed once, suffixes scored against its KV cache). Prints the time split
 (medians), the ratio and the largest difference in u / IG / delta / gate between the two paths.
@@ -69,8 +69,8 @@ def main() -> None:
 
     import json
 
-    from hindsearch.agent.engine import RolloutEngine
-    from hindsearch.config import IGSDConfig, ModelConfig, RolloutConfig
+    from hindsearch.config import ModelConfig
+    from hindsearch.hindsight.methods.igsd import IGSDConfig
     from hindsearch.data.world import ensure_world
     from hindsearch.hindsight.igsd import run_igsd
     from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
@@ -87,7 +87,6 @@ def main() -> None:
         model, tok = load_policy(ModelConfig(name=args.model, device="cpu"))
     trajs = make_rollouts(tok, retriever, recs[: args.rollouts], args.topk)
     T = max(len(t.completion_ids) for t in trajs)
-    engine = RolloutEngine(model, tok, retriever, RolloutConfig(), topk=args.topk)
     cfg = IGSDConfig(max_positions_per_rollout=args.positions, max_query_tokens=args.max_query_tokens)
     print(f"{args.model}, CPU {torch.get_num_threads()} threads: {len(trajs)} failed rollouts, prompt+completion "
           f"{statistics.median(len(t.prompt_ids) + len(t.completion_ids) for t in trajs):.0f} tokens (median), "
@@ -99,9 +98,7 @@ def main() -> None:
         for pc in (False, True):
             t0 = time.perf_counter()
             _, m, samples = run_igsd(trajs, T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg,
-                                     topk=args.topk, complete=None if pc else engine.complete_queries,
-                                     rng=random.Random(r),
-                                     prefix_cache=pc)
+                                     topk=args.topk, rng=random.Random(r), prefix_cache=pc)
             m["total"] = time.perf_counter() - t0
             print(f"repeat {r} {'prefix-cached' if pc else 'plain'}: " + ", ".join(f"{k.replace('time_', '')} {m[k]:.2f}s"
                   for k in (*PARTS, "total")), flush=True)

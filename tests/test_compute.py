@@ -18,6 +18,10 @@ def test_left_pad_and_positions():
     ids, mask = left_pad([[5, 6, 7], [8]], pad=0)
     assert ids.tolist() == [[5, 6, 7], [0, 0, 8]] and mask.tolist() == [[1, 1, 1], [0, 0, 1]]
     assert positions(mask).tolist() == [[0, 1, 2], [0, 0, 0]]
+    # with right parts (a prefix and its continuation): every right part starts at column 3, right-padded
+    ids, mask = left_pad([[5, 6, 7], [8], []], pad=0, right=[[1], [2, 3], [4]])
+    assert ids.tolist() == [[5, 6, 7, 1, 0], [0, 0, 8, 2, 3], [0, 0, 0, 4, 0]]
+    assert mask.tolist() == [[1, 1, 1, 1, 0], [0, 0, 1, 1, 1], [0, 0, 0, 1, 0]]
 
 
 def test_pad_id_fallbacks(tok, model):

@@ -221,8 +221,10 @@ def test_summary_table_and_truncate(tmp_path):
 
 def test_choices_are_declared_once_and_read_by_code():
     """Validation and the loss registries read the same names (field metadata); every declared name is registered."""
-    from hindsearch.config import HindSearchConfig, IGSDConfig, choices_of
+    from hindsearch.config import choices_of
     from hindsearch.hindsight import losses
+    from hindsearch.hindsight.methods.hindsearch import HindSearchConfig
+    from hindsearch.hindsight.methods.igsd import IGSDConfig
 
     assert losses.AGG_MODES == choices_of(HindSearchConfig, "aggregation") == choices_of(IGSDConfig, "aggregation")
     assert losses.GATES == choices_of(IGSDConfig, "gate")
@@ -244,9 +246,8 @@ def test_choices_are_declared_once_and_read_by_code():
 def test_a_registered_divergence_is_used_by_the_term():
     """A divergence added with ``register_divergence`` is what HindSearchTerm.loss computes (the registry is
     the dispatch, not a list of if-branches)."""
-    from hindsearch.config import HindSearchConfig
     from hindsearch.hindsight import losses
-    from hindsearch.hindsight.terms import HindSearchTerm
+    from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, HindSearchTerm
 
     losses.register_divergence("clamped_sampled")(lambda x: 0.0 * x.lS + 7.0)  # replace, then restore
     try:

@@ -176,6 +176,34 @@ def test_the_python_recipe_runs(monkeypatch, tmp_path):
     assert seen and seen[0].train.steps == 2 and seen[0].train.threads == 1
 
 
+def test_the_python_retriever_and_reward_example_trains(monkeypatch, tmp_path):
+    """The README's example with a retriever object and a reward function, run for real as written (two steps of
+    the tiny random model on the generated world): the trainer and its rollout engine get the notebook's retriever,
+    and both rewards are logged."""
+    from hindsearch.models import cache_dir
+    from hindsearch.train import run
+
+    example = next(text for _, text in blocks("python") if "retriever=notes" in text)
+    given: list[object] = []
+    build = run.build_trainer
+
+    def spy(cfg, model, tok, engine, retriever, *a, **kw):
+        given.extend([retriever, engine.retriever])
+        return build(cfg, model, tok, engine, retriever, *a, **kw)
+
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(cache_dir().resolve()))  # the tiny model's tokenizer, from tmp_path
+    monkeypatch.setattr(run, "build_trainer", spy)
+    monkeypatch.chdir(tmp_path)
+    scope = {"__name__": "docs_example"}
+    exec(compile(example, "README.md", "exec"), scope)
+    rows = [json.loads(x) for x in (tmp_path / "runs/notebook-own-search/metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and scope["summary"]["steps"] == 2
+    assert all("rewards/short_answer/mean" in r and "rewards/em_reward/mean" in r for r in rows)
+    assert given == [scope["notes"], scope["notes"]]
+    assert scope["notes"].retrieve(["who wrote the first program", " "], 1) == [
+        [scope["Passage"]("0", '"Ada Lovelace"\nAda Lovelace wrote the first published program.', 3.0)], []]
+
+
 def test_the_retrieve_json_examples_are_what_the_server_takes_and_gives():
     from hindsearch.records import Passage
     from hindsearch.retrieval.limits import ServerLimits

@@ -10,11 +10,13 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
-from hindsearch.config import IGSDConfig, RolloutConfig
+from hindsearch.agent.hf_backend import HFBackend
+from hindsearch.config import RolloutConfig
+from hindsearch.hindsight.methods.igsd import IGSDConfig
 from hindsearch.hindsight import igsd as G
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
+from hindsearch.hindsight.methods.igsd import IGSDTerm
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs
-from hindsearch.hindsight.terms import IGSDTerm
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
@@ -177,7 +179,8 @@ def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever):
         igs = {}
         for side, tok_id in (("S", tr.completion_ids[t]), ("T", tens["igsd_b"][0, t].item())):
             pre = tr.prompt_ids + tr.completion_ids[:t] + [tok_id]
-            (ids, _, _), = G.greedy_complete(model, tok, [pre], cfg.max_query_tokens)
+            o, = HFBackend(model, tok).complete_queries([pre], cfg.max_query_tokens)
+            ids = o.ids[:-1] if o.finish == "eos" else o.ids
             kept, closed = protocol.cut_at_search_close(tok, ids, tr.completion_ids[G.query_start(tr.query_mask, t) : t] + [tok_id])
             state = pre + kept + ([] if closed else protocol.search_close_ids(tok))
             docs = retriever.retrieve([rec[f"q_{side}"]], 2)[0]
@@ -200,7 +203,7 @@ def test_swapping_tokens_negates_delta_and_zeroes_gate(tok, model, retriever):
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
         G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=lambda p, n: G.greedy_complete(model, tok, p, n), corpus=CORPUS, rng=random.Random(7), m=m)
+                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(7), m=m)
         res[name] = pair
     assert res["orig"].queries["T"] == res["swap"].queries["S"]
     assert res["orig"].delta == pytest.approx(-res["swap"].delta, abs=1e-6) and res["orig"].delta != 0
@@ -250,7 +253,8 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
            make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow", reward=1.0)]
     T = max(len(t.completion_ids) for t in trs)
     term = IGSDTerm(IGSDConfig(positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever, rollout_engine=engine, config=None, step=3)
+    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
+                     complete=engine.backend, topk=engine.topk, step=3)
     batch = term.prepare(trs, T, ctx)
     assert batch.metrics["positions_verified"] == 3 and batch.metrics["completions"] == 6
     assert batch.samples[1] == {} and len(batch.samples[0]["igsd_pairs"]) == 3
@@ -288,7 +292,7 @@ def test_constructed_case_teacher_query_finds_evidence(retriever):
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
         G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=lambda p, n: G.greedy_complete(model, tok, p, n), corpus=CORPUS, rng=random.Random(3), m=m)
+                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(3), m=m)
         out[name] = pair
     p = out["orig"]
     assert "Edwin" in p.queries["T"] and "Edwin Marlow" in [d.bare_title for d in p.docs["T"]]
@@ -316,8 +320,10 @@ def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever)
     assert u.shape == (12,) and u[2] == 0.0 and float(u[0]) == pytest.approx(float(u[3]), abs=1e-6)
     assert u.tolist() == pytest.approx(plain, abs=1e-4)
     prefixes = [s + [a[0] if a else 5] for s, a in zip(states, answers)]
-    cached = G.cached_greedy_complete(model, tok, prefixes, 5, groups, batch_size=2)
-    assert cached == G.greedy_complete(model, tok, prefixes, 5)
+    cached = HFBackend(model, tok).complete_queries(prefixes, 5, groups, batch_size=2)
+    plain = HFBackend(model, tok).complete_queries(prefixes, 5)
+    assert [(o.ids, o.finish) for o in cached] == [(o.ids, o.finish) for o in plain]
+    assert [x for o in cached for x in o.logprobs] == pytest.approx([x for o in plain for x in o.logprobs], abs=1e-4)
     cfg = IGSDConfig(positions="all", max_positions_per_rollout=1, max_query_tokens=3, n_controls=2)
     T = max(len(t.completion_ids) for t in trs)
     runs = [G.run_igsd(trs[:2], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,

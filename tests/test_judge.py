@@ -9,11 +9,13 @@ import pytest
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.config import Config, HindSearchConfig
+from hindsearch.config import Config
 from hindsearch.core.model import pad_id
 from hindsearch.hindsight import judge as J
+from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, HindSearchTerm
+from hindsearch.hindsight.methods.igsd import IGSDTerm
+from hindsearch.hindsight.registry import make_terms
 from hindsearch.hindsight.teacher import teacher_token_logprobs
-from hindsearch.hindsight.terms import HindSearchTerm, IGSDTerm, make_terms
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.records import Trajectory, Turn
 from hindsearch.hindsight.contract import AuxContext
@@ -65,7 +67,7 @@ def _segments(query, titles):
 
 
 def _ctx(model, frozen, tok, step=0):
-    return AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=None, rollout_engine=None, config=None, step=step)
+    return AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=None, step=step)
 
 
 def test_judge_prompt_gold_iff_sees_gold(tok, model):

@@ -16,6 +16,7 @@ from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401 - fix
 
 from hindsearch.config import Config
 from hindsearch.hindsight.contract import AuxBatch, AuxContext
+from hindsearch.hindsight.registry import Metrics
 
 
 def backbone_perturbation(model, delta_fn):
@@ -95,6 +96,8 @@ class ProbeTerm:
     """A real ``AuxTerm``: NLL of the completion under the captured logits, with consistency checks."""
 
     name, lam = "probe", 0.5
+    metrics = Metrics(reductions={"rows": "sum", "tokens": "mean"}, loss="tokens")
+    ema_decay = None
 
     def __init__(self, pad_id):
         self.pad_id, self.calls = pad_id, []
@@ -130,7 +133,7 @@ def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):
     probe = ProbeTerm(tok.pad_token_id)
     trainer.terms = [probe]
     trainer.aux_ctx = AuxContext(policy=model, frozen=None, tokenizer=tok, retriever=retriever,
-                                 rollout_engine=trainer.engine, config=cfg)
+                                 complete=trainer.engine.query_completer, topk=cfg.retrieval.topk)
     torch.manual_seed(0)
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._prepare_inputs([row(r) for r in records[:2] for _ in range(2)])  # shuffles rows
@@ -177,7 +180,7 @@ def test_non_finite_loss_stops_before_backward(world, tok, tmp_path):  # noqa: F
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
     trainer.terms = [NaNTerm(tok.pad_token_id)]
     trainer.aux_ctx = AuxContext(policy=model, frozen=None, tokenizer=tok, retriever=retriever,
-                                 rollout_engine=trainer.engine, config=cfg)
+                                 complete=trainer.engine.query_completer, topk=cfg.retrieval.topk)
     inputs = generation_inputs(trainer, records[:1])
     with pytest.raises(NonFiniteLoss, match="non-finite training loss"):
         trainer.compute_loss(model, inputs)

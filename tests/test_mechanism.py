@@ -214,7 +214,7 @@ def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperatu
     (the old diagnostics compared temperature-1 teacher scores with sampling log-probs and were biased)."""
     from types import SimpleNamespace
 
-    from hindsearch.hindsight import terms
+    from hindsearch.hindsight.methods import hindsearch as terms
 
     w, retriever = world
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()

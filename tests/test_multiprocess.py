@@ -197,7 +197,6 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     from hindsearch.agent.hf_backend import HFBackend
     from hindsearch.core.sampling import SamplingParams
     from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
-    from hindsearch.hindsight.igsd.decode import cached_greedy_complete
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
@@ -212,8 +211,8 @@ def _fsdp_rank(rank: int, port: int, d: str) -> None:
     with torch.no_grad():
         for name, fn in {
             "teacher": lambda m: score_continuations(m, [a, b, c][:n], [c, a, b][:n], topk=2, batch_size=1),
-            "complete": lambda m: cached_greedy_complete(m, tok, [a, a + b, c][: n or 1], [6, 2][rank],
-                                                         [0, 0, 1][: n or 1], batch_size=1),
+            "complete": lambda m: [(o.ids, o.finish) for o in HFBackend(m, tok).complete_queries(
+                [a, a + b, c][: n or 1], [6, 2][rank], [0, 0, 1][: n or 1], batch_size=1)],
             "utilities": lambda m: shared_prefix_utilities(m, [a, a + b][:n], [c, c][:n], [b, a][:n], [0, 0][:n], 1),
             "rollout_turn": lambda m: [(o.ids, o.finish) for o in HFBackend(m, tok).generate(
                 [a, b][: 2 - rank], [5, 3][: 2 - rank], SamplingParams(greedy=True), ("</search>",))],

@@ -68,7 +68,7 @@ def test_em_reward_reads_only_the_text_the_model_wrote():
     an injected block (Search-R1's invalid-action notice names the tags) is not the model's answer, and a
     model answer after it is; the result equals ``exact_match`` of the last model-written answer."""
     from hindsearch.agent.protocol import INVALID_NOTICE
-    from hindsearch.train.rollout_adapter import em_reward
+    from hindsearch.train.reward_funcs import em_reward
 
     def traj(parts: list[tuple[str, bool]]) -> Trajectory:
         """Characters as token ids; ``(text, generated)`` parts; one turn per generated part."""

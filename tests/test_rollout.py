@@ -255,16 +255,24 @@ def test_sampling_helpers():
     assert set(toks) <= {0, 1} and len(set(toks)) == 2
 
 
-def test_complete_queries(model, tok, retriever):
-    eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=8)
-    base = eng.prompt_ids(Q1.question) + tok("<search> Zorbin", add_special_tokens=False)["input_ids"]
-    res = eng.complete_queries([base, base[:-1]], max_query_tokens=5)
-    assert len(res) == 2
-    for ids, text, closed in res:
-        assert len(ids) <= 5 and text == tok.decode(ids)[: len(text)]
-        assert closed == ("</search>" in tok.decode(ids))
-    # greedy and batched = one at a time
-    assert eng.complete_queries([base], 5)[0] == res[0]
+def test_complete_queries(model, tok):
+    """THE query completer (``Backend.complete_queries``): greedy to ``</search>``, an EOS or the budget; batched,
+    one at a time and with a shared prefix (``groups``) give the same ids."""
+    from hindsearch.agent.hf_backend import HFBackend
+
+    be = HFBackend(model, tok)
+    base = protocol.encode_prompt(tok, Q1.question) + tok("<search> Zorbin", add_special_tokens=False)["input_ids"]
+    prefixes = [base, base[:-1], base]
+    res = be.complete_queries(prefixes, 5)
+    assert len(res) == 3
+    for pre, o in zip(prefixes, res):
+        assert 0 < len(o.ids) <= 5 and len(o.logprobs) == len(o.ids)
+        closed = "</search>" in tok.decode(pre[-1:] + o.ids)
+        assert o.finish == ("eos" if o.ids[-1] in be.eos_ids else "stop" if closed else "length")
+        assert o.finish != "length" or len(o.ids) == 5
+    assert be.complete_queries([base], 5)[0].ids == res[0].ids
+    grouped = be.complete_queries(prefixes, 5, groups=[0, 0, 0], batch_size=1)
+    assert [o.ids for o in grouped] == [o.ids for o in res] and grouped[0] is grouped[2]  # identical rows once
 
 
 def test_load_policy_tiny_and_errors():

@@ -22,6 +22,7 @@ from recipes.micro.build import train_tokenizer
 from hindsearch.models import tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train import rollout_adapter as ra
+from hindsearch.train.reward_funcs import em_reward
 from hindsearch.train.run import build_trainer, ensure_on_disk, last_checkpoint, truncate_jsonl
 
 OVERRIDES = [
@@ -145,7 +146,7 @@ def test_rollout_adapter_shapes(world, tok):
     assert "em" not in out  # the reward is computed by the reward function, not passed through
     golds = [r.golden_answers for r in recs for _ in range(2)]
     completions = tok.batch_decode(out["completion_ids"])
-    rewards = ra.em_reward(completions, golden_answers=golds, model_text=out["model_text"])
+    rewards = em_reward(completions, golden_answers=golds, model_text=out["model_text"])
     assert rewards == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert 0 in out["env_mask"][0]  # the information block is masked
     with pytest.raises(KeyError, match="nope"):
@@ -504,20 +505,25 @@ def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
 
 
 def test_metric_reduction_over_processes():
-    """Counts and seconds of a rank's rows add up over processes, rates, means and losses average; one process
-    passes its metrics through unchanged (the 2-process check is tests/test_multiprocess.py: hind/failed = 1 + 0)."""
+    """One process passes its metrics through unchanged; the trainer sums a term metric over processes exactly when
+    its term declares ``sum`` (tests/test_terms.py; the 2-process check is tests/test_multiprocess.py:
+    hind/failed = 1 + 0)."""
     from types import SimpleNamespace
 
-    from hindsearch.train.callbacks import gather_metrics, summed_over_processes
+    from hindsearch.hindsight.methods.hindsearch import HindSearchTerm
+    from hindsearch.hindsight.methods.igsd import IGSDTerm
+    from hindsearch.train.callbacks import gather_metrics
+    from hindsearch.train.trainer import HindsearchGRPOTrainer
 
-    summed = [k for k in ("hind/failed", "hind/critiques", "hind/judge_time", "igsd/time_proposal",
-                          "igsd/positions_selected", "vllm/generated_tokens") if summed_over_processes(k)]
-    averaged = [k for k in ("hind/failed_frac", "hind/critique_minus_neutral", "hind/judge_kind_oracle",
-                            "igsd/mean_gate", "hind/loss", "hind/grad_share", "vllm/tokens_per_s")
-                if not summed_over_processes(k)]
-    assert len(summed) == 6 and len(averaged) == 7
     m = {"hind/failed": 2.0, "hind/failed_frac": 0.5}
-    assert gather_metrics(m, SimpleNamespace(num_processes=1), summed_over_processes) == m
+    assert gather_metrics(m, SimpleNamespace(num_processes=1), lambda _k: True) == m
+    fake = SimpleNamespace(terms=[HindSearchTerm, IGSDTerm])
+    summed = [k for k in ("hind/failed", "hind/critiques", "hind/judge_time", "igsd/time_proposal",
+                          "igsd/positions_selected") if HindsearchGRPOTrainer._summed(fake, k)]
+    averaged = [k for k in ("hind/failed_frac", "hind/critique_minus_neutral", "hind/judge_kind_oracle",
+                            "igsd/mean_gate", "hind/loss", "hind/grad_share", "igsd/L_igsd")
+                if not HindsearchGRPOTrainer._summed(fake, k)]
+    assert len(summed) == 5 and len(averaged) == 7
 
 
 @pytest.mark.parametrize("method", ["hindsearch", "igsd"])

@@ -12,7 +12,7 @@ from hindsearch.agent import protocol
 from hindsearch.config import Config
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
-from hindsearch.hindsight.terms import HindSearchTerm
+from hindsearch.hindsight.methods.hindsearch import HindSearchTerm
 from hindsearch.models import tiny_random_model
 from test_hindsight_losses import distill_mask, loss_from_full_logits
 

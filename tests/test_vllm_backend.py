@@ -274,7 +274,7 @@ def rollout_with(backend_kind, model, tok, retriever, records, scripts, **cfg):
     assert eng.query_completer is None  # HF: IGSD decodes the policy itself (with its shared-prefix cache)
     eng.backend = VLLMBackend(fake, eos) if backend_kind == "colocate" else VLLMServerBackend(
         fake, lambda ids: tok.decode(ids, skip_special_tokens=False), eos)
-    assert eng.query_completer == eng.complete_queries  # vLLM: IGSD's matched completions go through the engine
+    assert eng.query_completer is eng.backend  # vLLM: IGSD's matched completions go through its backend
     return eng.rollout(records, seed=0), fake
 
 

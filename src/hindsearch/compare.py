@@ -64,13 +64,17 @@ METHOD_ALIASES: dict[str, list[str]] = {
 
 # --------------------------------------------------------------------------- planning
 def parse_methods(text: str) -> list[str]:
-    """Comma list of method names (aliases allowed); raises ``ValueError`` naming the bad one."""
+    """Comma list of method names: an alias, or a registered method (a plugin's too, once the config that names the
+    plugin is loaded); raises ``ValueError`` naming the bad one."""
+    from hindsearch.config.registry import METHODS
+
     methods = [m.strip() for m in text.split(",") if m.strip()]
     if not methods:
         raise ValueError("--methods is empty")
     for m in methods:
-        if m not in METHOD_ALIASES:
-            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHOD_ALIASES)}")
+        if m not in METHOD_ALIASES and m not in METHODS:
+            raise ValueError(f"--methods: unknown method {m!r}; choose from {', '.join(METHOD_ALIASES)} or a "
+                             f"registered method ({', '.join(METHODS)})")
     if len(set(methods)) != len(methods):
         raise ValueError(f"--methods lists a method twice: {text!r}")
     return methods
@@ -98,7 +102,8 @@ def parse_seeds(text: str) -> list[int]:
 
 def run_overrides(method: str, seed: int, run_dir: Path, init_model: str | None, base: Sequence[str]) -> list[str]:
     """Config overrides of one run: the user's, the method's, the seed, the folder and the shared initial model."""
-    ov = list(base) + METHOD_ALIASES[method] + [f"train.seed={seed}", f'out="{run_dir.as_posix()}"']
+    ov = list(base) + METHOD_ALIASES.get(method, [f'method="{method}"']) + [f"train.seed={seed}",
+                                                                            f'out="{run_dir.as_posix()}"']
     if init_model is not None:
         ov += [f'model.name="{Path(init_model).as_posix()}"', "warmup.enabled=false"]
     return ov

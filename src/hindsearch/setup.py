@@ -2,7 +2,8 @@
 
 ``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built and cached on first use),
 the index (the configured one, or the world's, built when missing with the configured encoder) and the retriever
-(in-process or remote), and loads the training and dev questions. ``eval_engine`` is the greedy HF rollout
+(the registered ``retrieval.kind``, or a retriever object given from Python), and loads the training and dev
+questions. ``eval_engine`` is the greedy HF rollout
 engine every evaluation uses. Written once here; the commands only add what is theirs.
 """
 
@@ -26,13 +27,16 @@ class Setup:
     dev: list[Any]
     """Dev questions (``train.eval_limit`` applied)."""
     retriever: Any
-    """The retriever of ``cfg.retrieval`` over ``paths["index_dir"]`` (or the remote server)."""
+    """The retriever of ``cfg.retrieval`` over ``paths["index_dir"]`` and the world's corpus (or the remote server)."""
 
 
-def resolve_data(cfg: Config) -> dict[str, Any]:
-    """Paths of train/dev data and the index; builds the world and its index on first use."""
+def resolve_data(cfg: Config, index: bool = True) -> dict[str, Any]:
+    """Paths of the world, train/dev data and the index; builds the world and its index on first use
+    (``index=False``: no index, the retriever is given)."""
+    from hindsearch.config.registry import RETRIEVERS
+
     world = None
-    needs_index = cfg.retrieval.kind != "remote" and cfg.retrieval.index_dir is None
+    needs_index = index and RETRIEVERS.get(cfg.retrieval.kind).index and cfg.retrieval.index_dir is None
     if cfg.data.train is None or cfg.data.dev is None or needs_index:
         from hindsearch.data.world import ensure_world_for
 
@@ -69,14 +73,16 @@ def open_retriever(cfg: Config, paths: dict[str, Any]) -> Any:
     """The retriever of ``cfg.retrieval``: the remote server, or the index folder ``resolve_data`` found."""
     from hindsearch.retrieval.factory import load_retriever
 
-    return load_retriever(cfg.retrieval, paths["index_dir"])
+    corpus = paths["world"] / "corpus.jsonl" if paths.get("world") is not None else None
+    return load_retriever(cfg.retrieval, paths["index_dir"], corpus)
 
 
-def prepare(cfg: Config) -> Setup:
-    """Data, index, retriever and questions of ``cfg``."""
-    paths = resolve_data(cfg)
+def prepare(cfg: Config, retriever: Any = None) -> Setup:
+    """Data, index, retriever and questions of ``cfg``; ``retriever`` (any object with ``retrieve(queries, k)``)
+    replaces the configured one, and no index is built for it."""
+    paths = resolve_data(cfg, index=retriever is None)
     train, dev = load_records(cfg, paths)
-    return Setup(paths, train, dev, open_retriever(cfg, paths))
+    return Setup(paths, train, dev, retriever if retriever is not None else open_retriever(cfg, paths))
 
 
 def eval_engine(cfg: Config, model: Any, tokenizer: Any, retriever: Any) -> Any:

@@ -6,6 +6,10 @@
   Implementations: ``hf_backend.HFBackend`` (transformers, CPU/GPU: the model core's decode loop, per-row
   schedule) and ``vllm_backend.VLLMBackend`` / ``VLLMServerBackend`` (turn-level: every row generates its turn,
   then the callback sees them all).
+- ``Backend.complete_queries(prefixes, max_new_tokens, groups, batch_size)`` -> one ``GenOutput`` per prefix: THE
+  query completer (IGSD's matched completion): each prefix continued greedily until ``</search>``, an EOS or
+  ``max_new_tokens``. ``HFBackend`` decodes its model with the model core's loop (with ``groups``, each group's
+  shared prefix is computed once: ``core.decode.decode_shared``); the vLLM backends run one greedy turn.
 - ``SamplingParams``, ``GenOutput``, the sampling helpers and the stop rule are the model core's
   (``hindsearch.core.sampling``).
 
@@ -15,7 +19,7 @@ and on nothing above them (``tests/test_layout.py``).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Protocol
 
 import torch
@@ -28,7 +32,9 @@ class Backend(Protocol):
     """Generates rows of token contexts (HF on CPU/GPU, vLLM on GPU)."""
 
     in_process: bool
-    """Whether it decodes the engine's model in this process (HF: True; vLLM: False)."""
+    """Whether it decodes the engine's model in this process (HF: True; vLLM: False). An in-process backend's
+    model may be a generation-time view of the policy (``unwrap_model_for_generation``), so IGSD completes with
+    the policy it is given instead (``RolloutEngine.query_completer``)."""
 
     def generate(
         self,
@@ -40,3 +46,14 @@ class Backend(Protocol):
         logits_hook: LogitsHook | None = None,
         on_stop: OnStop | None = None,
     ) -> list[GenOutput]: ...
+
+    def complete_queries(
+        self, prefixes: list[list[int]], max_new_tokens: int, groups: Sequence[Hashable] | None = None,
+        batch_size: int = 16,
+    ) -> list[GenOutput]:
+        """Greedy completion of every prefix (a context ending inside a ``<search>`` query) until ``</search>``
+        (``protocol.SEARCH_CLOSE``), an EOS (``finish = "eos"``, the EOS id last) or ``max_new_tokens``.
+        ``groups``: prefixes of one group (one rollout's search) share their beginning, which an implementation may
+        compute once (``batch_size`` groups a chunk); None: every prefix on its own. Greedy ids do not depend on
+        the grouping."""
+        ...

@@ -59,7 +59,7 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.agent.backend import Backend
-from hindsearch.core.sampling import GREEDY, GenOutput, SamplingParams
+from hindsearch.core.sampling import GenOutput, SamplingParams
 from hindsearch.records import Passage, QARecord, Trajectory, Turn
 from hindsearch.rewards import exact_match, f1_score
 
@@ -295,27 +295,11 @@ class RolloutEngine:
 
     # ------------------------------------------------------------------ IGSD helper
     @property
-    def query_completer(self) -> Callable[[list[list[int]], int], list[tuple[list[int], str, bool]]] | None:
-        """The matched completer for IGSD: None when the backend decodes this engine's model in this process (the
-        HF backend; IGSD then decodes the policy itself with its shared-prefix cache, the same greedy decoding),
-        else ``complete_queries`` (vLLM)."""
-        return None if self.backend.in_process else self.complete_queries
-
-    def complete_queries(self, prefix_ids_list: list[list[int]], max_query_tokens: int) -> list[tuple[list[int], str, bool]]:
-        """Greedy, batched completion of partial search queries, stopping at ``</search>``.
-
-        Each prefix is a full context (prompt + completion up to and including the chosen
-        token). Returns per prefix ``(new ids, new text cut before </search>, closed)``, where
-        ``closed`` tells whether ``</search>`` was generated within ``max_query_tokens``.
-        """
-        outs = self.backend.generate(prefix_ids_list, [max_query_tokens] * len(prefix_ids_list), GREEDY,
-                                     (protocol.SEARCH_CLOSE,))
-        res = []
-        for o in outs:
-            text = self.tokenizer.decode(o.ids, skip_special_tokens=False)
-            i = text.find(protocol.SEARCH_CLOSE)
-            res.append((o.ids, text[:i] if i >= 0 else text, i >= 0))
-        return res
+    def query_completer(self) -> Backend | None:
+        """IGSD's query completer (``Backend.complete_queries``): None when the backend decodes this engine's model
+        in this process (HF: IGSD completes with the policy it is given, through an ``HFBackend`` of it), else the
+        backend (vLLM: its synced copy of the weights)."""
+        return None if self.backend.in_process else self.backend
 
 
 def make_backend(cfg: Any, model: Any, tokenizer: Any) -> Backend:

@@ -6,6 +6,10 @@ stop string in its decoded tail, else its token budget). With ``on_stop`` (the r
 rows are scheduled per row: a row whose turn ends keeps its keys/values, gets its observation queued and rejoins
 the running batch at the next step, without waiting for the others; earlier turns are never re-read.
 
+``complete_queries`` is the query completer (``backend.Backend``): greedy, to ``</search>``; with ``groups`` each
+group's shared prefix is read from one KV cache and identical prefixes are decoded once (``core.decode.decode_shared``),
+else a plain batched ``decode``.
+
 Several processes: the decode loop is one lockstep region (``core.lockstep``), so a rank whose rows finish earlier
 runs pad-token forwards until every rank is done (the policy is sharded under FSDP, and under ZeRO-3 with
 ``ds3_gather_for_generation = false``).
@@ -13,21 +17,22 @@ runs pad-token forwards until every rank is done (the policy is sharded under FS
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from typing import Any
 
 import torch
 
-from hindsearch.core.decode import STAT_KEYS, OnStop, decode
+from hindsearch.agent import protocol
+from hindsearch.core.decode import STAT_KEYS, OnStop, decode, decode_shared
 from hindsearch.core.model import pad_id
-from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, Stop, stop_token_ids
+from hindsearch.core.sampling import GREEDY, GenOutput, LogitsHook, SamplingParams, Stop, stop_token_ids
 
 
 class HFBackend:
     """Rollout generation with a transformers causal LM through the model core's decode loop."""
 
     in_process = True
-    """It decodes ``model`` in this process (``RolloutEngine.query_completer``)."""
+    """It decodes ``model`` in this process (``backend.Backend.in_process``)."""
 
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
@@ -50,3 +55,14 @@ class HFBackend:
         return decode(self.model, contexts, Stop(self.tokenizer, self.eos_ids, stop_strings), sampling,
                       max_new_tokens, generator=generator, pad=self.pad_id, logits_hook=logits_hook, on_stop=on_stop,
                       stats=self.stats)
+
+    @torch.no_grad()
+    def complete_queries(
+        self, prefixes: list[list[int]], max_new_tokens: int, groups: Sequence[Hashable] | None = None,
+        batch_size: int = 16,
+    ) -> list[GenOutput]:
+        """Greedy completion to ``</search>`` (``backend.Backend``): ``decode_shared`` with ``groups``, else ``decode``."""
+        stop = Stop(self.tokenizer, self.eos_ids, (protocol.SEARCH_CLOSE,))
+        if groups is None:
+            return decode(self.model, prefixes, stop, GREEDY, [max_new_tokens] * len(prefixes), pad=self.pad_id)
+        return decode_shared(self.model, prefixes, stop, GREEDY, max_new_tokens, groups, batch_size, pad=self.pad_id)

@@ -42,14 +42,15 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from hindsearch.agent import protocol
 from hindsearch.core.decode import OnStop
-from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, stop_token_ids
+from hindsearch.core.sampling import GREEDY, GenOutput, LogitsHook, SamplingParams, stop_token_ids
 
 SEED_HIGH = 2**31 - 1
 
@@ -132,7 +133,7 @@ class _VLLMBase:
     """The ``Backend.generate`` shared by both modes: checks, empty outputs, statistics; ``_rows`` fills ``outs``."""
 
     in_process = False
-    """vLLM decodes its own copy of the weights (``RolloutEngine.query_completer``)."""
+    """vLLM decodes its own copy of the weights (``backend.Backend.in_process``)."""
 
     def __init__(self) -> None:
         self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
@@ -173,6 +174,14 @@ class _VLLMBase:
                 outs[i] = o
             rows = going
         return outs
+
+    def complete_queries(
+        self, prefixes: list[list[int]], max_new_tokens: int, groups: Sequence[Hashable] | None = None,
+        batch_size: int = 16,
+    ) -> list[GenOutput]:
+        """Greedy completion to ``</search>`` (``backend.Backend``): one greedy turn of every prefix. ``groups`` and
+        ``batch_size`` change nothing here: vLLM's prefix cache reads a shared prefix once."""
+        return self.generate(prefixes, [max_new_tokens] * len(prefixes), GREEDY, (protocol.SEARCH_CLOSE,))
 
     def _turn(self, contexts: list[list[int]], max_new_tokens: list[int], sampling: SamplingParams,
               stop_strings: Sequence[str], generator: torch.Generator | None) -> list[GenOutput]:

@@ -35,12 +35,30 @@ def find_config(name: str | None) -> Path:
     raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); presets: {', '.join(known) or 'none'}")
 
 
+class PluginAction(argparse.Action):
+    """``--plugin SPEC``: imported as soon as it is parsed (its methods become valid ``--method`` values), and
+    appended to the run's ``plugins``."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from hindsearch.config.registry import load_plugin
+
+        try:
+            load_plugin(values)
+        except (ImportError, OSError) as e:
+            parser.error(f"--plugin {values}: {e}")
+        setattr(namespace, self.dest, [*getattr(namespace, self.dest), values])
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from hindsearch.cli.args import positive_int
 
     p = sub.add_parser("train", help="warm-up + GRPO/HindSearch/IGSD training with dev EM before and after")
     p.add_argument("--config", default=None, help=f"TOML file or preset name (default: {DEFAULT_PRESET})")
-    p.add_argument("--method", choices=METHODS, default=None, help="override the config's method (default: the config's)")
+    p.add_argument("--plugin", action=PluginAction, default=[], metavar="MODULE_OR_FILE",
+                   help="import a module or .py file that registers methods, retriever kinds or reward functions "
+                        "(added to the config's plugins; repeatable; give it before --method)")
+    method = p.add_argument("--method", default=None, help="override the config's method (default: the config's)")
+    method.choices = METHODS  # the registered methods, read when the help is shown or --method is checked
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
@@ -87,8 +105,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from hindsearch.train.run import run_train
 
     if args.resume:
-        if args.config or args.method or args.set or args.out:
-            raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out")
+        if args.config or args.method or args.set or args.out or args.plugin:
+            raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out/--plugin")
         run_train(resume=args.resume, allow_config_change=args.allow_config_change, threads=args.threads)
         return 0
     if args.allow_config_change:
@@ -97,6 +115,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.method:
         overrides.append(f'method="{args.method}"')
     cfg = Config.load(find_config(args.config), overrides)
+    if args.plugin:
+        cfg.use_plugins([*cfg.plugins, *(p for p in args.plugin if p not in cfg.plugins)], "--plugin")
     if args.out:
         cfg.out = args.out
     run_train(cfg)

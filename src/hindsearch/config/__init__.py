@@ -1,9 +1,12 @@
 """Configuration: one dataclass per concern, one docstring per field, TOML presets.
 
 A preset is a TOML file whose tables are the concerns (``[model]``, ``[data]``,
-``[retrieval]``, ``[rollout]``, ``[warmup]``, ``[train]``, ``[hindsearch]``, ``[igsd]``,
-``[eval]``) plus top-level ``method`` and ``out``. ``--set section.key=value`` overrides
-a single field (values parsed as TOML, falling back to a plain string).
+``[retrieval]``, ``[rollout]``, ``[warmup]``, ``[train]``, ``[eval]``) and one table per registered method
+with options (``[hindsearch]``, ``[igsd]``: the method's config dataclass, ``hindsearch.hindsight.registry``),
+plus top-level ``method``, ``out`` and ``plugins``. ``--set section.key=value`` overrides
+a single field (values parsed as TOML, falling back to a plain string). ``plugins`` (modules or ``.py`` files,
+``hindsearch.config.registry.load_plugins``) are imported before any other key is read, so a plugin's method
+section, retriever kind or reward function is read like a built-in one.
 
 Presets without copies: a top-level ``base = "other.toml"`` (a path relative to the preset's folder) reads that
 preset first and lays this one over it, table by table and key by key (``read_preset``); a base may have its own
@@ -27,15 +30,16 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, METHODS, RENAMED, TEACHERS, ConfigError, _assign,
+from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, RENAMED, TEACHERS, ConfigError, _assign,
                                       _check_declared, _drop_none, bounded, choice, choices_of)
-from hindsearch.config.sections import (DataConfig, EvalConfig, HindSearchConfig, IGSDConfig, LoRAConfig, ModelConfig,
-                                        RetrievalConfig, RolloutConfig, TrainConfig, WarmupConfig)
+from hindsearch.config.registry import METHODS, load_plugins
+from hindsearch.config.sections import (DataConfig, EvalConfig, LoRAConfig, ModelConfig, RetrievalConfig,
+                                        RolloutConfig, TrainConfig, WarmupConfig)
 
 __all__ = [
     "AGGREGATIONS", "FEEDBACK_KINDS", "METHODS", "RENAMED", "TEACHERS", "Config", "ConfigError", "DataConfig",
-    "EvalConfig", "HindSearchConfig", "IGSDConfig", "LoRAConfig", "ModelConfig", "RetrievalConfig", "RolloutConfig",
-    "TrainConfig", "WarmupConfig", "bounded", "choice", "choices_of",
+    "EvalConfig", "LoRAConfig", "ModelConfig", "RetrievalConfig", "RolloutConfig", "TrainConfig", "WarmupConfig",
+    "bounded", "choice", "choices_of",
 ]
 
 
@@ -89,26 +93,70 @@ def read_preset(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     return _overlay(read_preset(base, (*_seen, p.resolve())), d)
 
 
-@dataclass
+@dataclass(eq=False)
 class Config:
     method: str = choice("grpo", METHODS)
-    """``grpo``, ``hindsearch``, ``igsd`` or ``hindsearch+igsd``."""
+    """A registered method (``grpo``, ``hindsearch``, ``igsd``, a plugin's) or registered methods composed with
+    ``+`` (``hindsearch+igsd``: both terms)."""
     out: str = "runs/default"
     """Run folder: config.toml, metrics.jsonl, samples.jsonl, checkpoints/. In a preset, ``{method}`` in it becomes
     the method (``runs/qwen2.5-3b-instruct-{method}``)."""
+    plugins: list[str] = field(default_factory=list)
+    """Modules (``package.module``) or Python files (``path/to/file.py``) imported before the rest of the config
+    is read: their methods, retriever kinds and reward functions register themselves (``hindsearch.config.registry``).
+    Written into the run's config.toml, so ``compare`` and ``report`` import them too."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     retrieval: RetrievalConfig = field(default_factory=RetrievalConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     warmup: WarmupConfig = field(default_factory=WarmupConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    hindsearch: HindSearchConfig = field(default_factory=HindSearchConfig)
-    igsd: IGSDConfig = field(default_factory=IGSDConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+
+    def __post_init__(self) -> None:
+        self.sections: dict[str, Any] = {}  # one options object per registered method that has some, by name
+        self.add_sections()
+
+    def add_sections(self) -> None:
+        """A default section for each registered method with options that this config has none of yet (after a
+        plugin registered more)."""
+        for name in METHODS.names():
+            spec = METHODS.get(name) if "+" not in name else None
+            if spec is not None and spec.config is not None and name not in self.sections:
+                self.sections[name] = spec.config()
+
+    def __getattr__(self, name: str) -> Any:
+        sections = self.__dict__.get("sections")
+        if sections is not None and name in sections:
+            return sections[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Config) and self.to_dict() == other.to_dict()
+
+    def use_plugins(self, specs: list[str], source: str) -> None:
+        """Set ``plugins`` and import them (``load_plugins``); their method sections are added with defaults. A
+        ``.py`` file is recorded by its absolute path (a run's config.toml is read from other folders)."""
+        _assign(self, "plugins", specs, source)
+        if not all(isinstance(p, str) and p for p in self.plugins):
+            raise ConfigError(f"{source}: plugins must be a list of module names or .py files, got {self.plugins!r}")
+        self.plugins = [str(Path(p).expanduser().resolve()) if p.endswith(".py") else p for p in self.plugins]
+        try:
+            load_plugins(self.plugins)
+        except (ImportError, OSError) as e:
+            raise ConfigError(f"{source}: plugins = {self.plugins!r}: {e}") from e
+        self.add_sections()
 
     # ------------------------------------------------------------------ io
     def to_dict(self) -> dict[str, Any]:
-        return _drop_none(asdict(self))
+        """The config as nested dicts, the method sections before ``eval`` (an empty ``plugins`` is left out)."""
+        d: dict[str, Any] = {}
+        for key, value in asdict(self).items():
+            if key == "eval":
+                d.update({name: asdict(sec) for name, sec in self.sections.items()})
+            if key != "plugins" or value:
+                d[key] = value
+        return _drop_none(d)
 
     def to_toml(self) -> str:
         import tomli_w
@@ -121,8 +169,11 @@ class Config:
     @classmethod
     def from_dict(cls, d: dict[str, Any], source: str = "<dict>") -> "Config":
         cfg = cls()
+        if "plugins" in d:  # first: a plugin's sections are read like built-in ones
+            cfg.use_plugins(d["plugins"], source)
         for key, value in d.items():
-            _assign(cfg, key, value, source)
+            if key != "plugins":
+                _assign(cfg, key, value, source)
         return cfg
 
     @classmethod
@@ -156,7 +207,9 @@ class Config:
         except RecursionError:
             raise ConfigError(f"--set {key.strip()}: the value is nested too deep to read") from None
         parts = key.strip().split(".")
-        if len(parts) == 1:
+        if parts == ["plugins"]:
+            self.use_plugins(value, "--set")
+        elif len(parts) == 1:
             _assign(self, parts[0], value, "--set")
         elif len(parts) == 2:
             _assign(self, parts[0], {parts[1]: value}, "--set")
@@ -170,15 +223,17 @@ class Config:
     def validate(self) -> "Config":
         """Check every declared choice and bound (field metadata), then the cross-field rules."""
         _check_declared(self, "")
+        for name, sec in self.sections.items():
+            _check_declared(sec, name + ".")
         if self.retrieval.kind == "remote" and not self.retrieval.url:
             raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
         if not self.warmup.feedback_kinds:
             raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of {', '.join(FEEDBACK_KINDS)}")
         if self.rollout.num_generations < 2 and self.train.steps > 0:
             raise ConfigError("rollout.num_generations must be >= 2 for GRPO (group-relative advantages)")
-        for fld in ("question", "searches", "prediction"):
-            if "{" + fld + "}" not in self.hindsearch.judge_template:
-                raise ConfigError(f"hindsearch.judge_template must contain {{{fld}}}")
+        for sec in self.sections.values():
+            if hasattr(sec, "check"):  # the cross-field rules of a method's own options
+                sec.check()
         self._validate_lora()
         self._validate_trl()
         return self
@@ -190,9 +245,9 @@ class Config:
                               f"got {lo.target_modules!r}")
         if lo.r == 0:
             return
-        for key, teacher in (("hindsearch.teacher", self.hindsearch.teacher), ("igsd.teacher", self.igsd.teacher)):
-            if teacher == "ema":
-                raise ConfigError(f"{key} = 'ema' is not supported with model.lora (the EMA copy averages the "
+        for name, sec in self.sections.items():
+            if getattr(sec, "teacher", None) == "ema":
+                raise ConfigError(f"{name}.teacher = 'ema' is not supported with model.lora (the EMA copy averages the "
                                   f"whole policy); use 'frozen' or 'live', or set model.lora.r = 0")
         try:
             import peft  # noqa: F401  # optional: lora

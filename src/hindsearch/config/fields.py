@@ -9,9 +9,6 @@ from dataclasses import field, fields
 from typing import Any
 
 
-METHODS = ("grpo", "hindsearch", "igsd", "hindsearch+igsd")
-
-
 TEACHERS = ("frozen", "live", "ema")
 
 
@@ -26,6 +23,10 @@ CRITIQUE_SOURCES = ("own", "shuffled")
 
 
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
+
+
+GATES = ("positive_sigmoid", "sigmoid", "hard", "none")
+"""``igsd.gate`` (``hindsearch.hindsight.losses.GATES`` reads this tuple)."""
 
 
 RENAMED: dict[tuple[str, str], str] = {("train", "beta"): "kl_coef", ("igsd", "beta"): "gate_sharpness"}
@@ -70,9 +71,11 @@ def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> No
         print(f"{source}: {prefix}{key} is deprecated, read as {prefix}{new} (rename it; the old key will be "
               f"removed)", file=sys.stderr)
         key = new
-    if key not in names:
+    sections = getattr(obj, "sections", {}) if not prefix else {}  # the Config's method sections (registered)
+    if key not in names and key not in sections:
         if not prefix:
-            raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: {sorted(names)}")
+            raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: "
+                              f"{sorted([*names, *sections])}")
         raise ConfigError(f"{source}: unknown key {prefix}{key}; allowed: {sorted(names)}")
     current = getattr(obj, key)
     if hasattr(current, "__dataclass_fields__"):

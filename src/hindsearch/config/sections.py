@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from hindsearch.config.fields import AGGREGATIONS, CRITIQUE_SOURCES, DISTILL_ON, FEEDBACK_KINDS, TEACHERS, bounded, choice
+from hindsearch.config.fields import FEEDBACK_KINDS, bounded, choice
+from hindsearch.config.registry import REWARDS, RETRIEVERS
 
 
 @dataclass
@@ -75,8 +76,9 @@ class DataConfig:
 
 @dataclass
 class RetrievalConfig:
-    kind: str = choice("bm25", ("bm25", "dense", "remote"))
-    """``bm25`` (in-process bm25s), ``dense`` (encoder + FAISS) or ``remote`` (HTTP ``/retrieve`` server)."""
+    kind: str = choice("bm25", RETRIEVERS)
+    """``bm25`` (in-process bm25s), ``dense`` (encoder + FAISS), ``remote`` (HTTP ``/retrieve`` server) or a kind a
+    plugin registers (``hindsearch.retrieval.base.register_retriever``)."""
     index_dir: str | None = None
     """Index folder (``hindsearch index``); None = the world's index, built on first use."""
     url: str | None = None
@@ -177,8 +179,12 @@ class TrainConfig:
     """PPO clipping range."""
     loss_type: str = choice("grpo", ("grpo", "dr_grpo", "dapo", "bnpo"))
     """TRL loss aggregation: ``grpo``, ``dr_grpo``, ``dapo``, ``bnpo``."""
+    reward_funcs: list[str] = choice(["em"], REWARDS)
+    """TRL reward functions summed (weight 1 each) into the rollout's reward: registered names (``em``: exact match
+    of the final answer, ``f1``: its token F1, ``format``: a well-formed final answer;
+    ``hindsearch.train.reward_funcs``) or a plugin's. Each is logged by TRL as ``rewards/<function>/mean``."""
     format_reward: float = bounded(0.0, ge=0.0)
-    """Weight of a small format term (well-formed final answer); 0 = reward is EM only."""
+    """Weight of a small format term (well-formed final answer) added to ``reward_funcs``; 0 = none."""
     seed: int = 0
     """Random seed (data order, sampling)."""
     threads: int | None = bounded(None, gt=0)
@@ -223,111 +229,6 @@ class TrainConfig:
     (``learning_rate`` from ``train.lr``, ``max_steps`` from ``train.steps``, ...; see
     ``train.grpo_config.OWNED_GRPO_FIELDS``) keeps our key's value, with a warning. An unknown field name is a
     config error."""
-
-
-@dataclass
-class HindSearchConfig:
-    lam: float = bounded(0.01, ge=0.0)
-    """Weight lambda of L_hind in L = L_GRPO + lambda * L_hind."""
-    judge_kind: str = choice("lm", ("lm", "oracle"))
-    """``lm`` (frozen LM judge, the paper's setting) or ``oracle`` (fictional world only: critique from recorded evidence)."""
-    judge_model: str | None = None
-    """Judge weights: None = the initial policy checkpoint; else an HF id or path."""
-    judge_sees_gold: bool = True
-    """The judge prompt contains the gold answers (False = the paper's no-gold ablation)."""
-    critique_max_tokens: int = bounded(64, gt=0)
-    """Greedy critique length cap."""
-    judge_max_prompt_tokens: int = bounded(768, gt=0)
-    """Judge prompt budget; longer prompts drop retrieved snippets first, then the oldest turns."""
-    redact_gold_in_critique: bool = True
-    """Replace gold-answer strings in critiques with a placeholder."""
-    teacher: str = choice("frozen", TEACHERS)
-    """Teacher weights: ``frozen`` (initial policy), ``live`` (current policy, no grad) or ``ema``. With ``live``
-    nothing anchors the student (the loss is lowest for an output that ignores the critique): on micro-scarce at
-    lambda 2 the student lost the format by step ~115 and every test answer by step 200
-    (docs/results/2026-12-04-scarce-live-teacher.md)."""
-    ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
-    """EMA decay when ``teacher = ema``."""
-    divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "one_sided", "reverse_kl", "jsd"))
-    """``clamped_sampled`` (DESIGN's reading of the paper), ``signed`` (unclamped ``lT - lS`` as a per-token
-    advantage), ``one_sided`` (its lowering half: a failed token is lowered where the teacher likes it less, nothing
-    is raised), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
-    topk: int = bounded(50, gt=0)
-    """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
-    signed_clip: float = bounded(1.0, gt=0.0)
-    """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``; ``one_sided``:
-    to ``[-signed_clip, 0]``."""
-    distill_on: str = choice("query", DISTILL_ON)
-    """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``); ``action`` (the query
-    tokens plus, in every turn after an information block, the turn's first token and the tokens of its
-    ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made); ``decision`` (every
-    token of each post-information turn up to and including its first action tag, and no query token: the
-    decision alone, also where the tokenizer spreads it over several tokens); ``decision_query`` (the decision
-    plus the query tokens of the post-information turns: the second query); ``answer_decision`` (the decision
-    tokens of the post-information turns that answered: with ``divergence = one_sided`` the term only lowers
-    "answer now" where the teacher would search again, and touches neither queries nor a decision to search)."""
-    action_weight: float = bounded(1.0, gt=0.0)
-    """Weight of each action/decision token against a query token (1) in ``L_hind``'s reduction, for
-    ``distill_on = action`` or ``decision_query``: above 1, query tokens where teacher and student agree cannot
-    dilute the decision under a token mean."""
-    critique_source: str = choice("own", CRITIQUE_SOURCES)
-    """Whose critique the teacher reads: ``own`` (the judge's critique of this rollout) or ``shuffled`` (the
-    critique of a failed rollout of *another* question, from this step or the last steps: the control that keeps
-    the prompt shift and the extra gradient at the same positions but removes the critique's information)."""
-    aggregation: str = choice("token-mean", AGGREGATIONS)
-    """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
-    this tuple)."""
-    neutral_control: bool = False
-    """Also score the student's tokens under a neutral-feedback teacher ("Feedback on a previous attempt:
-    none.") and log ``critique_minus_neutral``: what the critique itself changes, net of the prompt shift.
-    One more teacher forward per failed rollout; on in the micro presets."""
-    judge_template: str = (
-        "You are reviewing a failed attempt by a search assistant.\n"
-        "Question: {question}\n"
-        "{gold_line}"
-        "Searches and what they returned:\n{searches}\n"
-        "Predicted answer: {prediction}\n"
-        "In 1-2 sentences, say what the searches should have looked for. Do not state the answer.\n"
-        "Critique:"
-    )
-    """Judge prompt template; fields: question, gold_line, searches, prediction."""
-
-
-@dataclass
-class IGSDConfig:
-    lam: float = bounded(0.1, ge=0.0)
-    """Weight lambda of L_igsd in L = L_GRPO + lambda * L_igsd."""
-    max_positions_per_rollout: int = bounded(8, gt=0)
-    """Query-token positions verified per failed rollout."""
-    positions: str = choice("disagree", ("disagree", "all", "random"))
-    """``disagree`` (teacher top token != student token), ``all`` or ``random``."""
-    answer_tokens: str = choice("keep", ("keep", "drop"))
-    """``keep`` (the paper's form): any query position may be verified and distilled. ``drop``: a position whose
-    proposed teacher token is a token of a gold answer that the student has not seen (not in its prompt or its
-    completion before the position) is neither verified nor distilled: the student cannot produce that token
-    without the hindsight, and distilling it teaches the student to put *some* name there (the micro-scarce run
-    of 2026-12-02: the share of first queries made of the question's words fell from 96% to 29%)."""
-    max_query_tokens: int = bounded(24, gt=0)
-    """Cap of a matched query completion (cut and still executed when ``</search>`` never comes)."""
-    n_controls: int = bounded(2, ge=0)
-    """Shared counterfactual control sets per pair."""
-    control: str = choice("random", ("random", "empty"))
-    """``random`` corpus passages or ``empty`` information block."""
-    gate: str = choice("positive_sigmoid", ("positive_sigmoid", "sigmoid", "hard", "none"))
-    """``positive_sigmoid`` (paper), ``sigmoid``, ``hard`` or ``none`` (ungated pair distillation);
-    ``hindsearch.hindsight.losses.GATES`` reads this tuple."""
-    gate_sharpness: float = bounded(5.0, gt=0.0)
-    """Gate sharpness (the paper's beta in sigmoid(beta * (delta - margin))). Was ``igsd.beta``, still read
-    with a deprecation message."""
-    margin: float = 0.0
-    """Gate margin on the paired gain delta."""
-    aggregation: str = choice("token-mean", AGGREGATIONS)
-    """How ``L_igsd`` is reduced over the verified positions (``token-mean``: gated KL summed over positions
-    divided by their number, the paper's form)."""
-    max_answer_tokens: int = bounded(16, gt=0)
-    """Answer tokens scored by the utility u(D); longer answers are cut (and counted)."""
-    teacher: str = choice("frozen", TEACHERS)
-    """Teacher weights for proposals and the pair distribution: ``frozen``, ``live`` or ``ema``."""
 
 
 @dataclass

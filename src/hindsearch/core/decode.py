@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from hindsearch.core.model import (KV, Step, cache_of, cat_steps, forward, group_chunks, mergeable, pad_id, region,
-                                   resume, save_row, shared_prefix_len, suffix_forward)
+from hindsearch.core.model import (KV, Step, cache_of, cat_steps, forward, group_chunks, left_pad, mergeable, pad_id,
+                                   region, resume, save_row, shared_prefix_len, suffix_forward)
 from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, Stop, sample_tokens, stop_reason
 
 OnStop = Callable[[list[int], list[GenOutput]], list[tuple[list[int], int] | None]]
@@ -224,9 +224,8 @@ def decode_shared(
             members = sorted(members, key=lambda i: len(prefixes[i]) - base_len[groups[i]])  # less padding
             for s in range(0, len(members), 2 * batch_size):
                 sub = members[s : s + 2 * batch_size]
-                left = [prefixes[i][base_len[groups[i]] :] for i in sub]
-                out, kv, att, pos = suffix_forward(model, base.cache, base.mask, [gi[groups[i]] for i in sub], left,
-                                                   [[]] * len(sub), pad, 1)
+                ids, att = left_pad([prefixes[i][base_len[groups[i]] :] for i in sub], pad)
+                out, kv, att, pos = suffix_forward(model, base.cache, base.mask, [gi[groups[i]] for i in sub], ids, att, 1)
                 live = [_Row(i, list(prefixes[i]), budget, GenOutput([], [], "length")) for i in sub]
                 loop.run([], step=Step(out.logits[:, -1].float(), kv, att, pos[:, -1]), live=live)
                 new.update((r.index, r.out) for r in live)

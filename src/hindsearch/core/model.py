@@ -1,7 +1,9 @@
 """Batches of a causal LM outside TRL's training step: padding, positions, the pad id, forwards and KV caches.
 
-- **Padding** is on the left (``left_pad``), so the last column of a batch is every row's last token; positions
-  come from the attention mask (``positions``), so a padded row computes what its unpadded forward computes.
+- **Padding** is on the left (``left_pad``, the one id-batch builder), so the last column of a batch is every row's
+  last token; a continuation part, when there is one, is padded on the right so every continuation starts at the
+  same column. Positions come from the attention mask (``positions``), so a padded row computes what its unpadded
+  forward computes.
 - **Pad id** (``pad_id``): the tokenizer's pad token, else its EOS, else the model config's pad / EOS, else 0.
   Padded positions are masked out, so the choice never changes a number.
 - **Forwards** (``forward``): no grad, only the last ``keep`` positions' logits, announced to the other processes
@@ -43,15 +45,21 @@ def region(model: Any, pad: int) -> Any:
     return lockstep.lockstep(lockstep.pad_forward(model, pad))
 
 
-def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device | str | None = None) -> tuple[Tensor, Tensor]:
-    """Left-pad id lists. -> ``(input_ids [B, L], attention_mask [B, L])`` (long), ``L`` = longest row."""
-    L = max(len(r) for r in rows)
-    ids = torch.full((len(rows), L), int(pad), dtype=torch.long)
-    mask = torch.zeros((len(rows), L), dtype=torch.long)
+def left_pad(rows: Sequence[Sequence[int]], pad: int, device: torch.device | str | None = None,
+             right: Sequence[Sequence[int]] | None = None) -> tuple[Tensor, Tensor]:
+    """THE padded id batch: ``rows`` left-padded to their longest length ``W1``, then (with ``right``) each
+    ``right[i]`` right-padded to the longest of them ``W2``, so every right part starts at column ``W1``: a prefix
+    and its continuation (scoring), a suffix and its answer after a cached base (``suffix_forward``).
+    -> ``(input_ids [B, W1 + W2], attention_mask [B, W1 + W2])`` (long; padding is ``pad`` with mask 0)."""
+    W1 = max((len(r) for r in rows), default=0)
+    W2 = max((len(r) for r in right), default=0) if right is not None else 0
+    ids = torch.full((len(rows), W1 + W2), int(pad), dtype=torch.long)
+    mask = torch.zeros((len(rows), W1 + W2), dtype=torch.long)
     for i, r in enumerate(rows):
-        if len(r):
-            ids[i, L - len(r) :] = torch.tensor(list(r), dtype=torch.long)
-            mask[i, L - len(r) :] = 1
+        seq = list(r) + (list(right[i]) if right is not None else [])
+        if seq:
+            ids[i, W1 - len(r) : W1 - len(r) + len(seq)] = torch.tensor(seq, dtype=torch.long)
+            mask[i, W1 - len(r) : W1 - len(r) + len(seq)] = 1
     return (ids, mask) if device is None else (ids.to(device), mask.to(device))
 
 
@@ -156,7 +164,8 @@ def resume(model: Any, contexts: Sequence[Sequence[int]], pad: int,
 
     ``cached[i]`` = ``(ids, kv)`` covers a strict prefix of ``contexts[i]`` (or is None). All rows feed a chunk of
     W = max uncached tail; row i feeds its last ``min(len_i, W)`` ids and keeps ``k_i = max(0, len_i - W) <=
-    cached_i`` cached positions, left-padded to K = max k_i: a row whose tail is shorter than W re-feeds a few
+    cached_i`` cached positions, left-padded to K = max k_i (the saved keys/values and their mask are padded here,
+    row by row; the ids are ``left_pad``'s): a row whose tail is shorter than W re-feeds a few
     cached ids instead of padding inside its sequence. Without any cache this is a plain left-padded prefill.
     Inputs: ``input_ids [B, W]``, ``attention_mask [B, K + W]``, ``position_ids [B, W]``, a cache of K positions.
     """
@@ -218,26 +227,18 @@ def expand_cache(model: Any, cache: Any, idx: Tensor) -> Any:
 
 
 @torch.no_grad()
-def suffix_forward(
-    model: Any, cache: Any, base_att: Tensor, owner: Sequence[int], left: Sequence[Sequence[int]],
-    right: Sequence[Sequence[int]], pad: int, keep: int,
-) -> tuple[Any, Any, Tensor, Tensor]:
-    """Forward ``left[j] + right[j]`` after cached base row ``owner[j]``: ``left`` parts are left-padded to a
-    common width (so every ``right`` part starts at the same column), ``right`` parts right-padded.
+def suffix_forward(model: Any, cache: Any, base_att: Tensor, owner: Sequence[int], ids: Tensor, att: Tensor,
+                   keep: int) -> tuple[Any, Any, Tensor, Tensor]:
+    """Forward the batch ``ids [m, W]`` / ``att [m, W]`` (``left_pad``) after cached base row ``owner[j]``
+    (``base_att [G, P]``, the base cache's attention mask).
 
     Returns ``(out, new cache, att [m, P + W], pos [m, W])``; ``out.logits`` holds the last ``keep`` columns.
     The base cache is not modified (rows are copied with ``expand_cache``).
     """
     dev = base_att.device
-    m, W1, W2 = len(owner), max(len(x) for x in left), max((len(x) for x in right), default=0)
-    ids = torch.full((m, W1 + W2), pad, dtype=torch.long)
-    satt = torch.zeros(m, W1 + W2, dtype=torch.long)
-    for j, (lf, rt) in enumerate(zip(left, right)):
-        ids[j, W1 - len(lf) : W1 + len(rt)] = torch.tensor(list(lf) + list(rt), dtype=torch.long)
-        satt[j, W1 - len(lf) : W1 + len(rt)] = 1
     idx = torch.tensor(list(owner), dtype=torch.long, device=dev)
     batt = base_att[idx]
-    satt = satt.to(dev)
+    satt = att.to(dev)
     pos = (batt.sum(-1, keepdim=True) + satt.cumsum(-1) - 1).clamp(min=0)
     att = torch.cat([batt, satt], dim=1)
     kv = expand_cache(model, cache, idx)

@@ -80,11 +80,8 @@ def score_continuations(
             for i in rows:
                 if not len(prefixes[i]):
                     raise ValueError(f"row {i}: empty prefix (a continuation needs at least one context token)")
-            # left-pad the prefixes to P, right-pad the continuations to Tb: every continuation starts at column P
-            ids, att = left_pad([list(prefixes[i]) + list(continuations[i]) + [pad] * (Tb - len(continuations[i]))
-                                 for i in rows], pad)
-            for j, i in enumerate(rows):
-                att[j, P + len(continuations[i]) :] = 0
+            # prefixes left-padded to P, continuations right-padded to Tb: every continuation starts at column P
+            ids, att = left_pad([prefixes[i] for i in rows], pad, right=[continuations[i] for i in rows])
             out = forward(model, Tb + 1, input_ids=ids.to(device), attention_mask=att.to(device),
                           position_ids=positions(att).to(device))
             logits = out.logits[:, -(Tb + 1) : -1].float()  # [b, Tb, V]: column P-1+t predicts cont[t]
@@ -121,15 +118,11 @@ def shared_prefix_utilities(
                 Tb = max(len(answers[i]) for i in sub)
                 if Tb == 0:
                     continue
-                left = [list(states[i][base_len[groups[i]] :]) + list(ctxs[i]) for i in sub]
-                out, _, _, _ = suffix_forward(model, cache, batt, [gi[groups[i]] for i in sub], left,
-                                              [answers[i] for i in sub], pad, Tb + 1)
+                ids, att = left_pad([list(states[i][base_len[groups[i]] :]) + list(ctxs[i]) for i in sub], pad,
+                                    right=[answers[i] for i in sub])
+                out, _, _, _ = suffix_forward(model, cache, batt, [gi[groups[i]] for i in sub], ids, att, Tb + 1)
                 logits = out.logits[:, :Tb].float()  # [m, Tb, V]: column t predicts answer token t
-                tgt = torch.zeros(len(sub), Tb, dtype=torch.long)
-                amask = torch.zeros(len(sub), Tb)
-                for j, i in enumerate(sub):
-                    tgt[j, : len(answers[i])] = torch.tensor(list(answers[i]), dtype=torch.long)
-                    amask[j, : len(answers[i])] = 1
+                tgt, amask = ids[:, -Tb:], att[:, -Tb:].float()  # the answers, right-padded
                 lp = token_logprobs(logits, tgt.to(logits.device))[0].cpu()
                 u[sub] = (lp * amask).sum(-1) / amask.sum(-1).clamp(min=1)
         return u

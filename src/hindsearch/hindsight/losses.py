@@ -52,12 +52,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from hindsearch.config import HindSearchConfig, IGSDConfig, choices_of
+from hindsearch.config import fields
 
-AGG_MODES = choices_of(HindSearchConfig, "aggregation")
-"""Reductions of a per-token loss (declared once, on the config field)."""
-GATES = choices_of(IGSDConfig, "gate")
-"""IGSD gates (declared once, on the config field)."""
+AGG_MODES = fields.AGGREGATIONS
+"""Reductions of a per-token loss (declared once, the terms' ``aggregation`` field's choices)."""
+GATES = fields.GATES
+"""IGSD gates (declared once, ``igsd.gate``'s choices)."""
 
 
 # ---------------------------------------------------------------------------------------- aggregation

@@ -165,10 +165,11 @@ def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Seq
 
 def _probe_judges(engine: Any, cfg: Any) -> dict[str, Any]:
     """The gold and no-gold judges of the probe (oracle, or the LM judge on ``judge_model`` / the policy)."""
-    from hindsearch.hindsight.terms import load_judge_model, make_judge
+    from hindsearch.hindsight.methods.hindsearch import load_judge_model, make_judge
 
     h = cfg.hindsearch
-    jm, jt = load_judge_model(cfg) if h.judge_kind == "lm" and h.judge_model else (engine.model, engine.tokenizer)
+    jm, jt = (load_judge_model(cfg.model, h.judge_model) if h.judge_kind == "lm" and h.judge_model
+              else (engine.model, engine.tokenizer))
     return {name: make_judge(_replace_gold(h, gold), jm, jt)
             for name, gold in (("critique_gold", True), ("critique_nogold", False))}
 

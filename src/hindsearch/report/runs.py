@@ -221,7 +221,21 @@ def load_run(path: str | Path) -> Run:
     run.summary = read_json(p / "summary.json", run.bad_lines)
     run.marker = read_json(p / MARKER, run.bad_lines)
     run.config = parse_toml(run.config_text, p / "config.toml", run.bad_lines)
+    load_run_plugins(run.config, p / "config.toml", run.bad_lines)
     return run
+
+
+def load_run_plugins(config: dict[str, Any], path: Path, bad: list[str]) -> None:
+    """Import the plugins a run's config names (its methods' panels are then known); one that cannot be imported
+    is reported in ``bad`` (the page says why) and its panels are left out."""
+    from hindsearch.config.registry import load_plugin
+
+    plugins = config.get("plugins", [])
+    for spec in plugins if isinstance(plugins, list) else []:
+        try:
+            load_plugin(str(spec))
+        except Exception as e:  # noqa: BLE001 - a user's module: any error is reported, the page still renders
+            bad.append(f"{path}: plugin {spec!r} cannot be imported ({type(e).__name__}: {e})")
 
 
 MARKER = ".hindsearch-output.json"
@@ -299,7 +313,9 @@ def left_out(rows: list[dict[str, Any]], key: str) -> list[str]:
 
 def metric_groups(keys: set[str]) -> dict[str, list[str]]:
     """Group logged metric names into the report's panels (a panel lists the keys it found); the
-    headline panels (reward, EM) come first."""
+    headline panels (reward, EM) come first, then the losses and each registered term's own panels
+    (``hindsight.registry.Metrics``)."""
+    from hindsearch.hindsight.registry import term_methods
 
     def first(*cands: str) -> list[str]:
         for c in cands:
@@ -312,18 +328,20 @@ def metric_groups(keys: set[str]) -> dict[str, list[str]]:
         return [x for c in cands for x in first(c)]
 
     numeric = sorted(keys)
-    return {
+    terms = [(s.term.name, s.metrics) for s in term_methods()]
+    term_losses = {f"{name}/{m.loss}" for name, m in terms}
+    groups = {
         "Reward": first("reward_mean", "reward", "rewards/em_reward/mean") + first("reward_std"),
         "Exact match (training rollouts, greedy dev)": first("em", "train/em") + [k for k in numeric if k.startswith("dev") and "em" in k],
         "Searches per rollout": first("searches_per_rollout", "num_searches"),
         "Validity": present("validity_rate", "invalid_turn_rate", "answered_rate") + present("completions/clipped_ratio"),
-        "Loss parts": [k for k in numeric if k == "loss" or k.startswith("loss/") or k in ("hind/L_hind", "igsd/L_igsd")],
-        "HindSearch weights": present("hind/mean_w", "hind/frac_w_pos", "hind/mean_lT_minus_lS", "hind/critique_minus_neutral",
-                                      "hind/failed_frac"),
-        "Share of the update": present("hind/grad_share", "igsd/grad_share"),
-        "IGSD gate statistics": [k for k in numeric if k.startswith("igsd/") and any(s in k for s in ("gate", "delta"))],
-        "Lengths": present("completion_len", "generated_len", "prompt_len"),
+        "Loss parts": [k for k in numeric if k == "loss" or k.startswith("loss/") or k in term_losses],
     }
+    for name, m in terms:
+        groups.update({title: present(*(f"{name}/{k}" for k in ks)) for title, ks in m.panels.items()})
+    groups["Share of the update"] = present(*(f"{name}/grad_share" for name, _ in terms))
+    groups["Lengths"] = present("completion_len", "generated_len", "prompt_len")
+    return groups
 
 
 CLIP_KEYS = ("clip_ratio/region_mean", "clip_ratio/low_mean", "clip_ratio/high_mean", "clip_ratio/low_min",

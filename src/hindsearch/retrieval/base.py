@@ -14,19 +14,28 @@ An index folder holds:
 
 Every retriever returns, per query, up to k ``Passage``s with ``score`` set, best first; an
 empty or whitespace-only query gets an empty list.
+
+Retriever kinds (``retrieval.kind``) are registered: ``@register_retriever(kind)`` on a function
+``open(cfg: RetrievalConfig, index_dir, corpus) -> Retriever``; ``bm25``, ``dense`` (index folders of this
+layout) and ``remote`` register themselves in their modules, and a plugin's kind is one file.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from hindsearch.config.registry import RETRIEVERS
 from hindsearch.records import Passage
+
+if TYPE_CHECKING:
+    from hindsearch.config import RetrievalConfig
 
 INDEX_VERSION = 2  # 2: passages.jsonl rows are compact JSON (spliced verbatim by the server)
 KINDS = ("bm25", "dense")
@@ -37,6 +46,31 @@ class Retriever(Protocol):
     def retrieve(self, queries: list[str], k: int) -> list[list[Passage]]:
         """Top-k passages per query (scores in ``Passage.score``), best first."""
         ...
+
+
+OpenFn = Callable[["RetrievalConfig", "Path | None", "Path | None"], Any]
+"""``open(cfg, index_dir, corpus) -> Retriever``: ``cfg`` the ``[retrieval]`` section; ``index_dir`` the index
+folder (kinds with ``index=True``: built from the corpus when the config names none); ``corpus`` the world's
+``corpus.jsonl`` when the run has a world (else None)."""
+
+
+@dataclass(frozen=True)
+class RetrieverKind:
+    """A registered ``retrieval.kind``: how to open it, and whether it reads an index folder of its kind
+    (``hindsearch index --kind``; the world's is built on first use)."""
+
+    kind: str
+    open: OpenFn
+    index: bool
+
+
+def register_retriever(kind: str, index: bool = False) -> Callable[[OpenFn], OpenFn]:
+    """Decorator: make ``open`` the retriever of ``retrieval.kind = kind`` (``index``: it opens an index folder of
+    the same kind, ``hindsearch.retrieval.factory.build_index``)."""
+    def add(fn: OpenFn) -> OpenFn:
+        RETRIEVERS.register(kind, RetrieverKind(kind, fn, index), fn.__module__)
+        return fn
+    return add
 
 
 class StoreChanged(RuntimeError):

@@ -40,6 +40,7 @@ import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 
 @contextlib.contextmanager
@@ -70,7 +71,7 @@ import Stemmer
 from bm25s.tokenization import _infer_stopwords
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore
+from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore, register_retriever
 
 STOPWORDS = "en"
 BACKENDS = ("auto", "numba", "sparse")
@@ -372,3 +373,11 @@ class BM25Retriever(IndexedRetriever):
         for i, d, s, m in zip(live, ids.tolist(), scores.tolist(), n.tolist()):
             out[i] = list(map(Passage, map(pid, d[:m]), map(text, d[:m]), s[:m]))
         return out
+
+
+@register_retriever("bm25", index=True)
+def open_bm25(cfg: Any, index_dir: Path | None, corpus: Path | None) -> BM25Retriever:
+    """``retrieval.kind = bm25``: the BM25 index folder (``hindsearch index --kind bm25``)."""
+    from hindsearch.retrieval.factory import load_index
+
+    return load_index(index_dir)

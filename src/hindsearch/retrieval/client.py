@@ -18,10 +18,13 @@ waits at most ``deadline_s`` plus its retry pauses (under a second). A response 
 from __future__ import annotations
 
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
 
 from hindsearch.records import Passage
+from hindsearch.retrieval.base import register_retriever
 
 
 class RetrieverUnavailable(ConnectionError):
@@ -136,3 +139,11 @@ class RemoteRetriever:
             for i, rows in zip(chunk, result):
                 out[i] = parse_hits(rows)
         return out
+
+
+@register_retriever("remote")
+def open_remote(cfg: Any, index_dir: Path | None, corpus: Path | None) -> RemoteRetriever:
+    """``retrieval.kind = remote``: a Search-R1-compatible ``/retrieve`` server at ``retrieval.url``."""
+    if not cfg.url:
+        raise ValueError("retrieval.url is required when retrieval.kind = 'remote'")
+    return RemoteRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)

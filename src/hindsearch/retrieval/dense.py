@@ -47,11 +47,12 @@ import warnings
 from array import array
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir
+from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir, register_retriever
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 FLAT = "Flat"
@@ -471,3 +472,12 @@ class DenseRetriever(IndexedRetriever):
     def _search(self, queries: list[str], k: int) -> list[Hits]:
         scores, ids = self.index.search(self.encoder.encode(queries, kind="query"), k)  # [n, k] each
         return [(d[d >= 0], s[d >= 0]) for d, s in zip(ids, scores)]
+
+
+@register_retriever("dense", index=True)
+def open_dense(cfg: Any, index_dir: Path | None, corpus: Path | None) -> DenseRetriever:
+    """``retrieval.kind = dense``: the dense index folder (``hindsearch index --kind dense``), built with
+    ``retrieval.encoder``."""
+    from hindsearch.retrieval.factory import load_index
+
+    return load_index(index_dir, encoder=cfg.encoder)

@@ -1,8 +1,8 @@
 """Building and loading retrievers: the one module that knows every implementation.
 
 ``build_index`` / ``load_index`` dispatch on an index folder's kind (``bm25``, ``dense``),
-``load_retriever`` on a ``RetrievalConfig`` (adding ``remote``), ``ensure_index`` rebuilds only
-when the corpus file changed. The protocol and the folder layout live in ``base``, which imports
+``load_retriever`` on a ``RetrievalConfig`` through the registered kinds (``base.register_retriever``:
+``bm25``, ``dense``, ``remote``, a plugin's), ``ensure_index`` rebuilds only when the corpus file changed. The protocol and the folder layout live in ``base``, which imports
 no implementation; the implementations import ``base``.
 """
 
@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from hindsearch.data.corpus import CorpusStats, file_sha256, iter_corpus
 from hindsearch.fsutil import check_replaceable, publish, staging
 from hindsearch.records import Passage
+from hindsearch.config.registry import RETRIEVERS
 from hindsearch.retrieval.base import INDEX_VERSION, KINDS, Retriever, is_index_dir, read_meta, write_store
 
 if TYPE_CHECKING:
@@ -117,21 +118,20 @@ def load_index(
     raise ValueError(f"{index_dir}/index.json: unknown kind {meta.get('kind')!r}")
 
 
-def load_retriever(cfg: "RetrievalConfig", index_dir: str | Path | None = None) -> Retriever:
-    """The retriever a ``RetrievalConfig`` asks for (``remote`` needs ``cfg.url``)."""
-    if cfg.kind == "remote":
-        from hindsearch.retrieval.client import RemoteRetriever
-
-        if not cfg.url:
-            raise ValueError("retrieval.url is required when retrieval.kind = 'remote'")
-        return RemoteRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)
+def load_retriever(cfg: "RetrievalConfig", index_dir: str | Path | None = None,
+                   corpus: str | Path | None = None) -> Retriever:
+    """The retriever a ``RetrievalConfig`` asks for: its registered kind opened on ``index_dir`` (else
+    ``cfg.index_dir``; a kind that reads an index folder needs one, of its kind) and ``corpus`` (the world's)."""
+    spec = RETRIEVERS.get(cfg.kind)
     index_dir = index_dir or cfg.index_dir
-    if index_dir is None:
-        raise ValueError("no index folder: set retrieval.index_dir (build one with `hindsearch index`)")
-    kind = read_meta(index_dir).get("kind")
-    if kind != cfg.kind:
-        raise ValueError(f"retrieval.kind = {cfg.kind!r} but index {index_dir} is a {kind!r} index")
-    return load_index(index_dir, encoder=cfg.encoder if cfg.kind == "dense" else None)
+    if spec.index:
+        if index_dir is None:
+            raise ValueError("no index folder: set retrieval.index_dir (build one with `hindsearch index`)")
+        kind = read_meta(index_dir).get("kind")
+        if kind != cfg.kind:
+            raise ValueError(f"retrieval.kind = {cfg.kind!r} but index {index_dir} is a {kind!r} index")
+    return spec.open(cfg, Path(index_dir) if index_dir is not None else None,
+                     Path(corpus) if corpus is not None else None)
 
 
 def index_is_current(corpus_path: str | Path, index_dir: str | Path, kind: str, encoder: str = "minilm") -> bool:

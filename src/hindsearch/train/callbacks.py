@@ -4,8 +4,9 @@
 - ``MetricsWriter``: one line per optimizer step in ``metrics.jsonl``;
 - ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
 - ``EMAUpdate``: the EMA teacher after each optimizer step;
-- ``gather_metrics``: a process's step metrics reduced over all processes (counts and seconds summed where
-  ``summed_over_processes`` says so, the rest averaged) before they go into TRL's ``_metrics``.
+- ``gather_metrics``: a process's step metrics reduced over all processes (summed where the caller says so: a
+  term's declared reductions, ``hindsight.registry.Metrics``; the rest averaged) before they go into TRL's
+  ``_metrics``.
 """
 
 from __future__ import annotations
@@ -22,17 +23,6 @@ from transformers import TrainerCallback
 
 from hindsearch.records import Trajectory
 from hindsearch.train import rollout_adapter as ra
-
-MEAN_WORDS = frozenset({"frac", "mean", "rate", "ratio", "minus", "kind", "share", "loss", "per"})
-"""A step metric whose name has one of these words (``_``-separated) is a rate, mean or loss: averaged over
-processes, not summed."""
-
-
-def summed_over_processes(key: str) -> bool:
-    """Whether a step metric adds up over processes: counts and seconds of a rank's own rows do
-    (``hind/failed``, ``igsd/time_proposal``), fractions, means and losses (``MEAN_WORDS``) do not."""
-    return not MEAN_WORDS & set(key.rsplit("/", 1)[-1].split("_"))
-
 
 def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
                    summed: Callable[[str], bool] = lambda _k: False) -> dict[str, float]:

@@ -17,11 +17,8 @@ so the order TRL expects is kept by construction.
   itself wrote, ``Trajectory.model_text``), ``answered``, ``num_searches``; the dataset's
   ``golden_answers`` column reaches them the same way.
 
-Rewards are plain TRL reward functions, ``f(completions, **columns) -> list[float]``, so another one can be
-swapped in: ``em_reward`` computes exact match (``hindsearch.rewards``) of the last ``<answer>`` in
-``model_text`` against ``golden_answers`` (the engine's own ``Trajectory.em``, computed again from the
-text); ``format_reward`` is 1 for a rollout whose last model turn is a well-formed ``<answer>`` (off unless
-``train.format_reward > 0``).
+Rewards are plain TRL reward functions, ``f(completions, **columns) -> list[float]``, read from these columns
+(``hindsearch.train.reward_funcs``: ``em``, ``f1``, ``format`` and any registered or ``module:function`` one).
 
 Step statistics (``row_stats`` per trajectory, ``rollout_metrics`` over the rows) are computed from
 small per-row records, so on several processes the rows of all ranks are gathered first and the
@@ -40,9 +37,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.agent.protocol import extract_answer
 from hindsearch.records import QARecord, Trajectory
-from hindsearch.rewards import exact_match
 
 
 def record_key(record: QARecord) -> str:
@@ -98,21 +93,6 @@ def rollout_output(trajs: Sequence[Trajectory], filler_id: int,
     out["answered"] = [model_answered(t) for t in trajs]
     out["num_searches"] = [t.num_searches for t in trajs]
     return out
-
-
-def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
-              **_: Any) -> list[float]:
-    """TRL reward function: exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's
-    extra field) against the dataset's ``golden_answers`` column (``hindsearch.rewards.exact_match``)."""
-    if not (len(golden_answers) == len(model_text) == len(completions)):
-        raise ValueError(f"em_reward: {len(model_text)} model texts and {len(golden_answers)} gold answer lists for "
-                         f"{len(completions)} completions")
-    return [exact_match(extract_answer(text), gold) for text, gold in zip(model_text, golden_answers)]
-
-
-def format_reward(completions: Sequence[Any], answered: Sequence[bool], **_: Any) -> list[float]:
-    """1.0 when the completion ends with a well-formed ``<answer>`` (extractable answer), else 0.0."""
-    return [1.0 if a else 0.0 for a in answered]
 
 
 def _mean(xs: Sequence[float]) -> float:

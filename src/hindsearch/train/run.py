@@ -47,14 +47,17 @@ from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
 
 # ---------------------------------------------------------------- validation (no model loads)
-def preflight(cfg: Config) -> None:
-    """Validate everything that does not need a model; errors name the key and what is allowed."""
+def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
+    """Validate everything that does not need a model; errors name the key and what is allowed (``reward_funcs``:
+    the ones given from Python instead of ``train.reward_funcs``)."""
     cfg.validate()
     for key in ("train", "dev", "test"):
         p = getattr(cfg.data, key)
         if p is not None and not Path(p).exists():
             raise ConfigError(f"data.{key} = {p!r}: file not found")
-    if cfg.retrieval.index_dir is not None and cfg.retrieval.kind != "remote":
+    from hindsearch.config.registry import RETRIEVERS
+
+    if cfg.retrieval.index_dir is not None and RETRIEVERS.get(cfg.retrieval.kind).index:
         if not (Path(cfg.retrieval.index_dir) / "index.json").exists():
             raise ConfigError(f"retrieval.index_dir = {cfg.retrieval.index_dir!r}: no index.json there (run `hindsearch index`)")
     if cfg.warmup.enabled and cfg.warmup.demos is not None and not Path(cfg.warmup.demos).exists():
@@ -67,28 +70,14 @@ def preflight(cfg: Config) -> None:
                               "use rollout.backend = 'hf' on CPU") from e
     if cfg.train.questions_per_step < 1:
         raise ConfigError("train.questions_per_step must be > 0")
+    from hindsearch.hindsight.registry import make_terms
+    from hindsearch.train.reward_funcs import reward_funcs_of
+
     make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
-
-
-def make_terms(cfg: Config, judge: Any = None) -> list[Any]:
-    """The method's auxiliary terms (``[]`` for grpo); ``judge`` is injected into the HindSearch term."""
-    if cfg.method == "grpo":
-        return []
-    from hindsearch.hindsight.terms import make_terms as _make
-
-    return list(_make(cfg, judge=judge))
-
-
-def build_judge(cfg: Config) -> Any:
-    """The HindSearch judge on ``hindsearch.judge_model``, loaded here where the run is assembled; None when the
-    judge is the oracle or the frozen initial policy (the term builds those from its context)."""
-    h = cfg.hindsearch
-    if "hindsearch" not in cfg.method or h.judge_kind != "lm" or not h.judge_model:
-        return None
-    from hindsearch.hindsight.terms import load_judge_model, make_judge
-
-    model, tok = load_judge_model(cfg)
-    return make_judge(h, model, tok)
+    try:
+        reward_funcs_of(cfg.train, reward_funcs)  # a module:function reward that does not import fails here
+    except (KeyError, ValueError) as e:
+        raise ConfigError(str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
 
 
 # ---------------------------------------------------------------- trainer
@@ -104,30 +93,40 @@ def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
 
 
 def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retriever: Any, train_records: list[Any],
-                  run_dir: Path) -> Any:
-    """``HindsearchGRPOTrainer`` with the method's terms and their context."""
+                  run_dir: Path, reward_funcs: list[Any] | None = None) -> Any:
+    """``HindsearchGRPOTrainer`` with the method's terms and their context, rewarded by ``reward_funcs`` (TRL reward
+    functions or registered names; None: ``train.reward_funcs``) plus the configured format reward."""
     from hindsearch.hindsight.contract import AuxContext
+    from hindsearch.hindsight.registry import make_terms
+    from hindsearch.train.reward_funcs import reward_funcs_of
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
     from hindsearch.models import lora_peft_config
 
-    terms = make_terms(cfg, judge=build_judge(cfg))
+    terms = make_terms(cfg)
+    for term in terms:
+        if hasattr(term, "load_models"):  # a term's own models (HindSearch's judge_model) load here, not in prepare
+            term.load_models(cfg.model)
+    funcs, weights = reward_funcs_of(cfg.train, reward_funcs)
     peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
     if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
         base = getattr(model.config, "_name_or_path", "") or ""
         model.name_or_path = str(Path(base).resolve()) if base and Path(base).is_dir() else base
     # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
     frozen = copy.deepcopy(model).eval() if terms and (cfg.train.kl_coef == 0 or peft_config is not None) else None
-    ema = copy.deepcopy(model).eval() if any(getattr(t, "needs_ema", False) for t in terms) else None
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever, rollout_engine=engine,
-                     config=cfg, device=next(model.parameters()).device, ema=ema) if terms else None
+    # one EMA copy of the policy per decay some term asks for (terms with the same decay read the same copy)
+    decays = dict.fromkeys(getattr(t, "ema_decay", None) for t in terms)
+    emas = {d: copy.deepcopy(model).eval() for d in decays if d is not None}
+    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever,
+                     complete=engine.query_completer, topk=cfg.retrieval.topk,
+                     device=next(model.parameters()).device) if terms else None
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.train.gradient_checkpointing:
         route_every_n_layers(model)
     trainer = HindsearchGRPOTrainer(
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
         tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
-        format_reward=cfg.train.format_reward, rollout_seed=cfg.train.seed, ema_decay=cfg.hindsearch.ema_decay,
+        reward_funcs=funcs, reward_weights=weights, rollout_seed=cfg.train.seed, emas=emas,
         grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
         keep_steps=cfg.train.keep_steps,
         peft_config=peft_config)
@@ -135,7 +134,7 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     if ctx is not None:
         if ctx.frozen is None:
             ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term
-        for m in (ctx.frozen, ctx.ema):
+        for m in (ctx.frozen, *emas.values()):
             for p in m.parameters() if m is not None else ():
                 p.requires_grad_(False)
         ctx.device = trainer.accelerator.device
@@ -315,8 +314,14 @@ def set_threads(n: int | None, log: Any = print) -> int:
 
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
-              allow_config_change: bool = False, threads: int | None = None) -> dict[str, Any]:
+              allow_config_change: bool = False, threads: int | None = None, retriever: Any = None,
+              reward_funcs: list[Any] | None = None) -> dict[str, Any]:
     """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``).
+
+    From Python, ``retriever`` (any object with ``retrieve(queries: list[str], k: int) -> list[list[Passage]]``)
+    replaces the configured ``[retrieval]`` (no index is built; the protocol warm-up's cache is keyed by the config,
+    so give it ``warmup.enabled = false`` or its own ``warmup.demos``), and ``reward_funcs`` (TRL reward functions or
+    registered names) replace ``train.reward_funcs``; the configured format reward is still added.
 
     A new run writes only into a new or empty folder, or a run folder hindsearch made (its marker
     ``.hindsearch-output.json`` says ``run``) that holds no checkpoint. A resume refuses a
@@ -339,7 +344,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     if resume is None and not str(cfg.out).strip():
         raise ConfigError("out = '': no run folder given (it would write into the current folder); "
                           "set out in the config or pass --out")
-    preflight(cfg)
+    preflight(cfg, reward_funcs)
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
@@ -358,13 +363,14 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
         if resume is not None:
             ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
-        return _run_locked(cfg, run_dir, resume, ckpt, t_start, log, marker if rank0 else None)
+        job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs)
+        return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
 
 
-def _run_locked(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, t_start: float,
-                log: Any, marker: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run_locked(job: "_Job", resume: str | Path | None, ckpt: Path | None, t_start: float,
+                marker: dict[str, Any] | None = None) -> dict[str, Any]:
+    cfg, run_dir, log = job.cfg, job.run_dir, job.log
     done = _reset_logs(cfg, run_dir, resume, ckpt, log, marker)
-    job = _Job(cfg, run_dir, log)
     job.data()
     model = job.load()
     job.dev_eval("base", model)
@@ -415,10 +421,12 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 class _Job:
     """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Any) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, log: Any, retriever: Any = None,
+                 reward_funcs: list[Any] | None = None) -> None:
         from hindsearch.memory import StageMemory
 
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
+        self.retriever, self.reward_funcs = retriever, reward_funcs  # from Python (run_train), else the config's
         self.mem = StageMemory()
         self.rows: dict[str, dict[str, Any]] = {}
         self.timings: dict[str, float] = {}
@@ -428,9 +436,10 @@ class _Job:
         self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
 
     def data(self) -> None:
-        self.log(f"[1/5] data and index ({self.cfg.retrieval.kind})")
+        what = self.cfg.retrieval.kind if self.retriever is None else type(self.retriever).__name__
+        self.log(f"[1/5] data and index ({what})")
         with self.mem.stage("data"):
-            self.setup = setup = prepare(self.cfg)
+            self.setup = setup = prepare(self.cfg, retriever=self.retriever)
         self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
                  f"{len(setup.dev)} dev ({setup.paths['dev']})")
 
@@ -517,7 +526,8 @@ class _Job:
 
         cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
-        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir)
+        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir,
+                                reward_funcs=self.reward_funcs)
         from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log

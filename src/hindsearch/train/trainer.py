@@ -12,10 +12,10 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    trajectory ``i`` of our ``RolloutEngine`` (no regrouping). ``env_mask = gen_mask``: TRL turns it
    into its ``tool_mask`` and multiplies it into every loss mask, so ``<information>`` blocks carry no
    loss. The step's trajectories are kept for the aux terms.
-2. **Reward** — plain TRL reward functions: ``em_reward`` computes exact match of the last ``<answer>``
-   the model wrote (the rollout's ``model_text`` field) against the dataset's ``golden_answers`` column,
-   plus, if ``train.format_reward > 0``, a format term with that weight (TRL's ``reward_weights``).
-   Group advantages are TRL's.
+2. **Reward** — plain TRL reward functions (``train.reward_funcs``, ``hindsearch.train.reward_funcs``): by default
+   ``em_reward``, exact match of the last ``<answer>`` the model wrote (the rollout's ``model_text`` field) against
+   the dataset's ``golden_answers`` column, plus, if ``train.format_reward > 0``, a format term with that weight
+   (TRL's ``reward_weights``). Group advantages are TRL's.
 3. **Aux prepare** — after TRL's ``_generate_and_score_completions`` each term's ``prepare`` runs on the
    trajectories (no grad); its ``[B, ...]`` tensors go into the inputs dict under ``aux:<term>:<key>``,
    so TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and slice them with every other
@@ -33,14 +33,14 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    or 0 without the two backwards).
 5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
    (``record_metrics``), which TRL's ``log`` averages per optimizer step; on several processes each value
-   is first reduced over the processes (``gather_metrics``: counts and seconds summed, rates and means
-   averaged; the rollout statistics are computed over every rank's rows). Our keys: the rollout statistics
+   is first reduced over the processes (``gather_metrics``: as each term declares, ``Metrics.reductions``;
+   the rollout statistics are computed over every rank's rows). Our keys: the rollout statistics
    ``rollout/*``, every term metric (``<term>/<key>``), ``loss/total`` and the time split ``time/rollout``,
    ``time/reward``, ``time/aux_prepare``, ``time/update`` (the rest of the optimizer step: forward, backward,
    reference log-probs, optimizer), ``time/step``, ``time/step_cpu``. The writers and the timing are
    ``TrainerCallback``s: ``StepTimer`` (the time split), ``MetricsWriter`` (one line per optimizer step in
    ``metrics.jsonl``), ``SamplesWriter`` (a few rollouts per step, with their turns and the terms' samples,
-   in ``samples.jsonl``), ``EMAUpdate`` (the EMA teacher after each optimizer step).
+   in ``samples.jsonl``), ``EMAUpdate`` (each EMA teacher, at its term's decay, after each optimizer step).
 
 A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
 checkpoint and stops with a clear error.
@@ -61,6 +61,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,7 @@ from transformers import TrainerCallback
 from trl import GRPOTrainer
 
 from hindsearch.fsutil import AtomicCheckpoints
+from hindsearch.hindsight.registry import reduction_of
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
 from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, selected_logits,
@@ -80,7 +82,6 @@ from hindsearch.train.callbacks import (
     SamplesWriter,
     StepTimer,
     gather_metrics,
-    summed_over_processes,
 )
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
 
@@ -135,9 +136,10 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         aux_ctx: Any = None,
         run_dir: str | Path | None = None,
         samples_per_step: int = 4,
-        format_reward: float = 0.0,
+        reward_funcs: Sequence[Any] = (),
+        reward_weights: Sequence[float] | None = None,
         rollout_seed: int = 0,
-        ema_decay: float = 0.99,
+        emas: Mapping[float, Any] | None = None,
         grad_share_steps: int = 10,
         grpo_scale: float = 1.0,
         keep_steps: Sequence[int] = (),
@@ -150,10 +152,10 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         self._by_key = {ra.record_key(r): r for r in train_records}
         if len(self._by_key) != len(train_records):
             raise ValueError("training record ids must be unique (they key the rollouts)")
-        reward_funcs: list[Any] = [ra.em_reward]
-        if format_reward > 0:
-            reward_funcs.append(ra.format_reward)
-            args.reward_weights = [1.0, float(format_reward)]
+        if not reward_funcs:
+            raise ValueError("no reward function (train.reward_funcs)")
+        if reward_weights is not None:
+            args.reward_weights = list(reward_weights)
         dataset = Dataset.from_list([{"prompt": ra.record_key(r), "golden_answers": list(r.golden_answers)}
                                      for r in train_records])
         self.engine = engine
@@ -164,7 +166,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         self.rollout_seed = rollout_seed
         self._last_trajs: list[Trajectory] = []
         self._vllm_attached = False
-        self.ema_decay = ema_decay
+        self.emas = dict(emas or {})  # decay -> EMA copy of the policy (the terms with that ema_decay read it)
         self.grad_share_steps = grad_share_steps
         self.grpo_scale = float(grpo_scale)  # train.grpo_scale: 0 = the hindsight terms alone
         self.timer = StepTimer(self.record_metrics)
@@ -187,8 +189,8 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             if bad or self.run_dir is None:
                 raise ValueError(f"train.keep_steps must be optimizer steps >= 1 of a run with a folder, got {list(keep_steps)}")
             self.add_callback(KeepWeights(self, keep_steps))
-        if getattr(aux_ctx, "ema", None) is not None and sharded_training(self):
-            raise ValueError("hindsearch.teacher / igsd.teacher = 'ema' is not supported under ZeRO-3 or FSDP (the "
+        if self.emas and sharded_training(self):
+            raise ValueError("a term's teacher = 'ema' (hindsearch.teacher, igsd.teacher) is not supported under ZeRO-3 or FSDP (the "
                              "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
                              "or 'live'")
 
@@ -211,7 +213,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
             n, s = st["generated_tokens"] - n0, st["generate_s"] - s0
             self.record_metrics({"vllm/generated_tokens": float(n), "vllm/tokens_per_s": n / s if s > 0 else 0.0},
-                                summed=summed_over_processes)
+                                summed=lambda k: k == "vllm/generated_tokens")
         else:
             with unwrap_model_for_generation(
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
@@ -289,17 +291,25 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         metrics: dict[str, float] = {}
         for term in self.terms:
             with torch.no_grad():
-                batch = term.prepare(trajs, T, ctx)
+                batch = term.prepare(trajs, T, replace(ctx, ema=self.emas.get(getattr(term, "ema_decay", None))))
             for k, v in batch.tensors.items():
                 if v.shape[0] != B:
                     raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
                 out[aux_key(term.name, k)] = v.to(device)
             # the step's positions of the term, row by row: micro-batches weight their loss by their share of them
             self._step_positions[term.name] = _units(term, term_inputs(out, term.name), T).cpu()
-            metrics.update({f"{term.name}/{k}": float(v) for k, v in batch.metrics.items()})
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in batch.metrics.items() if reduction_of(term, k)})
             aux_samples[term.name] = batch.samples
-        self.record_metrics(metrics, summed=summed_over_processes)
+        self.record_metrics(metrics, summed=self._summed)
         return aux_samples
+
+    def _summed(self, key: str) -> bool:
+        """Whether the term metric ``<term>/<key>`` adds up over processes (``sum``), as its term declares (the
+        trainer's own ``<term>/loss`` and ``<term>/grad_share`` are averaged)."""
+        name, _, k = key.partition("/")
+        if k in ("loss", "grad_share"):
+            return False
+        return reduction_of(next(t for t in self.terms if t.name == name), k) == "sum"
 
     # ------------------------------------------------------------------ loss
     @contextmanager
@@ -332,7 +342,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                 # nothing to distil in this micro-batch, one process: exactly GRPO's forward and backward (no hidden
                 # capture, no LM head, no gradient share); the terms' metrics are their exact zeros, as before
                 loss = super().compute_loss(model, inputs, return_outputs, num_items_in_batch) * self.grpo_scale
-                self.record_metrics(self._idle_term_metrics(model, inputs))
+                self.record_metrics(self._idle_term_metrics(model, inputs), summed=self._summed)
             else:  # a position to distil, or several processes: every rank runs the LM head, even on no position
                 loss = self._loss_with_terms(model, inputs, need, return_outputs, num_items_in_batch)
         if not torch.isfinite(loss.detach()).all():
@@ -375,7 +385,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                 metrics.update({f"{name}/grad_share": v for name, v in update_shares(grpo_loss, weighted, captured).items()})
             else:  # no term has a position on any process: every share is 0 (not two backwards to find it)
                 metrics.update(self._zero_shares())
-        self.record_metrics(metrics)
+        self.record_metrics(metrics, summed=self._summed)
         return loss
 
     def _term_losses(self, logits: torch.Tensor, idx: torch.Tensor, inputs: dict[str, Any]
@@ -387,7 +397,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             term_loss, term_metrics = term.loss(logits, idx, inputs["completion_ids"], term_inputs(inputs, term.name))
             out.append((term, term_loss))
             metrics[f"{term.name}/loss"] = float(term_loss.detach())
-            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items()})
+            metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items() if reduction_of(term, k)})
         return out, metrics
 
     def _zero_shares(self) -> dict[str, float]:
@@ -442,11 +452,11 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         self._append_metrics(gather_metrics(metrics, self.accelerator, summed))
 
     def optimizer_step_done(self) -> None:
-        """After each optimizer step: move the EMA teacher (when a term asked for one) toward the policy."""
-        ema = getattr(self.aux_ctx, "ema", None)
-        if ema is None:
+        """After each optimizer step: move each EMA teacher (one per decay a term asked for) toward the policy."""
+        if not self.emas:
             return
         policy = self.accelerator.unwrap_model(self.model)
         with torch.no_grad():
-            for pe, pp in zip(ema.parameters(), policy.parameters()):
-                pe.lerp_(pp.detach().to(pe.dtype), 1.0 - self.ema_decay)
+            for decay, ema in self.emas.items():
+                for pe, pp in zip(ema.parameters(), policy.parameters()):
+                    pe.lerp_(pp.detach().to(pe.dtype), 1.0 - decay)

@@ -43,7 +43,8 @@ CACHE_VERSION = 1
 
 # ---------------------------------------------------------------- SFT
 def collate(batch: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``(input_ids [B, L], attention_mask [B, L], labels [B, L])``.
+    """Right-padded ``(input_ids [B, L], attention_mask [B, L], labels [B, L])``. Right, not ``core.model.left_pad``'s
+    left: a training batch is never continued, and ``sft_step`` cuts a micro-batch to its own longest row by columns.
 
     ``labels[b, i] = input_ids[b, i]`` where the token is a generated completion token
     (gen_mask 1), else -100 (prompt, injected blocks, padding). Labels are *not* shifted.

@@ -9,9 +9,9 @@ teacher-forced on the student's completion):
    ``random`` query tokens.
 2. **Matched completion**: ``prefix + a_t`` and ``prefix + b_t`` (prefix = prompt + completion[:t])
    are completed greedily by the *current policy* (no hindsight) until ``</search>``, at most
-   ``max_query_tokens`` new tokens, all in one batched call per step (the rollout engine's ``complete_queries``
-   when its backend does not decode the policy in this process, e.g. vLLM, else ``cached_greedy_complete`` /
-   ``greedy_complete`` here); a completion that never closes
+   ``max_query_tokens`` new tokens, all in one batched call per step of THE query completer
+   (``agent.backend.Backend.complete_queries``: the rollout engine's backend when it does not decode the policy in
+   this process, e.g. vLLM, else an ``HFBackend`` of the policy); a completion that never closes
    is cut there and still executed (counted).
 3. **Execution**: both query strings go through the rollout's retriever with its top-k, one batched
    ``retrieve`` call per step for the queries not in the per-step cache (keyed by query string).
@@ -29,7 +29,7 @@ teacher-forced on the student's completion):
 
 Cost (``prefix_cache=True``, the default): all completions and utility evaluations of one search of
 one rollout share ``prompt + completion[:q_start]``; that prefix is run once per (rollout, search)
-into a KV cache and only the suffixes are run against row copies of it (``cached_greedy_complete``,
+into a KV cache and only the suffixes are run against row copies of it (``complete_queries`` with ``groups``,
 ``core.scoring.shared_prefix_utilities``; identical prefixes / sequences once; only answer-position logits kept). Same
 numbers as the plain full-sequence path (``prefix_cache=False``) up to float noise (tested).
 
@@ -38,7 +38,6 @@ model core that every rank makes, even with no failed rollout or no pair (each i
 so ranks run the same number of forwards through sharded weights.
 """
 
-from hindsearch.hindsight.igsd.decode import cached_greedy_complete, greedy_complete
 from hindsearch.hindsight.igsd.driver import pair_record, run_igsd
 from hindsearch.hindsight.igsd.propose import (answer_token_ids, propose_pairs, query_start, select_positions,
                                               unseen_answer_positions)
@@ -49,7 +48,7 @@ from hindsearch.hindsight.igsd.types import METRIC_KEYS, SIDES, Completion, Pair
 __all__ = [
     "METRIC_KEYS", "SIDES", "Completion", "Pair", "QueryCache", "Scored", "answer_split",
     "answer_token_ids", "unseen_answer_positions",
-    "cached_greedy_complete", "complete_stage", "control_sampler",
-    "execute_stage", "gate_stage", "greedy_complete", "pair_record", "propose_pairs", "query_start",
+    "complete_stage", "control_sampler",
+    "execute_stage", "gate_stage", "pair_record", "propose_pairs", "query_start",
     "run_igsd", "score_stage", "select_positions", "verify_pairs",
 ]

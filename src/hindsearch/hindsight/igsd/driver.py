@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from hindsearch.hindsight.igsd.types import (METRIC_KEYS, CompleteFn, Pair)
+from hindsearch.agent.backend import Backend
+from hindsearch.hindsight.igsd.types import METRIC_KEYS, Pair
 from hindsearch.hindsight.igsd.propose import propose_pairs
 from hindsearch.hindsight.igsd.stages import verify_pairs
 from hindsearch.records import Passage, Trajectory
@@ -26,7 +27,7 @@ def run_igsd(
     retriever: Any,
     cfg: Any,
     topk: int,
-    complete: CompleteFn | None = None,
+    complete: Backend | None = None,
     corpus: Sequence[Passage] | None = None,
     rng: random.Random | None = None,
     batch_size: int = 16,
@@ -36,11 +37,10 @@ def run_igsd(
 
     Tensors (``B = len(trajs)``, ``T = completion_len``): ``igsd_mask [B, T]`` (1 at verified
     positions), ``igsd_gate [B, T]``, ``igsd_a``/``igsd_b [B, T]`` (long), ``igsd_pT [B, T, 2]``
-    (teacher pair distribution over ``(b, a)``). ``complete``: the matched completer (a rollout engine's
-    ``complete_queries`` whose backend does not decode ``policy`` in this process, e.g. vLLM); None decodes
-    ``policy`` here (``cached_greedy_complete`` with ``prefix_cache``, else ``greedy_complete``). Random controls
-    come from ``control_sampler``. ``prefix_cache`` (default) reads each rollout's shared prefix from one KV cache
-    in completion and scoring (same numbers, much cheaper).
+    (teacher pair distribution over ``(b, a)``). ``complete``: the query completer (``Backend.complete_queries``)
+    when it is not ``policy`` decoded here, e.g. a vLLM backend (``RolloutEngine.query_completer``); None completes
+    with an ``HFBackend`` of ``policy``. Random controls come from ``control_sampler``. ``prefix_cache`` (default)
+    reads each rollout's shared prefix from one KV cache in completion and scoring (same numbers, much cheaper).
     """
     rng = rng or random.Random(0)
     B, T = len(trajs), completion_len

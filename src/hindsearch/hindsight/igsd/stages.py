@@ -11,10 +11,11 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
+from hindsearch.agent.backend import Backend
+from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight import losses
-from hindsearch.hindsight.igsd.decode import cached_greedy_complete, greedy_complete
-from hindsearch.hindsight.igsd.types import (SIDES, CompleteFn, Completion, Metrics, Pair, Scored, Side)
+from hindsearch.hindsight.igsd.types import (SIDES, Completion, Metrics, Pair, Scored, Side)
 from hindsearch.records import Passage, Trajectory
 
 
@@ -86,13 +87,12 @@ def control_sampler(
 
 def complete_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, cfg: Any,
-    complete: CompleteFn | None, batch_size: int = 16, prefix_cache: bool = True,
+    complete: Backend | None, batch_size: int = 16, prefix_cache: bool = True,
 ) -> tuple[list[dict[Side, Completion]], Metrics]:
-    """Both proposals of every pair completed greedily by the current policy, in one batched call.
-
-    ``complete=None`` decodes with ``policy`` here: ``cached_greedy_complete`` (one KV cache of each rollout's
-    shared prefix) when ``prefix_cache``, else ``greedy_complete``.
-    """
+    """Both proposals of every pair completed greedily by the current policy, in one batched call of THE query
+    completer (``Backend.complete_queries``): ``complete`` (a backend with its own copy of the policy, e.g. vLLM),
+    or None for an ``HFBackend`` of ``policy``; with ``prefix_cache`` each rollout's shared prefix is computed once
+    (``groups``: rollout and search). A completion is cut after ``</search>``, its EOS dropped."""
     t0 = time.perf_counter()
     prefixes, keys, groups = [], [], []
     for k, p in enumerate(pairs):
@@ -101,20 +101,14 @@ def complete_stage(
             prefixes.append(list(tr.prompt_ids) + list(tr.completion_ids[: p.t]) + [tok])
             keys.append((k, side))
             groups.append((p.row, p.q_start))  # same rollout and search: prompt + completion[:q_start] shared
-    if complete is None and prefix_cache:
-        outs = cached_greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens, groups, batch_size)
-    elif complete is None:
-        outs = greedy_complete(policy, tokenizer, prefixes, cfg.max_query_tokens)
-    else:
-        outs = complete(prefixes, cfg.max_query_tokens)
+    completer = complete if complete is not None else HFBackend(policy, tokenizer)
+    outs = completer.complete_queries(prefixes, cfg.max_query_tokens, groups if prefix_cache else None, batch_size)
     m: Metrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
     close = protocol.search_close_ids(tokenizer)
     res: list[dict[Side, Completion]] = [{} for _ in pairs]
-    for (k, side), pre, (ids, _text, _closed) in zip(keys, prefixes, outs):
+    for (k, side), pre, o in zip(keys, prefixes, outs):
         p, tr = pairs[k], trajs[pairs[k].row]
-        ids = list(ids)
-        if tokenizer.eos_token_id is not None and tokenizer.eos_token_id in ids:
-            ids = ids[: ids.index(tokenizer.eos_token_id)]
+        ids = o.ids[:-1] if o.finish == "eos" else list(o.ids)
         lead = list(tr.completion_ids[p.q_start : p.t]) + [pre[-1]]
         kept, closed = protocol.cut_at_search_close(tokenizer, ids[: cfg.max_query_tokens + len(close)], lead)
         if not closed:
@@ -229,7 +223,7 @@ def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, f
 
 def verify_pairs(
     pairs: list[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
-    topk: int, complete: CompleteFn | None, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
+    topk: int, complete: Backend | None, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
     batch_size: int = 16, prefix_cache: bool = True,
 ) -> list[list[list[Passage]]]:
     """complete -> execute -> score -> gate for ``pairs``; each stage's results are written into its ``Pair``

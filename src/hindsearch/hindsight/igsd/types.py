@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 from hindsearch.records import Passage
-
-
-CompleteFn = Callable[[list[list[int]], int], list[tuple[list[int], str, bool]]]
-
 
 
 @dataclass

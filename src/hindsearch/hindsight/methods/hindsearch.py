@@ -1,21 +1,17 @@
-"""The two auxiliary terms the GRPO trainer adds (``hindsearch.hindsight.contract.AuxTerm``).
+"""HindSearch (method ``hindsearch``, term ``hind``): its options (``[hindsearch]``), its term and its metrics.
 
-- ``HindSearchTerm`` (name ``hind``): judge critiques of failed rollouts → teacher log-probs with the
-  critique in the prompt → ``L_hind`` on the distilled tokens (query tokens, or with ``distill_on =
-  action`` also the action-choice tokens) of failed rollouts with a usable critique (``clamped_sampled``,
-  ``signed``, or ``reverse_kl`` / ``jsd`` on the teacher's top-k ids plus a tail bucket). Its
-  teacher-minus-student diagnostics are computed in ``loss`` from the live temperature-1 logits, and
-  the optional neutral-feedback control reports what the critique changes net of the prompt shift.
-- ``IGSDTerm`` (name ``igsd``): gold-hindsight teacher proposals on query tokens, verified by matched
-  completion + retrieval + answer-likelihood gain (``hindsearch.hindsight.igsd``) → gated pair KL.
-- ``make_terms(cfg, judge=None)``: the terms of ``cfg.method``; a judge on ``hindsearch.judge_model`` is built by
-  the caller (``load_judge_model``), so a term never loads a checkpoint.
+Judge critiques of failed rollouts → teacher log-probs with the critique in the prompt → ``L_hind`` on the distilled
+tokens (query tokens, or with ``distill_on = action`` also the action-choice tokens) of failed rollouts with a usable
+critique (``clamped_sampled``, ``signed``, or ``reverse_kl`` / ``jsd`` on the teacher's top-k ids plus a tail bucket).
+Its teacher-minus-student diagnostics are computed in ``loss`` from the live temperature-1 logits, and the optional
+neutral-feedback control reports what the critique changes net of the prompt shift. A judge on
+``hindsearch.judge_model`` is loaded where the run is assembled (``HindSearchTerm.load_models``), so ``prepare``
+never loads a checkpoint.
 
 Every rank goes through the judge and teacher calls of ``prepare``, even with nothing to judge: each is a call
 of the model core, which keeps several processes in lockstep (``core.lockstep``) and costs nothing without rows.
-
-Both return the *unweighted* loss; the trainer adds ``term.lam * loss``. A term with nothing to
-distil returns an exact 0 that is still attached to the logits' graph.
+``loss`` returns the *unweighted* loss; the trainer adds ``lam * loss``. A term with nothing to distil returns an
+exact 0 that is still attached to the logits' graph.
 """
 
 from __future__ import annotations
@@ -23,13 +19,17 @@ from __future__ import annotations
 import dataclasses
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from hindsearch.config.fields import (AGGREGATIONS, CRITIQUE_SOURCES, DISTILL_ON, TEACHERS, ConfigError, bounded,
+                                      choice)
 from hindsearch.hindsight import losses
-from hindsearch.hindsight.igsd import run_igsd
+from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions, scatter
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
+from hindsearch.hindsight.registry import Metrics, register_method
 from hindsearch.hindsight.teacher import (
     NEUTRAL_CRITIQUE,
     distill_weights,
@@ -39,31 +39,101 @@ from hindsearch.hindsight.teacher import (
     through_last_query,
 )
 from hindsearch.records import Trajectory
-from hindsearch.hindsight.contract import AuxBatch, AuxContext, AuxTerm
+
+
+@dataclass
+class HindSearchConfig:
+    lam: float = bounded(0.01, ge=0.0)
+    """Weight lambda of L_hind in L = L_GRPO + lambda * L_hind."""
+    judge_kind: str = choice("lm", ("lm", "oracle"))
+    """``lm`` (frozen LM judge, the paper's setting) or ``oracle`` (fictional world only: critique from recorded evidence)."""
+    judge_model: str | None = None
+    """Judge weights: None = the initial policy checkpoint; else an HF id or path."""
+    judge_sees_gold: bool = True
+    """The judge prompt contains the gold answers (False = the paper's no-gold ablation)."""
+    critique_max_tokens: int = bounded(64, gt=0)
+    """Greedy critique length cap."""
+    judge_max_prompt_tokens: int = bounded(768, gt=0)
+    """Judge prompt budget; longer prompts drop retrieved snippets first, then the oldest turns."""
+    redact_gold_in_critique: bool = True
+    """Replace gold-answer strings in critiques with a placeholder."""
+    teacher: str = choice("frozen", TEACHERS)
+    """Teacher weights: ``frozen`` (initial policy), ``live`` (current policy, no grad) or ``ema``. With ``live``
+    nothing anchors the student (the loss is lowest for an output that ignores the critique): on micro-scarce at
+    lambda 2 the student lost the format by step ~115 and every test answer by step 200
+    (docs/results/2026-12-04-scarce-live-teacher.md)."""
+    ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
+    """EMA decay when ``teacher = ema`` (this term's own EMA of the policy)."""
+    divergence: str = choice("clamped_sampled", ("clamped_sampled", "signed", "one_sided", "reverse_kl", "jsd"))
+    """``clamped_sampled`` (DESIGN's reading of the paper), ``signed`` (unclamped ``lT - lS`` as a per-token
+    advantage), ``one_sided`` (its lowering half: a failed token is lowered where the teacher likes it less, nothing
+    is raised), ``reverse_kl`` or ``jsd`` (teacher top-k ids plus one tail bucket for the remaining mass)."""
+    topk: int = bounded(50, gt=0)
+    """Vocabulary top-k for ``reverse_kl`` / ``jsd``."""
+    signed_clip: float = bounded(1.0, gt=0.0)
+    """``signed``: the per-token advantage ``lT - lS`` is clipped to ``[-signed_clip, signed_clip]``; ``one_sided``:
+    to ``[-signed_clip, 0]``."""
+    distill_on: str = choice("query", DISTILL_ON)
+    """Tokens distilled on failed rollouts: ``query`` (the query text inside ``<search>``); ``action`` (the query
+    tokens plus, in every turn after an information block, the turn's first token and the tokens of its
+    ``<search>``/``<answer>`` opening tag: where the search-again-or-answer choice is made); ``decision`` (every
+    token of each post-information turn up to and including its first action tag, and no query token: the
+    decision alone, also where the tokenizer spreads it over several tokens); ``decision_query`` (the decision
+    plus the query tokens of the post-information turns: the second query); ``answer_decision`` (the decision
+    tokens of the post-information turns that answered: with ``divergence = one_sided`` the term only lowers
+    "answer now" where the teacher would search again, and touches neither queries nor a decision to search)."""
+    action_weight: float = bounded(1.0, gt=0.0)
+    """Weight of each action/decision token against a query token (1) in ``L_hind``'s reduction, for
+    ``distill_on = action`` or ``decision_query``: above 1, query tokens where teacher and student agree cannot
+    dilute the decision under a token mean."""
+    critique_source: str = choice("own", CRITIQUE_SOURCES)
+    """Whose critique the teacher reads: ``own`` (the judge's critique of this rollout) or ``shuffled`` (the
+    critique of a failed rollout of *another* question, from this step or the last steps: the control that keeps
+    the prompt shift and the extra gradient at the same positions but removes the critique's information)."""
+    aggregation: str = choice("token-mean", AGGREGATIONS)
+    """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
+    this tuple)."""
+    neutral_control: bool = False
+    """Also score the student's tokens under a neutral-feedback teacher ("Feedback on a previous attempt:
+    none.") and log ``critique_minus_neutral``: what the critique itself changes, net of the prompt shift.
+    One more teacher forward per failed rollout; on in the micro presets."""
+    judge_template: str = (
+        "You are reviewing a failed attempt by a search assistant.\n"
+        "Question: {question}\n"
+        "{gold_line}"
+        "Searches and what they returned:\n{searches}\n"
+        "Predicted answer: {prediction}\n"
+        "In 1-2 sentences, say what the searches should have looked for. Do not state the answer.\n"
+        "Critique:"
+    )
+    """Judge prompt template; fields: question, gold_line, searches, prediction."""
+
+    def check(self) -> None:
+        """The judge template names the fields the judge fills in."""
+        for fld in ("question", "searches", "prediction"):
+            if "{" + fld + "}" not in self.judge_template:
+                raise ConfigError(f"hindsearch.judge_template must contain {{{fld}}}")
+
+
+METRICS = Metrics(
+    reductions={
+        # prepare: counts and seconds of a process's own rows add up; fractions and means are averaged
+        "failed": "sum", "eligible": "sum", "critiques": "sum", "redactions": "sum", "degenerate": "sum",
+        "judge_errors": "sum", "judge_time": "sum", "teacher_time": "sum", "distill_tokens": "sum",
+        "action_tokens": "sum", "shuffle_missing": "sum",
+        "failed_frac": "mean", "judge_kind_oracle": "mean", "critique_minus_neutral": "mean",
+        "frac_critique_above_neutral": "mean",
+        # loss (per micro-batch)
+        "L_hind": "mean", "mean_lT_minus_lS": "mean", "frac_w_pos": "mean", "mean_w": "mean", "tokens": "mean",
+    },
+    loss="L_hind",
+    panels={"HindSearch weights": ("mean_w", "frac_w_pos", "mean_lT_minus_lS", "critique_minus_neutral", "failed_frac")},
+)
+"""``hind/*``: how each is reduced over processes, the loss key and the report's panel."""
 
 
 SHUFFLE_POOL = 64
 """Critiques (with their question ids) the shuffled control keeps from earlier steps to draw from."""
-
-
-def mask_positions(mask: torch.Tensor, completion_len: int) -> torch.Tensor:
-    """Bool ``[B, completion_len]`` of ``mask > 0`` (a term tensor ``[B, T]``; padded or cut to the length)."""
-    out = torch.zeros(mask.shape[0], completion_len, dtype=torch.bool, device=mask.device)
-    T = min(completion_len, mask.shape[1])
-    out[:, :T] = mask[:, :T] > 0
-    return out
-
-
-def at(t: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Values of a per-token tensor ``[B, T, ...]`` at the selected positions ``idx [N, 2]`` → ``[N, ...]``."""
-    idx = idx.to(t.device)
-    return t[idx[:, 0], idx[:, 1]]
-
-
-def scatter(v: torch.Tensor, idx: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """Per-position values ``[N]`` back into a zero ``[B, T]`` tensor (differentiable), for ``losses.agg``."""
-    out = torch.zeros(shape, dtype=v.dtype, device=v.device)
-    return out.index_put((idx[:, 0].to(v.device), idx[:, 1].to(v.device)), v)
 
 
 def _hind_tensors(B: int, T: int, k: int) -> dict[str, torch.Tensor]:
@@ -108,7 +178,7 @@ def _critique(judge: Any, trajectories: list[Trajectory], elig: list[int], met: 
     return crits
 
 
-@dataclasses.dataclass
+@dataclass
 class _TeacherRows:
     """The teacher's log-probs for the rows ``use`` (row ``j`` of each tensor is trajectory ``use[j]``), scored on
     ``comps[j]``: ``lT`` of the sampled tokens, the top-k ids/log-probs (None without top-k) and the neutral-critique
@@ -151,27 +221,35 @@ def _write_rows(rows: _TeacherRows, trajectories: list[Trajectory], masks: dict[
         met["frac_critique_above_neutral"] = float((g > 1e-4).float().mean())
 
 
+@register_method("hindsearch", config=HindSearchConfig)
 class HindSearchTerm:
     """HindSearch: critique-conditioned self-distillation on the search tokens of failed rollouts."""
 
     name = "hind"
+    metrics = METRICS
 
-    def __init__(self, cfg: Any, judge: Any = None):
+    def __init__(self, cfg: HindSearchConfig, seed: int = 0, judge: Any = None):
         self.cfg, self.lam, self.aggregation = cfg, cfg.lam, cfg.aggregation
-        self.needs_ema = cfg.teacher == "ema"
-        self.ema_decay = cfg.ema_decay
+        self.ema_decay = cfg.ema_decay if cfg.teacher == "ema" else None
         self._judge = judge
         self._pool: list[tuple[str, str]] = []  # (question id, critique) of recent steps: the shuffled control's draw
 
+    def load_models(self, model_cfg: Any) -> None:
+        """Where the run is assembled: load the LM judge on ``judge_model`` when one is named (with the policy's
+        ``model_cfg`` dtype and device settings)."""
+        c = self.cfg
+        if self._judge is None and c.judge_kind == "lm" and c.judge_model:
+            self._judge = make_judge(c, *load_judge_model(model_cfg, c.judge_model))
+
     def judge(self, ctx: AuxContext) -> Any:
-        """The judge injected at assembly (``make_terms(cfg, judge=...)``), else the oracle or the LM judge on the
-        frozen initial policy from the context. A term never loads a checkpoint: a ``judge_model`` is loaded
-        where the run is assembled (``load_judge_model``)."""
+        """The judge injected at assembly (``judge=`` or ``load_models``), else the oracle or the LM judge on the
+        frozen initial policy from the context. A term never loads a checkpoint in ``prepare``: a ``judge_model``
+        is loaded where the run is assembled (``load_models``)."""
         if self._judge is None:
             c = self.cfg
             if c.judge_model is not None and c.judge_kind == "lm":
-                raise RuntimeError("hindsearch.judge_model is loaded where the run is assembled: pass "
-                                   "make_terms(cfg, judge=LMJudge(*load_judge_model(cfg), cfg.hindsearch))")
+                raise RuntimeError("hindsearch.judge_model is loaded where the run is assembled: call "
+                                   "term.load_models(cfg.model) before training")
             self._judge = make_judge(c, ctx.frozen, ctx.tokenizer)
         return self._judge
 
@@ -268,40 +346,6 @@ class HindSearchTerm:
         return L, met
 
 
-class IGSDTerm:
-    """IGSD: information-gain-gated candidate-pair self-distillation of query tokens."""
-
-    name = "igsd"
-
-    def __init__(self, cfg: Any, corpus: Any = None, seed: int = 0):
-        self.cfg, self.lam, self.corpus, self.seed = cfg, cfg.lam, corpus, seed
-        self.aggregation = cfg.aggregation
-        self.needs_ema = cfg.teacher == "ema"
-
-    def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
-        eng = ctx.rollout_engine
-        complete = getattr(eng, "query_completer", None)
-        topk = getattr(eng, "topk", None) or (ctx.config.retrieval.topk if ctx.config is not None else 3)
-        tens, met, samples = run_igsd(
-            trajectories, completion_len, policy=ctx.policy, teacher=select_teacher(self.cfg.teacher, ctx),
-            tokenizer=ctx.tokenizer, retriever=ctx.retriever, cfg=self.cfg, topk=topk, complete=complete,
-            corpus=self.corpus, rng=random.Random(self.seed * 1_000_003 + ctx.step),
-        )
-        return AuxBatch(tens, met, samples)
-
-    def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
-        """The verified query positions of failed rollouts: ``igsd_mask > 0``."""
-        return mask_positions(inputs["igsd_mask"], completion_len)
-
-    def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
-             inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """``L_igsd`` from the student logits ``[N, V]`` at the selected positions ``idx [N, 2]``."""
-        g = {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")}
-        L = losses.igsd_pair_loss(logits, g["igsd_b"], g["igsd_a"], g["igsd_pT"], g["igsd_gate"], g["igsd_mask"],
-                                  self.cfg.aggregation)
-        return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
-
-
 def make_judge(hcfg: Any, model: Any, tokenizer: Any) -> Any:
     """The judge a ``[hindsearch]`` config asks for: the oracle (no model), or an ``LMJudge`` on ``model``."""
     if hcfg.judge_kind == "oracle":
@@ -309,26 +353,10 @@ def make_judge(hcfg: Any, model: Any, tokenizer: Any) -> Any:
     return LMJudge(model, tokenizer, hcfg)
 
 
-def load_judge_model(cfg: Any) -> tuple[Any, Any]:
-    """``(model, tokenizer)`` of ``hindsearch.judge_model`` in eval mode, loaded with the policy's dtype and
-    device settings. Called where a run is assembled (never by a loss term)."""
+def load_judge_model(model_cfg: Any, judge_model: str) -> tuple[Any, Any]:
+    """``(model, tokenizer)`` of ``judge_model`` in eval mode, loaded with the policy's ``model_cfg`` dtype and
+    device settings. Called where a run is assembled (never by ``prepare``)."""
     from hindsearch.models import load_policy
 
-    model, tok = load_policy(dataclasses.replace(cfg.model, name=cfg.hindsearch.judge_model, gguf_file=None))
+    model, tok = load_policy(dataclasses.replace(model_cfg, name=judge_model, gguf_file=None))
     return model.eval(), tok
-
-
-def make_terms(cfg: Any, judge: Any = None) -> list[AuxTerm]:
-    """Terms of ``cfg.method``: grpo → [], hindsearch → [hind], igsd → [igsd], hindsearch+igsd → both.
-
-    ``judge``: the HindSearch judge built where the run is assembled (required with ``hindsearch.judge_model``;
-    by default the term builds the oracle or the LM judge on the frozen policy from its context)."""
-    method = cfg.method
-    terms: list[AuxTerm] = []
-    if method not in ("grpo", "hindsearch", "igsd", "hindsearch+igsd"):
-        raise ValueError(f"method = {method!r} is not one of grpo, hindsearch, igsd, hindsearch+igsd")
-    if "hindsearch" in method:
-        terms.append(HindSearchTerm(cfg.hindsearch, judge=judge))
-    if "igsd" in method:
-        terms.append(IGSDTerm(cfg.igsd, seed=cfg.train.seed))
-    return terms

@@ -1,0 +1,181 @@
+"""Named registries (methods, retriever kinds, reward functions) and the plugins that add to them.
+
+A ``Registry`` maps a name to what registered it, in registration order. The config reads its names where a field
+takes one (``method``, ``retrieval.kind``, ``train.reward_funcs``), so a name a plugin registers is as valid as a
+built-in one. The built-in entries register themselves when their modules are imported; a registry names those
+modules (``builtins``) and imports them the first time it is read, the way ``hindsearch.cli`` collects its
+commands: this module imports nothing of hindsearch.
+
+A plugin is a module (``package.module``) or a Python file (``path/to/file.py``, relative to the current folder)
+whose import registers methods, retrievers or rewards: ``plugins = [...]`` at the top of a config, or
+``hindsearch train --plugin``. ``load_plugins`` imports each once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+
+class Registry:
+    """``name -> entry`` of one kind of thing, in registration order; read as a collection of names (``in``,
+    iteration), so a config field can take its names as its allowed values."""
+
+    def __init__(self, what: str, builtins: tuple[str, ...] = ()) -> None:
+        self.what = what
+        """What a name names, for messages (``method``, ``retrieval.kind``)."""
+        self.builtins = builtins
+        """Modules whose import registers the built-in entries (imported on first read)."""
+        self._entries: dict[str, Any] = {}
+        self._rank: dict[str, tuple[int, int]] = {}  # name -> (its builtin module's position, registration order)
+        self._module: dict[str, str | None] = {}  # name -> the module that registered it
+        self._loaded = False
+
+    def register(self, name: str, entry: Any, module: str | None = None) -> None:
+        """Add ``name``, registered by ``module``; a name already taken by another entry is an error (a plugin
+        cannot shadow a built-in). The built-ins are listed first, in the order of ``builtins``, whatever order
+        their modules were imported in."""
+        self.load()
+        if not isinstance(name, str) or not name or "+" in name or ":" in name:
+            raise ValueError(f"{self.what} name {name!r}: a non-empty name without '+' or ':'")
+        if name in self._entries and self._module[name] != module:  # the same module imported again may re-register
+            raise ValueError(f"{self.what} {name!r} is already registered (by {self._module[name] or 'hindsearch'})")
+        rank = next((i for i, b in enumerate(self.builtins) if module == b or (module or "").startswith(b + ".")),
+                    0 if module is None else len(self.builtins))
+        self._entries[name], self._module[name] = entry, module
+        self._rank.setdefault(name, (rank, len(self._rank)))
+
+    def load(self) -> None:
+        """Import the built-in modules (once)."""
+        if not self._loaded:
+            self._loaded = True
+            for mod in self.builtins:
+                importlib.import_module(mod)
+
+    def get(self, name: str) -> Any:
+        """The entry of ``name``; an unknown name raises ``KeyError`` listing the registered ones."""
+        self.load()
+        if name not in self._entries:
+            raise KeyError(f"unknown {self.what} {name!r}; registered: {', '.join(self._entries)} (a plugin "
+                           f"registers more: plugins = [...] in the config)")
+        return self._entries[name]
+
+    def names(self) -> tuple[str, ...]:
+        self.load()
+        return tuple(sorted(self._entries, key=self._rank.__getitem__))
+
+    def __contains__(self, name: object) -> bool:
+        self.load()
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def __len__(self) -> int:
+        return len(self.names())
+
+
+_PLUGINS: dict[str, Any] = {}
+
+
+def load_plugin(spec: str) -> Any:
+    """Import one plugin: ``package.module`` or a ``.py`` file (relative to the current folder); returns the
+    module. A file is imported once under a name derived from its resolved path."""
+    if spec in _PLUGINS:
+        return _PLUGINS[spec]
+    if spec.endswith(".py"):
+        path = Path(spec).expanduser().resolve()
+        if not path.is_file():
+            raise FileNotFoundError(f"plugin {spec!r}: no such file")
+        name = f"hindsearch_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
+        module = sys.modules.get(name)
+        if module is None:
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            if loader_spec is None or loader_spec.loader is None:
+                raise ImportError(f"plugin {spec!r}: cannot be imported as a Python file")
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+    else:
+        module = importlib.import_module(spec)
+    _PLUGINS[spec] = module
+    return module
+
+
+def load_plugins(specs: Iterable[str]) -> None:
+    """Import every plugin of ``specs`` (``load_plugin``)."""
+    for spec in specs:
+        load_plugin(spec)
+
+
+class Methods(Registry):
+    """The method registry: a registered name, or ``a+b`` (several registered methods that each add a term,
+    composed). Iterating gives the registered names and the compositions listed with ``list_composition``."""
+
+    def __init__(self, builtins: tuple[str, ...]) -> None:
+        super().__init__("method", builtins)
+        self._listed: list[str] = []
+
+    def list_composition(self, name: str) -> None:
+        """Show ``a+b`` among the names (in ``--method``'s choices); any composition is valid without it."""
+        if name not in self._listed:
+            self._listed.append(name)
+
+    def parts(self, name: str) -> list[str]:
+        """The registered methods ``name`` composes (one for a plain name); ``KeyError`` naming what is wrong."""
+        parts = name.split("+")
+        for p in parts:
+            self.get(p)
+        if len(parts) > 1:
+            if len(set(parts)) != len(parts):
+                raise KeyError(f"method {name!r} names a method twice")
+            empty = [p for p in parts if getattr(self._entries[p], "term", None) is None]
+            if empty:
+                raise KeyError(f"method {name!r}: {', '.join(empty)} adds no term and composes with nothing")
+        return parts
+
+    def names(self) -> tuple[str, ...]:
+        return super().names() + tuple(self._listed)
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        try:
+            self.parts(name)
+        except KeyError:
+            return False
+        return True
+
+
+METHODS = Methods(builtins=("hindsearch.hindsight.methods",))
+"""Training methods (``hindsearch.hindsight.registry.register_method``)."""
+
+RETRIEVERS = Registry("retrieval.kind", builtins=("hindsearch.retrieval.bm25", "hindsearch.retrieval.dense",
+                                                  "hindsearch.retrieval.client"))
+"""Retriever kinds (``hindsearch.retrieval.base.register_retriever``)."""
+
+class Rewards(Registry):
+    """The reward-function registry: a registered name, or a ``module:function`` path (imported when the trainer
+    is built; ``hindsearch.train.reward_funcs.resolve_reward``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (_is_path(name) or super().__contains__(name))
+
+
+def _is_path(name: str) -> bool:
+    """Whether ``name`` is a ``module:function`` path (both parts non-empty)."""
+    module, _, func = name.partition(":")
+    return bool(module and func)
+
+
+REWARDS = Rewards("reward function", builtins=("hindsearch.train.reward_funcs",))
+"""TRL reward functions by name (``hindsearch.train.reward_funcs.register_reward``)."""

@@ -1,0 +1,111 @@
+"""Methods by name: ``@register_method(name, config=...)`` on a term class (or ``term=None`` for a method that adds
+no term, GRPO), as the losses are registered in ``hindsight/losses.py``.
+
+A method's file holds its options dataclass (the ``[name]`` section of the config: ``Config.sections[name]``), its
+term (``hindsight/contract.py: AuxTerm``) and the term's metric declarations (``Metrics``). ``method = "a+b"``
+composes registered terms. ``make_terms(cfg)`` builds the terms of ``cfg.method``; the trainer reduces a term's
+metrics over processes as the term declares, and the report and ``compare`` show the panels it declares. A plugin
+(``plugins = [...]`` in the config) registers a method the same way, with no edit under ``src/``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Literal
+
+from hindsearch.config.registry import METHODS
+
+Reduction = Literal["sum", "mean"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Metrics:
+    """What a term logs (as ``<term>/<key>``) and how it is shown.
+
+    ``reductions``: every key the term's ``prepare`` and ``loss`` return, with how it is reduced over processes:
+    ``sum`` (counts and seconds of a rank's own rows) or ``mean`` (fractions, means, losses). A key a term returns
+    without declaring it is an error (never guessed from its name).
+    ``loss``: the key of the term's loss (the report's "Loss parts" panel).
+    ``panels``: the report's panels of the term, ``{title: keys}``, in order.
+    """
+
+    reductions: Mapping[str, Reduction]
+    loss: str
+    panels: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        bad = {k: v for k, v in self.reductions.items() if v not in ("sum", "mean")}
+        if bad:
+            raise ValueError(f"metric reductions must be 'sum' or 'mean', got {bad}")
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+    """A registered method: its name (also its config section and its metrics' prefix), its options dataclass
+    (None: no options), its term class (None: no term) and the term's metric declarations."""
+
+    name: str
+    config: type | None
+    term: type | None
+    metrics: Metrics | None
+
+
+def register_method(name: str, config: type | None = None) -> Callable[[Any], Any]:
+    """Class decorator: register the term class as method ``name`` with options ``config`` (a dataclass whose fields
+    are the ``[name]`` section; ``choice``/``bounded`` metadata is checked with the rest of the config, and an
+    optional ``check()`` runs the section's cross-field rules). The class declares ``name`` (its metrics' and tensors'
+    prefix, ``hind``) and ``metrics: Metrics``. Decorating ``None`` (``register_method("grpo")(None)``) registers a method that adds
+    no term."""
+
+    def deco(term: Any) -> Any:
+        if config is not None and not dataclasses.is_dataclass(config):
+            raise TypeError(f"method {name!r}: config must be a dataclass, got {config!r}")
+        metrics = None
+        if term is not None:
+            metrics = getattr(term, "metrics", None)
+            if not isinstance(metrics, Metrics):
+                raise TypeError(f"method {name!r}: {term.__qualname__}.metrics must be a "
+                                f"hindsearch.hindsight.registry.Metrics (its metrics' reductions)")
+            if not isinstance(getattr(term, "name", None), str):
+                raise TypeError(f"method {name!r}: {term.__qualname__}.name must be a str (its metrics' prefix)")
+        origin = term if term is not None else config
+        METHODS.register(name, MethodSpec(name, config, term, metrics), getattr(origin, "__module__", None))
+        return term
+
+    return deco
+
+
+def method(name: str) -> MethodSpec:
+    """The registered method ``name`` (``KeyError`` naming the registered ones)."""
+    return METHODS.get(name)
+
+
+def method_parts(method_name: str) -> list[MethodSpec]:
+    """The registered methods ``method_name`` composes (``a+b``: both)."""
+    return [METHODS.get(p) for p in METHODS.parts(method_name)]
+
+
+def term_methods() -> list[MethodSpec]:
+    """Every registered method that adds a term, in registration order (what the report and compare can show)."""
+    return [s for s in (METHODS.get(n) for n in METHODS.names() if "+" not in n) if s.term is not None]
+
+
+def make_terms(cfg: Any) -> list[Any]:
+    """The terms of ``cfg.method``, each built from its own section (``term(options, seed=train.seed)``); none for
+    a method without a term. Builds the objects only (no model): bad term options fail here."""
+    try:
+        specs = method_parts(cfg.method)
+    except KeyError as e:
+        raise ValueError(f"method = {cfg.method!r}: {e.args[0]}") from None
+    return [s.term(cfg.sections.get(s.name), seed=cfg.train.seed) for s in specs if s.term is not None]
+
+
+def reduction_of(term: Any, key: str) -> Reduction:
+    """How metric ``key`` (without the ``<term>/`` prefix) of ``term`` is reduced over processes; an undeclared key
+    raises ``KeyError`` naming the term."""
+    metrics = getattr(term, "metrics", None)
+    if metrics is None or key not in metrics.reductions:
+        raise KeyError(f"term {term.name!r} logs metric {key!r} without declaring its reduction over processes "
+                       f"(add it to {type(term).__qualname__}.metrics.reductions: 'sum' or 'mean')")
+    return metrics.reductions[key]

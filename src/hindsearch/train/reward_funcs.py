@@ -1,0 +1,95 @@
+"""The rollout's reward: TRL reward functions by name (``train.reward_funcs``).
+
+A reward function has TRL's signature, ``f(completions, **columns) -> list[float]`` (one value per completion), and
+reads the columns the rollouts hand over (``hindsearch.train.rollout_adapter``): ``model_text`` (the text the model
+itself wrote), ``answered``, ``num_searches``, and the dataset's ``golden_answers``. ``@register_reward(name)`` adds
+one under a name; ``em`` (the default), ``f1`` and ``format`` are registered here. ``train.reward_funcs`` names
+registered functions or ``module:function`` paths; TRL sums them (weight 1 each) and logs each as
+``rewards/<function name>/mean``. ``train.format_reward > 0`` adds ``format`` with that weight (TRL's
+``reward_weights``), as before the list existed.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from hindsearch.agent.protocol import extract_answer
+from hindsearch.config.registry import REWARDS, load_plugin
+from hindsearch.rewards import exact_match, f1_score
+
+RewardFn = Callable[..., list[float]]
+
+
+def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
+    """Decorator: make a TRL reward function available as ``train.reward_funcs = ["name"]``."""
+    def add(fn: RewardFn) -> RewardFn:
+        REWARDS.register(name, fn, fn.__module__)
+        return fn
+    return add
+
+
+def _answers(name: str, completions: Sequence[Any], golden_answers: Sequence[Sequence[str]],
+             model_text: Sequence[str]) -> list[str | None]:
+    """The last ``<answer>`` of each model text (``None`` without one), after checking the columns line up."""
+    if not (len(golden_answers) == len(model_text) == len(completions)):
+        raise ValueError(f"{name}: {len(model_text)} model texts and {len(golden_answers)} gold answer lists for "
+                         f"{len(completions)} completions")
+    return [extract_answer(text) for text in model_text]
+
+
+@register_reward("em")
+def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
+              **_: Any) -> list[float]:
+    """Exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's extra field) against the
+    dataset's ``golden_answers`` column (``hindsearch.rewards.exact_match``)."""
+    answers = _answers("em_reward", completions, golden_answers, model_text)
+    return [exact_match(a, gold) for a, gold in zip(answers, golden_answers)]
+
+
+@register_reward("f1")
+def f1_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
+              **_: Any) -> list[float]:
+    """Token F1 of the last ``<answer>`` the model wrote against the best gold answer (``hindsearch.rewards.f1_score``)."""
+    answers = _answers("f1_reward", completions, golden_answers, model_text)
+    return [f1_score(a, gold) for a, gold in zip(answers, golden_answers)]
+
+
+@register_reward("format")
+def format_reward(completions: Sequence[Any], answered: Sequence[bool], **_: Any) -> list[float]:
+    """1.0 when the completion ends with a well-formed ``<answer>`` (extractable answer), else 0.0."""
+    return [1.0 if a else 0.0 for a in answered]
+
+
+def resolve_reward(spec: str | RewardFn) -> RewardFn:
+    """A reward function: a callable as is, a registered name, or ``module:function`` (the module imported as a
+    plugin: ``package.module`` or ``path/to/file.py``)."""
+    if callable(spec):
+        return spec
+    if spec in REWARDS.names():
+        return REWARDS.get(spec)
+    module, sep, func = spec.partition(":")
+    if not sep:
+        REWARDS.get(spec)  # raises naming the registered ones
+    try:
+        fn = getattr(load_plugin(module) if module.endswith(".py") else importlib.import_module(module), func)
+    except (ImportError, OSError, AttributeError) as e:
+        raise ValueError(f"train.reward_funcs: {spec!r} cannot be loaded: {e}") from e
+    if not callable(fn):
+        raise ValueError(f"train.reward_funcs: {spec!r} is not a function")
+    return fn
+
+
+def reward_funcs_of(train_cfg: Any, funcs: Sequence[str | RewardFn] | None = None
+                    ) -> tuple[list[RewardFn], list[float] | None]:
+    """The reward functions of a run and TRL's ``reward_weights`` (None: 1 each): ``funcs`` (callables or names;
+    None: ``train.reward_funcs``), then ``format`` with weight ``train.format_reward`` when that is > 0."""
+    fns = [resolve_reward(f) for f in (train_cfg.reward_funcs if funcs is None else funcs)]
+    if not fns:
+        raise ValueError("train.reward_funcs is empty: name at least one reward function (default: ['em'])")
+    if train_cfg.format_reward <= 0:
+        return fns, None
+    if format_reward in fns:
+        raise ValueError("train.reward_funcs lists 'format' and train.format_reward > 0 adds it again: use one")
+    return fns + [format_reward], [1.0] * len(fns) + [float(train_cfg.format_reward)]
