@@ -160,6 +160,41 @@ def test_no_import_cycle_between_units():
     assert not cycles, "units import each other round a loop:\n" + "\n".join(why)
 
 
+LATE_BOUND = {
+    ("config/registry.py", "hindsearch.hindsight.methods"):
+        "the method registry imports the built-in methods when first read, as setuptools entry points would",
+    ("config/registry.py", "hindsearch.retrieval.bm25"): "the retriever registry's built-in kinds",
+    ("config/registry.py", "hindsearch.retrieval.dense"): "the retriever registry's built-in kinds",
+    ("config/registry.py", "hindsearch.retrieval.client"): "the retriever registry's built-in kinds",
+    ("config/registry.py", "hindsearch.train.reward_funcs"): "the reward registry's built-in rewards",
+}
+"""Module names held as strings and imported by name (``importlib``) that point up a layer: ``(file, module) ->
+why``. The registries sit in the config layer, so that a config can check a method, retriever kind or reward name,
+and load their built-in entries on first read; no other string-named load may point up."""
+
+MODULE_NAME = re.compile(r"hindsearch(\.[A-Za-z_]\w*)+")
+
+
+def test_modules_named_by_string_point_up_only_where_declared():
+    """A module imported by name (``importlib.import_module("hindsearch.x")``) is an import the AST rules above
+    cannot see: every string that names a module of the package from a lower layer is declared in ``LATE_BOUND``."""
+    known, found = units(), {}
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).as_posix()
+        if rel == "__init__.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+                target = node.value.split(".")[1]
+                if target in known and target in RANK and RANK.get(unit_of(path), -1) < RANK[target]:
+                    found[rel, node.value] = node.lineno
+    undeclared = [f"{f}:{line}: names {m}, a layer above" for (f, m), line in sorted(found.items())
+                  if (f, m) not in LATE_BOUND]
+    assert not undeclared, "string-named modules point up the layers (declare them in LATE_BOUND, with why):\n" + \
+        "\n".join(undeclared)
+    assert not set(LATE_BOUND) - set(found), f"LATE_BOUND lists loads that are gone: {sorted(set(LATE_BOUND) - set(found))}"
+
+
 def test_optional_dependencies_are_lazy_and_marked():
     """faiss, vllm, peft... load only inside the functions that need them, each import line naming its extra
     (``# optional: dense``), so ``import hindsearch.x`` works without them and a reader sees what to install."""
