@@ -176,7 +176,7 @@ def _close(u: Any, v: Any) -> bool:
     return u == v
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--model", help="a protocol-following model folder")
     ap.add_argument("--world", help="a world folder with test.jsonl, train.jsonl and index-bm25/")
@@ -184,7 +184,7 @@ def main() -> int:
     ap.add_argument("--questions", type=int, default=24, help="test questions rolled out (greedy and sampled)")
     ap.add_argument("--parts", default="rollouts,train,cli", help="comma-separated: rollouts, train, cli")
     ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two fingerprints")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     if args.diff:
         a, b = (json.loads(Path(p).read_text()) for p in args.diff)
         return diff(a, b)
