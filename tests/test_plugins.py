@@ -1,8 +1,9 @@
 """A method, a retriever kind and a reward defined outside ``src/`` (tests/toy_plugin.py, tests/toy_reward.py) are used
 through the config alone: a toy third method with its own ``[toy]`` options and a ``toy`` retriever train 2 steps
 through ``hindsearch train`` (the CLI, in process, tiny random model), rewarded by EM plus a ``module:function``
-reward; the method appears in metrics.jsonl, in ``compare``'s table and in the report. No file under ``src/`` names
-them."""
+reward; the method appears in metrics.jsonl, in ``compare``'s table and in the report. An index-backed kind
+(tests/toy_index.py) is built by ``hindsearch index`` and searched by ``hindsearch search``. No file under ``src/``
+names them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from hindsearch.config import METHODS, Config, ConfigError
 from hindsearch.config.registry import RETRIEVERS
 
 PLUGIN = Path(__file__).with_name("toy_plugin.py")
+INDEX_PLUGIN = Path(__file__).with_name("toy_index.py")
 SRC = Path(__file__).resolve().parents[1] / "src"
 
 
@@ -156,6 +158,56 @@ def test_plugin_flag_and_method_choices(world, tmp_path, capsys):
     for p in SRC.rglob("*.py"):
         text = p.read_text()
         assert "toy_plugin" not in text and "SelfImitationTerm" not in text and "OverlapRetriever" not in text, p
+        assert "toy_index" not in text and "toyidx" not in text and "KeywordRetriever" not in text, p
+
+
+def test_a_plugin_index_kind_is_built_searched_and_configured(world, tmp_path, capsys):
+    """tests/toy_index.py, one file, registers the index-backed kind ``toyidx``: ``hindsearch index --kind toyidx``
+    builds its folder (hindsearch's passage store and index.json, the kind's keywords.json and fields),
+    ``hindsearch search --index`` searches it, ``retrieval.kind = "toyidx"`` opens it, ``ensure_index`` builds the
+    world's once, and the kind's own options and checks reach it through ``build_index``."""
+    from hindsearch.config.registry import load_plugin
+    from hindsearch.retrieval.base import index_kinds, is_index_dir
+    from hindsearch.retrieval.factory import build_index, ensure_index, load_index, load_retriever
+
+    corpus = world / "corpus.jsonl"
+    out = tmp_path / "idx"
+    with pytest.raises(SystemExit):
+        main(["index", "--kind", "toyidx", "--corpus", str(corpus), "--out", str(out)])
+    assert "invalid choice: 'toyidx' (choose from 'bm25', 'dense')" in capsys.readouterr().err
+    toy = load_plugin(str(INDEX_PLUGIN))
+    assert index_kinds() == ("bm25", "dense", "toyidx") and "toyidx" in RETRIEVERS
+    with pytest.raises(SystemExit):
+        main(["index", "--help"])
+    assert "[--kind {bm25,dense,toyidx}]" in capsys.readouterr().out  # --kind's choices, read from the registry
+    assert main(["index", "--kind", "toyidx", "--corpus", str(corpus), "--out", str(out)]) == 0
+    rows = [json.loads(x) for x in corpus.open()]
+    assert f"indexed {len(rows)} passages (toyidx) into {out}" in capsys.readouterr().out
+    meta = json.loads((out / "index.json").read_text())
+    assert meta["kind"] == "toyidx" and meta["n_docs"] == len(rows) and meta["min_len"] == 1 and meta["n_words"] > 0
+    assert (out / "keywords.json").exists() and (out / "passages.jsonl").exists() and is_index_dir(out)
+    query = rows[0]["contents"].splitlines()[0]  # the first passage's title: it holds all its words, first in order
+    assert main(["search", "--index", str(out), "-k", "2", query]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == f"query: {query!r} (2 hits)" and printed[1].endswith(f"(id {rows[0]['id']})")
+    hits = load_index(out, device="cpu").retrieve([query, "   "], 1)  # search's options reach the kind's load
+    assert hits[1] == [] and hits[0][0].id == rows[0]["id"] and hits[0][0].score == len(toy.words(query))
+    cfg = Config.load(None, ['retrieval.kind="toyidx"', f'retrieval.index_dir="{out.as_posix()}"']).retrieval
+    assert type(load_retriever(cfg)).__name__ == "KeywordRetriever"
+    bm25 = Config.load(None, [f'retrieval.index_dir="{out.as_posix()}"']).retrieval
+    with pytest.raises(ValueError, match="retrieval.kind = 'bm25' but index .* is a 'toyidx' index"):
+        load_retriever(bm25)
+    # the Python API: the kind's own option and its check (before anything is read or written)
+    with pytest.raises(ValueError, match="toyidx: min_len = 0"):
+        build_index(corpus, tmp_path / "bad", kind="toyidx", min_len=0)
+    assert not (tmp_path / "bad").exists()
+    assert build_index(corpus, tmp_path / "long", kind="toyidx", min_len=6)["min_len"] == 6
+    with pytest.raises(ValueError, match="index kind 'nope' is not supported; choose one of bm25, dense, toyidx"):
+        build_index(corpus, tmp_path / "nope", kind="nope")
+    # the world's index, built on first use and then reused while the corpus is unchanged
+    built = ensure_index(corpus, tmp_path / "world-idx", kind="toyidx")
+    stamp = (built / "keywords.json").stat().st_mtime_ns
+    assert ensure_index(corpus, built, kind="toyidx") == built and (built / "keywords.json").stat().st_mtime_ns == stamp
 
 
 def test_reward_funcs_resolve_names_and_paths():

@@ -134,6 +134,19 @@ def add_faiss_flags(p: argparse.ArgumentParser) -> None:
                         "'IVF65536,Flat' or HNSW32) inside --index, instead of searching it exactly")
 
 
+class IndexKinds:
+    """``--kind``'s choices: the registered index-backed kinds (``bm25``, ``dense``, a plugin's), read when argparse
+    checks a value or prints the help, so the kinds' modules are imported only then."""
+
+    def __iter__(self):
+        from hindsearch.retrieval.base import index_kinds
+
+        return iter(index_kinds())
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in list(self)
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     """Add ``index``, ``search`` and ``serve`` to ``sub``."""
     register_index(sub)
@@ -149,7 +162,8 @@ def register_index(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--corpus", required=True,
                    help="corpus .jsonl or .jsonl.gz (id, contents | title+text per line) or .json list")
     p.add_argument("--out", required=True, help="index folder to write (new, empty, or an earlier index)")
-    p.add_argument("--kind", choices=("bm25", "dense"), default="bm25", help="retriever kind")
+    kind = p.add_argument("--kind", default="bm25", help="retriever kind")
+    kind.choices = IndexKinds()  # set after add_argument, which would read the choices (and import every kind) now
     p.add_argument("--encoder", default=None,
                    help=f"dense encoder: minilm, {E5} or an HF path/id (default: minilm; {E5} with --faiss-index)")
     p.add_argument("--faiss-index", metavar="FILE",

@@ -161,7 +161,7 @@ METHODS = Methods(builtins=("hindsearch.hindsight.methods",))
 
 RETRIEVERS = Registry("retrieval.kind", builtins=("hindsearch.retrieval.bm25", "hindsearch.retrieval.dense",
                                                   "hindsearch.retrieval.client"))
-"""Retriever kinds (``hindsearch.retrieval.base.register_retriever``)."""
+"""Retriever kinds (``hindsearch.retrieval.base.register_retriever``, ``register_index_kind``)."""
 
 class Rewards(Registry):
     """The reward-function registry: a registered name, or a ``module:function`` path (imported when the trainer

@@ -78,7 +78,7 @@ class DataConfig:
 class RetrievalConfig:
     kind: str = choice("bm25", RETRIEVERS)
     """``bm25`` (in-process bm25s), ``dense`` (encoder + FAISS), ``remote`` (HTTP ``/retrieve`` server) or a kind a
-    plugin registers (``hindsearch.retrieval.base.register_retriever``)."""
+    plugin registers (``hindsearch.retrieval.base.register_retriever`` / ``register_index_kind``)."""
     index_dir: str | None = None
     """Index folder (``hindsearch index``); None = the world's index, built on first use."""
     url: str | None = None

@@ -2,7 +2,7 @@
 
 An index folder holds:
 
-* ``index.json``: kind (``bm25``/``dense``), encoder, n_docs, the corpus' SHA-256, byte size
+* ``index.json``: kind (``bm25``, ``dense``, a plugin's), encoder (dense), n_docs, the corpus' SHA-256, byte size
   and skipped-row count, creation time and format version;
 * ``passages.jsonl`` (``{"id", "contents"}`` rows, itself a valid wiki-18 corpus) and
   ``offsets.npy`` (int64 byte offsets, length n_docs + 1): passages are read on demand
@@ -15,9 +15,14 @@ An index folder holds:
 Every retriever returns, per query, up to k ``Passage``s with ``score`` set, best first; an
 empty or whitespace-only query gets an empty list.
 
-Retriever kinds (``retrieval.kind``) are registered: ``@register_retriever(kind)`` on a function
-``open(cfg: RetrievalConfig, index_dir, corpus) -> Retriever``; ``bm25``, ``dense`` (index folders of this
-layout) and ``remote`` register themselves in their modules, and a plugin's kind is one file.
+Retriever kinds (``retrieval.kind``) are registered, each in its own module, so a plugin's kind is one file:
+
+* ``@register_retriever(kind)`` on a function ``open(cfg: RetrievalConfig, index_dir, corpus) -> Retriever``
+  (``remote``);
+* ``register_index_kind(kind, build=..., load=..., check=...)`` for a kind that keeps its data in an index folder
+  of this layout (``bm25``, ``dense``): ``hindsearch index --kind`` builds it, ``hindsearch search/serve --index``,
+  ``retrieval.index_dir`` and the world's first use load it. ``factory`` does the shared work (reading the corpus,
+  the passage store, staging and publishing, ``index.json``, the format version) and calls the kind for its files.
 """
 
 from __future__ import annotations
@@ -38,7 +43,6 @@ if TYPE_CHECKING:
     from hindsearch.config import RetrievalConfig
 
 INDEX_VERSION = 2  # 2: passages.jsonl rows are compact JSON (spliced verbatim by the server)
-KINDS = ("bm25", "dense")
 
 
 @runtime_checkable
@@ -49,28 +53,64 @@ class Retriever(Protocol):
 
 
 OpenFn = Callable[["RetrievalConfig", "Path | None", "Path | None"], Any]
-"""``open(cfg, index_dir, corpus) -> Retriever``: ``cfg`` the ``[retrieval]`` section; ``index_dir`` the index
-folder (kinds with ``index=True``: built from the corpus when the config names none); ``corpus`` the world's
-``corpus.jsonl`` when the run has a world (else None)."""
+"""``open(cfg, index_dir, corpus) -> Retriever``: ``cfg`` the ``[retrieval]`` section; ``index_dir``
+``retrieval.index_dir`` (or None); ``corpus`` the world's ``corpus.jsonl`` when the run has a world (else None)."""
+
+CheckFn = Callable[..., None]
+"""``check(**options)``: refuse (``ValueError``) build options the kind cannot use, before anything is read.
+``options`` are every keyword ``factory.build_index`` got besides the corpus, folder, kind, ``skip_bad`` and
+``show_progress``: ``hindsearch index`` gives all of its flags (``encoder``, ``hnsw``, ``device``, ``batch_size``,
+``factory``, ``nprobe``, ``ef_search``), so a kind takes ``**options`` and ignores those it does not use."""
+
+BuildFn = Callable[..., dict]
+"""``build(texts, folder, show_progress=..., **options) -> dict``: write the kind's own files into ``folder`` (the
+index folder being built, whose ``passages.jsonl`` holds ``texts`` in order: document i is ``texts[i]``); returns
+the kind's fields of ``index.json`` (``factory`` adds version, kind, corpus, n_docs and the rest)."""
+
+LoadFn = Callable[..., Retriever]
+"""``load(index_dir, meta, **options) -> Retriever``: open an index folder of the kind (``meta`` its ``index.json``,
+version already checked); ``options`` are ``factory.load_index``'s keywords (``device``, ``encoder``: the
+config's ``retrieval.encoder``, ``nprobe``, ``ef_search``, ``faiss_gpu``, ``n_threads``, ``bm25_backend``): a kind
+takes ``**options``, uses its own and refuses set ones that would be ignored silently."""
+
+
+@dataclass(frozen=True)
+class IndexKind:
+    """How a kind builds and loads its files in an index folder (``register_index_kind``)."""
+
+    build: BuildFn
+    load: LoadFn
+    check: CheckFn | None = None
 
 
 @dataclass(frozen=True)
 class RetrieverKind:
-    """A registered ``retrieval.kind``: how to open it, and whether it reads an index folder of its kind
-    (``hindsearch index --kind``; the world's is built on first use)."""
+    """A registered ``retrieval.kind``: opened by ``open`` (from the config), or index-backed (``index``: an index
+    folder of its kind, from ``hindsearch index --kind``; the world's is built on first use)."""
 
     kind: str
-    open: OpenFn
-    index: bool
+    open: OpenFn | None = None
+    index: IndexKind | None = None
 
 
-def register_retriever(kind: str, index: bool = False) -> Callable[[OpenFn], OpenFn]:
-    """Decorator: make ``open`` the retriever of ``retrieval.kind = kind`` (``index``: it opens an index folder of
-    the same kind, ``hindsearch.retrieval.factory.build_index``)."""
+def register_retriever(kind: str) -> Callable[[OpenFn], OpenFn]:
+    """Decorator: make ``open`` the retriever of ``retrieval.kind = kind``."""
     def add(fn: OpenFn) -> OpenFn:
-        RETRIEVERS.register(kind, RetrieverKind(kind, fn, index), fn.__module__)
+        RETRIEVERS.register(kind, RetrieverKind(kind, open=fn), fn.__module__)
         return fn
     return add
+
+
+def register_index_kind(kind: str, build: BuildFn, load: LoadFn, check: CheckFn | None = None) -> None:
+    """Register ``kind`` as an index-backed ``retrieval.kind`` (and ``hindsearch index --kind`` choice): ``build``
+    writes its files into an index folder, ``load`` opens one, ``check`` refuses build options early (see
+    ``BuildFn``, ``LoadFn``, ``CheckFn``)."""
+    RETRIEVERS.register(kind, RetrieverKind(kind, index=IndexKind(build, load, check)), load.__module__)
+
+
+def index_kinds() -> tuple[str, ...]:
+    """The registered index-backed kinds, built-ins first (``bm25``, ``dense``, then a plugin's)."""
+    return tuple(k for k in RETRIEVERS if RETRIEVERS.get(k).index is not None)
 
 
 class StoreChanged(RuntimeError):
@@ -180,4 +220,4 @@ def is_index_dir(path: Path) -> bool:
         meta = json.loads((Path(path) / "index.json").read_text())
     except (OSError, ValueError):
         return False
-    return isinstance(meta, dict) and meta.get("kind") in KINDS and "version" in meta
+    return isinstance(meta, dict) and meta.get("kind") in index_kinds() and "version" in meta

@@ -71,7 +71,7 @@ import Stemmer
 from bm25s.tokenization import _infer_stopwords
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore, register_retriever
+from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore, register_index_kind
 
 STOPWORDS = "en"
 BACKENDS = ("auto", "numba", "sparse")
@@ -375,9 +375,26 @@ class BM25Retriever(IndexedRetriever):
         return out
 
 
-@register_retriever("bm25", index=True)
-def open_bm25(cfg: Any, index_dir: Path | None, corpus: Path | None) -> BM25Retriever:
-    """``retrieval.kind = bm25``: the BM25 index folder (``hindsearch index --kind bm25``)."""
-    from hindsearch.retrieval.factory import load_index
+def build_bm25_index(texts: list[str], folder: Path, show_progress: bool = True, **_options: Any) -> dict:
+    """``hindsearch index --kind bm25``: the bm25s index of ``texts`` in ``folder/bm25`` (no ``index.json`` fields)."""
+    build_bm25(texts, folder / "bm25", show_progress=show_progress)
+    return {}
 
-    return load_index(index_dir)
+
+def check_bm25_options(hnsw: int | None = None, factory: str | None = None, nprobe: int | None = None,
+                       ef_search: int | None = None, **_options: Any) -> None:
+    """Refuse the FAISS flags (a BM25 build would ignore them)."""
+    if factory or hnsw or nprobe or ef_search:
+        raise ValueError("--factory, --hnsw, --nprobe and --ef-search apply to --kind dense")
+
+
+def load_bm25(index_dir: str | Path, meta: dict, n_threads: int = 0, bm25_backend: str = "auto",
+              nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
+              **_options: Any) -> BM25Retriever:
+    """A BM25 index folder (``n_threads``/``bm25_backend``: ``BM25Retriever``); the dense search flags are refused."""
+    if nprobe or ef_search or faiss_gpu:
+        raise ValueError(f"{index_dir} is a BM25 index: --nprobe, --ef-search and --faiss-gpu apply to dense indexes")
+    return BM25Retriever(index_dir, n_threads=n_threads, backend=bm25_backend)
+
+
+register_index_kind("bm25", build=build_bm25_index, load=load_bm25, check=check_bm25_options)

@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir, register_retriever
+from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir, register_index_kind
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 FLAT = "Flat"
@@ -474,10 +474,17 @@ class DenseRetriever(IndexedRetriever):
         return [(d[d >= 0], s[d >= 0]) for d, s in zip(ids, scores)]
 
 
-@register_retriever("dense", index=True)
-def open_dense(cfg: Any, index_dir: Path | None, corpus: Path | None) -> DenseRetriever:
-    """``retrieval.kind = dense``: the dense index folder (``hindsearch index --kind dense``), built with
-    ``retrieval.encoder``."""
-    from hindsearch.retrieval.factory import load_index
+def load_dense(index_dir: str | Path, meta: dict, encoder: str | None = None, device: str = "cpu",
+               nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
+               **_options: Any) -> DenseRetriever:
+    """A dense index folder; ``encoder`` (the config's ``retrieval.encoder``), when given, must be the one it was
+    built with."""
+    if encoder is not None and encoder != meta["encoder"]:
+        raise ValueError(
+            f"index {index_dir} was built with encoder {meta['encoder']!r}, not {encoder!r}; "
+            "set retrieval.encoder to match or rebuild the index"
+        )
+    return DenseRetriever(index_dir, device=device, nprobe=nprobe, ef_search=ef_search, faiss_gpu=faiss_gpu)
 
-    return load_index(index_dir, encoder=cfg.encoder)
+
+register_index_kind("dense", build=build_dense, load=load_dense)

@@ -1,9 +1,11 @@
-"""Building and loading retrievers: the one module that knows every implementation.
+"""Building and loading index folders and opening a configured retriever, through the registered kinds.
 
-``build_index`` / ``load_index`` dispatch on an index folder's kind (``bm25``, ``dense``),
-``load_retriever`` on a ``RetrievalConfig`` through the registered kinds (``base.register_retriever``:
-``bm25``, ``dense``, ``remote``, a plugin's), ``ensure_index`` rebuilds only when the corpus file changed. The protocol and the folder layout live in ``base``, which imports
-no implementation; the implementations import ``base``.
+``build_index`` / ``load_index`` / ``ensure_index`` do the work every index-backed kind shares (reading the corpus,
+the passage store, staging and publishing the folder, ``index.json``, the format version) and call the kind's
+``build`` / ``load`` (``base.register_index_kind``: ``bm25``, ``dense``, a plugin's) for its own files;
+``load_retriever`` opens a ``RetrievalConfig``'s kind (``base.register_retriever``: ``remote``, a plugin's, or an
+index-backed kind on its folder). ``ensure_index`` rebuilds only when the corpus file changed. This module names no
+kind: the implementations import ``base``, never this module.
 """
 
 from __future__ import annotations
@@ -12,46 +14,48 @@ import json
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hindsearch.data.corpus import CorpusStats, file_sha256, iter_corpus
 from hindsearch.fsutil import check_replaceable, publish, staging
 from hindsearch.records import Passage
 from hindsearch.config.registry import RETRIEVERS
-from hindsearch.retrieval.base import INDEX_VERSION, KINDS, Retriever, is_index_dir, read_meta, write_store
+from hindsearch.retrieval.base import INDEX_VERSION, IndexKind, Retriever, index_kinds, is_index_dir, read_meta, write_store
 
 if TYPE_CHECKING:
     from hindsearch.config import RetrievalConfig
+
+
+def index_kind(kind: Any) -> IndexKind | None:
+    """The build/load of an index-backed ``kind``; None for any other name (unregistered, or a kind without index)."""
+    return RETRIEVERS.get(kind).index if isinstance(kind, str) and kind in RETRIEVERS else None
 
 
 def build_index(
     corpus: str | Path | Iterable[Passage],
     out_dir: str | Path,
     kind: str = "bm25",
-    encoder: str = "minilm",
     skip_bad: bool = False,
-    hnsw: int | None = None,
-    device: str = "cpu",
-    batch_size: int = 64,
     show_progress: bool = True,
-    factory: str | None = None,
-    nprobe: int | None = None,
-    ef_search: int | None = None,
+    **options: Any,
 ) -> dict:
     """Build an index folder from a corpus file or passages; returns its ``index.json`` content.
 
-    Dense only: ``factory`` (a FAISS factory string: ``Flat``, ``HNSW32``, ``IVF4096,Flat``; ``hnsw=M`` is
-    ``HNSWM``) and its search parameters ``nprobe`` (IVF) / ``ef_search`` (HNSW), see ``retrieval.dense``.
+    ``options`` go to the kind (``base.BuildFn``): dense takes ``encoder`` (default minilm), ``device``,
+    ``batch_size``, ``factory`` (a FAISS factory string: ``Flat``, ``HNSW32``, ``IVF4096,Flat``; ``hnsw=M`` is
+    ``HNSWM``) and its search parameters ``nprobe`` (IVF) / ``ef_search`` (HNSW), see ``retrieval.dense``; bm25
+    refuses the FAISS ones.
 
     Built into a temporary sibling folder (removed if the build fails) and renamed into place, so
     an interrupted build leaves no half-written index behind. An existing ``out_dir`` is replaced
     only when it is an index folder (it has ``index.json``) or empty; a file, the current folder,
     a folder holding the corpus, or any other folder is refused (``UnsafeOutput``).
     """
-    if kind not in KINDS:
-        raise ValueError(f"index kind {kind!r} is not supported; choose one of {', '.join(KINDS)}")
-    if kind != "dense" and (factory or hnsw or nprobe or ef_search):
-        raise ValueError("--factory, --hnsw, --nprobe and --ef-search apply to --kind dense")
+    spec = index_kind(kind)
+    if spec is None:
+        raise ValueError(f"index kind {kind!r} is not supported; choose one of {', '.join(index_kinds())}")
+    if spec.check is not None:
+        spec.check(**options)
     out = Path(out_dir)
     corpus_path = Path(corpus) if isinstance(corpus, (str, Path)) else None
     if corpus_path is not None:
@@ -71,51 +75,28 @@ def build_index(
         texts = write_store(passages, tmp)
         if not texts:
             raise ValueError(f"corpus {corpus_path or '<passages>'} has no passages")
-        if kind == "bm25":
-            from hindsearch.retrieval.bm25 import build_bm25
-
-            build_bm25(texts, tmp / "bm25", show_progress=show_progress)
-        else:
-            from hindsearch.retrieval.dense import build_dense
-
-            meta.update(build_dense(texts, tmp, encoder, hnsw=hnsw, device=device, batch_size=batch_size, show_progress=show_progress,
-                                    factory=factory, nprobe=nprobe, ef_search=ef_search))
+        meta.update(spec.build(texts, tmp, show_progress=show_progress, **options))
         meta.update(n_docs=len(texts), skipped_rows=stats.skipped, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
         (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish(tmp, out)
     return meta
 
 
-def load_index(
-    index_dir: str | Path, encoder: str | None = None, device: str = "cpu", n_threads: int = 0, bm25_backend: str = "auto",
-    nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
-) -> Retriever:
+def load_index(index_dir: str | Path, **options: Any) -> Retriever:
     """Load the retriever an index folder holds (its kind is read from ``index.json``).
 
-    ``encoder`` (dense only), when given, must match the encoder the index was built with;
-    ``n_threads``/``bm25_backend`` tune BM25 (see ``hindsearch.retrieval.bm25``); ``nprobe``/``ef_search``
-    (override the index's) and ``faiss_gpu`` tune dense search (see ``hindsearch.retrieval.dense``).
+    ``options`` go to the kind (``base.LoadFn``): ``encoder`` (dense), when given, must match the encoder the index
+    was built with; ``device`` runs dense's query encoder; ``n_threads``/``bm25_backend`` tune BM25 (see
+    ``hindsearch.retrieval.bm25``); ``nprobe``/``ef_search`` (override the index's) and ``faiss_gpu`` tune dense
+    search (see ``hindsearch.retrieval.dense``).
     """
     meta = read_meta(index_dir)
     if meta.get("version") != INDEX_VERSION:
         raise ValueError(f"{index_dir} has index format {meta.get('version')}, this hindsearch reads {INDEX_VERSION}: rebuild it with `hindsearch index`")
-    if meta.get("kind") == "bm25":
-        from hindsearch.retrieval.bm25 import BM25Retriever
-
-        if nprobe or ef_search or faiss_gpu:
-            raise ValueError(f"{index_dir} is a BM25 index: --nprobe, --ef-search and --faiss-gpu apply to dense indexes")
-
-        return BM25Retriever(index_dir, n_threads=n_threads, backend=bm25_backend)
-    if meta.get("kind") == "dense":
-        from hindsearch.retrieval.dense import DenseRetriever
-
-        if encoder is not None and encoder != meta["encoder"]:
-            raise ValueError(
-                f"index {index_dir} was built with encoder {meta['encoder']!r}, not {encoder!r}; "
-                "set retrieval.encoder to match or rebuild the index"
-            )
-        return DenseRetriever(index_dir, device=device, nprobe=nprobe, ef_search=ef_search, faiss_gpu=faiss_gpu)
-    raise ValueError(f"{index_dir}/index.json: unknown kind {meta.get('kind')!r}")
+    spec = index_kind(meta.get("kind"))
+    if spec is None:
+        raise ValueError(f"{index_dir}/index.json: unknown kind {meta.get('kind')!r}")
+    return spec.load(index_dir, meta, **options)
 
 
 def load_retriever(cfg: "RetrievalConfig", index_dir: str | Path | None = None,
@@ -124,18 +105,19 @@ def load_retriever(cfg: "RetrievalConfig", index_dir: str | Path | None = None,
     ``cfg.index_dir``; a kind that reads an index folder needs one, of its kind) and ``corpus`` (the world's)."""
     spec = RETRIEVERS.get(cfg.kind)
     index_dir = index_dir or cfg.index_dir
-    if spec.index:
+    if spec.index is not None:
         if index_dir is None:
             raise ValueError("no index folder: set retrieval.index_dir (build one with `hindsearch index`)")
         kind = read_meta(index_dir).get("kind")
         if kind != cfg.kind:
             raise ValueError(f"retrieval.kind = {cfg.kind!r} but index {index_dir} is a {kind!r} index")
+        return load_index(Path(index_dir), encoder=cfg.encoder)
     return spec.open(cfg, Path(index_dir) if index_dir is not None else None,
                      Path(corpus) if corpus is not None else None)
 
 
 def index_is_current(corpus_path: str | Path, index_dir: str | Path, kind: str, encoder: str = "minilm") -> bool:
-    """True when ``index_dir`` holds a ``kind`` index of exactly this corpus file."""
+    """True when ``index_dir`` holds a ``kind`` index of exactly this corpus file (and ``encoder``, if it records one)."""
     try:
         meta = read_meta(index_dir)
     except (FileNotFoundError, json.JSONDecodeError):
@@ -144,7 +126,7 @@ def index_is_current(corpus_path: str | Path, index_dir: str | Path, kind: str, 
     return (
         meta.get("version") == INDEX_VERSION
         and meta.get("kind") == kind
-        and (kind != "dense" or meta.get("encoder") == encoder)
+        and meta.get("encoder", encoder) == encoder  # an index that records an encoder (dense) was built with this one
         and meta.get("corpus_bytes") == corpus_path.stat().st_size
         and meta.get("corpus_sha256") == file_sha256(corpus_path)
     )
