@@ -233,6 +233,29 @@ def test_parallel_runs_report_each_failure_and_keep_the_others(capsys):
     assert "this run broke" in capsys.readouterr().err
 
 
+def _sleep_or_die(seconds: float, die: bool, threads: int | None = None) -> None:
+    """A parallel run for ``_run_parallel`` that the system kills (as an out-of-memory kill would) when told to."""
+    import os
+    import signal
+    import time
+
+    if die:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(seconds)
+
+
+def test_a_run_killed_from_outside_fails_alone():
+    """A worker killed mid-run costs its own run only: the run beside it and the runs queued after it finish."""
+    from hindsearch.compare import _run_parallel
+
+    logs: list[str] = []
+    finished: list[int] = []
+    failed = _run_parallel(_sleep_or_die, [((1.0, False), "slow-s0"), ((0.0, True), "killed-s0"),
+                                           ((0.1, False), "next-s0")], 2, lambda: finished.append(1), logs.append)
+    assert failed == ["killed-s0"] and len(finished) == 2, logs
+    assert any(x.startswith("killed-s0: failed (BrokenProcessPool") for x in logs), logs
+
+
 def test_stopping_compare_stops_its_isolated_run(tmp_path):
     """SIGTERM to the parent must not leave the spawned training process running (an orphan on the CPU)."""
     import os

@@ -334,18 +334,21 @@ def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, 
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    ctx = mp.get_context("spawn")
     queue, running, failed = list(pending), {}, []
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), max_tasks_per_child=1) as pool, \
-            stopped_on_exit() as procs:
+    with stopped_on_exit() as procs:
         try:
             while queue or running:
-                while queue and len(running) < jobs:  # a run is submitted when a worker is free: it starts now
+                while queue and len(running) < jobs:  # a run starts when a slot is free
                     args, name = queue.pop(0)
-                    running[pool.submit(target, *args, threads=threads)] = name
+                    # a pool of one per run: a worker killed from outside (out of memory) breaks its own run only
+                    pool = ProcessPoolExecutor(1, mp_context=ctx)
+                    running[pool.submit(target, *args, threads=threads)] = (name, pool)
                     log(f"{name}: started ({threads} thread{'s' if threads > 1 else ''})")
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for fut in done:
-                    name = running.pop(fut)
+                    name, pool = running.pop(fut)
+                    pool.shutdown()
                     if (exc := fut.exception()) is not None:
                         failed.append(name)
                         traceback.print_exception(exc)  # with the run's own traceback (its cause)
@@ -354,7 +357,9 @@ def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, 
                         log(f"{name}: done")
                         finished()
         except BaseException:
-            procs.extend(mp.active_children())  # the pool's workers: terminated on leaving stopped_on_exit
+            procs.extend(mp.active_children())  # the runs' workers: terminated on leaving stopped_on_exit
+            for _, pool in running.values():
+                pool.shutdown(wait=False, cancel_futures=True)
             raise
     return failed
 
