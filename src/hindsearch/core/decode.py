@@ -114,7 +114,7 @@ class _Loop:
         if self.hook is not None:
             logits = self.hook([r.index for r in live], [r.out.ids for r in live], logits)
         tok, logp = sample_tokens(logits, self.sampling, self.generator)
-        keep, ended, saving = [], [], 0.0
+        keep, ended, fed = [], [], {}
         for j, r in enumerate(live):
             r.out.ids.append(int(tok[j]))
             r.out.logprobs.append(float(logp[j]))
@@ -124,14 +124,15 @@ class _Loop:
                 continue
             r.out.finish = why
             ended.append(r)
-            if self.merge:  # cached: the context and all new ids but the last (never fed)
-                ts = time.perf_counter()
-                fed = r.ctx + r.out.ids[:-1]
-                r.saved = (fed, save_row(step, j, len(fed)))
-                saving += time.perf_counter() - ts
-        st["kv_save_s"] += saving
-        st["step_s"] += time.perf_counter() - t0 - saving
+            fed[id(r)] = (j, r.ctx + r.out.ids[:-1])  # what the cache holds: all new ids but the last (never fed)
+        st["step_s"] += time.perf_counter() - t0
         rejoin = self._call_back(ended) if ended and self.on_stop is not None else []
+        if self.merge:  # only the rows that go on keep their keys/values (the cache is not trimmed yet)
+            t0 = time.perf_counter()
+            for r in rejoin:
+                j, ids = fed[id(r)]
+                r.saved = (ids, save_row(step, j, len(ids)))
+            st["kv_save_s"] += time.perf_counter() - t0
         if not keep:
             return step, [], rejoin
         t0 = time.perf_counter()
@@ -162,7 +163,6 @@ class _Loop:
         rejoin = []
         for r, q in zip(ended, nxt):
             if q is None:
-                r.saved = None
                 continue
             ids, budget = q
             if budget <= 0:
@@ -197,7 +197,7 @@ def decode(
 @torch.no_grad()
 def decode_shared(
     model: Any, prefixes: Sequence[Sequence[int]], stop: Stop, sampling: SamplingParams, budget: int,
-    groups: Sequence[Hashable] | None = None, batch_size: int = 16, pad: int | None = None,
+    groups: Sequence[Hashable], batch_size: int = 16, pad: int | None = None,
 ) -> list[GenOutput]:
     """``decode`` of prefixes whose groups (e.g. one rollout) share a prefix: the common prefix of each group is
     computed once into a KV cache (``batch_size`` groups a chunk), every row feeds only its own suffix on a copy
@@ -207,7 +207,7 @@ def decode_shared(
     with region(model, pad):
         if not prefixes:
             return []
-        groups = list(groups) if groups is not None else list(range(len(prefixes)))
+        groups = list(groups)
         uniq: dict[tuple[Hashable, tuple[int, ...]], int] = {}
         rows: list[int] = []
         for i, (g, p) in enumerate(zip(groups, prefixes)):
