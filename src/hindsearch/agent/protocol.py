@@ -250,7 +250,7 @@ def action_mask(traj: Any, tokenizer: Any) -> list[int]:
     out = [0] * n
     for s, e in post_information_turns(traj, n):
         ids = traj.completion_ids[s:e]
-        ends = [len(tokenizer.decode(ids[: j + 1])) for j in range(len(ids))]
+        ends = [e for _, e in token_char_spans(tokenizer, ids)]
         text = tokenizer.decode(ids)
         lead = len(text) - len(text.lstrip())
         if text[lead:].startswith(THINK_OPEN):

@@ -7,26 +7,25 @@ import argparse
 import sys
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _int_at_least(text: str, least: int, rule: str) -> int:
+    """``text`` as an integer of at least ``least``; else an error quoting it (``rule`` says the bound)."""
     try:
         v = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be at least 1")
+    if v < least:
+        raise argparse.ArgumentTypeError(f"{text!r} {rule}")
     return v
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _int_at_least(text, 1, "must be at least 1")
 
 
 def nonneg_int(text: str) -> int:
     """An integer >= 0."""
-    try:
-        v = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if v < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be 0 or more")
-    return v
+    return _int_at_least(text, 0, "must be 0 or more")
 
 
 def positive_float(text: str) -> float:
