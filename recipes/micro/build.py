@@ -334,23 +334,17 @@ def pretrain(model: Any, tokenizer: Any, texts: list[str], spec: MicroSpec, seed
     return {"loss": out["loss"], "copy_acc_before": acc_before, "copy_acc_after": curve[-1][1], "copy_acc_curve": curve}
 
 
-def _file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _cache_key(world_dir: Path, spec: MicroSpec, seed: int) -> str:
     """The build's inputs: the spec, the seed and the *contents* of the world files (a copy of the world, with
     other times or another folder, is the same world: no 17-minute rebuild)."""
+    from hindsearch.data.corpus import file_sha256
+
     h = hashlib.sha256()
     h.update(json.dumps({"spec": asdict(spec), "seed": seed, "v": MICRO_VERSION}, sort_keys=True).encode())
     for name in ("corpus.jsonl", "train.jsonl", "dev.jsonl", "test.jsonl"):
         p = world_dir / name
         if p.exists():
-            h.update(f"{name}:{_file_sha256(p)}".encode())
+            h.update(f"{name}:{file_sha256(p)}".encode())
     return h.hexdigest()[:16]
 
 

@@ -8,7 +8,6 @@ stops every child (``stopped_on_exit``), so an interrupted comparison leaves no 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from contextlib import contextmanager
 from typing import Any
 

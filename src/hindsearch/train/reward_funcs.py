@@ -11,7 +11,6 @@ registered functions or ``module:function`` paths; TRL sums them (weight 1 each)
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -73,7 +72,7 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
     if not sep:
         REWARDS.get(spec)  # raises naming the registered ones
     try:
-        fn = getattr(load_plugin(module) if module.endswith(".py") else importlib.import_module(module), func)
+        fn = getattr(load_plugin(module), func)  # a module name or a .py file
     except (ImportError, OSError, AttributeError) as e:
         raise ValueError(f"train.reward_funcs: {spec!r} cannot be loaded: {e}") from e
     if not callable(fn):
