@@ -123,8 +123,8 @@ def test_propose_drops_unseen_answer_tokens(tok, model):
     gold = "Kestrel Bay"
     x = tok(" Kestrel", add_special_tokens=False)["input_ids"][0]
     teacher = _prefers(model, x)
-    keep_cfg = IGSDConfig(positions="all", max_positions_per_rollout=64)
-    drop_cfg = IGSDConfig(positions="all", max_positions_per_rollout=64, answer_tokens="drop")
+    keep_cfg = IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=64)
+    drop_cfg = IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=64, answer_tokens="drop")
 
     def propose(tr, cfg):
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
@@ -164,7 +164,8 @@ def _utility(model, tok, state, passages, gold):
 
 def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever):
     tr = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow painter birthplace")
-    cfg = IGSDConfig(positions="all", max_positions_per_rollout=2, max_query_tokens=4, n_controls=2)
+    cfg = IGSDConfig(positions="all", max_positions_per_rollout=2, max_query_tokens=4, n_controls=2, proposals="any",
+                     utility_state="query")  # each side scored after its own query, as recomputed below
     T = len(tr.completion_ids) + 3
     tens, m, samples = G.run_igsd([tr], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg,
                                   topk=2, rng=random.Random(1))
@@ -197,7 +198,7 @@ def test_swapping_tokens_negates_delta_and_zeroes_gate(tok, model, retriever):
     t = tr.query_mask.index(1)
     a = tr.completion_ids[t]
     b = tok(" Edwin", add_special_tokens=False)["input_ids"][0]
-    cfg = IGSDConfig(max_query_tokens=3, n_controls=2)
+    cfg = IGSDConfig(proposals="any", max_query_tokens=3, n_controls=2)
     res = {}
     for name, (x, y) in {"orig": (a, b), "swap": (b, a)}.items():
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
@@ -218,15 +219,15 @@ def test_edge_cases_never_crash(tok, model, retriever):
     kw = dict(policy=model, teacher=model, tokenizer=tok, topk=2, rng=random.Random(0))
     # no failed rollouts
     ok = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin", reward=1.0)
-    tens, m, _ = G.run_igsd([ok], T, retriever=retriever, cfg=IGSDConfig(), **kw)
+    tens, m, _ = G.run_igsd([ok], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
     assert m["failed"] == 0 and tens["igsd_mask"].sum() == 0
     # no query tokens
     nq = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "x")
     nq.query_mask = [0] * len(nq.query_mask)
-    tens, m, _ = G.run_igsd([nq], T, retriever=retriever, cfg=IGSDConfig(), **kw)
+    tens, m, _ = G.run_igsd([nq], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
     assert m["rows_no_query"] == 1 and m["positions_selected"] == 0
     # never-closed completions, garbage queries with empty results, answer over budget, empty controls
-    cfg = IGSDConfig(positions="all", max_query_tokens=1, max_answer_tokens=2, control="empty")
+    cfg = IGSDConfig(proposals="any", positions="all", max_query_tokens=1, max_answer_tokens=2, control="empty")
     tens, m, s = G.run_igsd([tr], T, retriever=retriever, cfg=cfg, **kw)
     assert m["never_closed"] > 0 and m["answers_cut"] > 0 and m["positions_verified"] > 0
     assert all(torch.isfinite(v.float()).all() for v in tens.values()) and m["mean_delta"] == m["mean_delta"]
@@ -237,11 +238,11 @@ def test_edge_cases_never_crash(tok, model, retriever):
     for t in [i for i, q in enumerate(agree.query_mask) if q]:
         _, top, _ = teacher_token_logprobs(model, [prompt], [agree.completion_ids], topk=1)
         agree.completion_ids[t] = int(top[0, t, 0])
-    tens, m, _ = G.run_igsd([agree], T, retriever=retriever, cfg=IGSDConfig(), **kw)
+    tens, m, _ = G.run_igsd([agree], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
     assert m["teacher_agree"] == sum(agree.query_mask) and m["positions_selected"] == 0
     # a retriever that is down: pairs are not verified, errors counted
     dead = RemoteRetriever("http://127.0.0.1:9", timeout_s=0.5, retries=0)
-    tens, m, _ = G.run_igsd([tr], T, retriever=dead, cfg=IGSDConfig(positions="all", max_query_tokens=2), **kw)
+    tens, m, _ = G.run_igsd([tr], T, retriever=dead, cfg=IGSDConfig(proposals="any", positions="all", max_query_tokens=2), **kw)
     assert m["retrieval_errors"] > 0 and m["positions_verified"] == 0 and tens["igsd_mask"].sum() == 0
 
 
@@ -252,7 +253,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
     trs = [make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow painter"),
            make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow", reward=1.0)]
     T = max(len(t.completion_ids) for t in trs)
-    term = IGSDTerm(IGSDConfig(positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
+    term = IGSDTerm(IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
                      complete=engine.backend, topk=engine.topk, step=3)
     batch = term.prepare(trs, T, ctx)
@@ -286,7 +287,7 @@ def test_constructed_case_teacher_query_finds_evidence(retriever):
     tr = make_traj(tok, "Where was the painter Edwin Marlow born", ["Kestrel Bay"], "bread recipes")
     t = tr.query_mask.index(1)
     a, b = tr.completion_ids[t], tok(" Edwin", add_special_tokens=False)["input_ids"][0]
-    cfg = IGSDConfig(max_query_tokens=6, n_controls=2)
+    cfg = IGSDConfig(proposals="any", max_query_tokens=6, n_controls=2)
     out = {}
     for name, (x, y) in {"orig": (a, b), "swap": (b, a)}.items():
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
@@ -324,7 +325,7 @@ def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever)
     plain = HFBackend(model, tok).complete_queries(prefixes, 5)
     assert [(o.ids, o.finish) for o in cached] == [(o.ids, o.finish) for o in plain]
     assert [x for o in cached for x in o.logprobs] == pytest.approx([x for o in plain for x in o.logprobs], abs=1e-4)
-    cfg = IGSDConfig(positions="all", max_positions_per_rollout=1, max_query_tokens=3, n_controls=2)
+    cfg = IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=1, max_query_tokens=3, n_controls=2)
     T = max(len(t.completion_ids) for t in trs)
     runs = [G.run_igsd(trs[:2], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
                        rng=random.Random(4), batch_size=2, prefix_cache=pc) for pc in (True, False)]

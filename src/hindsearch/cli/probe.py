@@ -22,6 +22,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--samples", type=positive_int, default=4, help="samples per state for the decision probability")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one config field (repeatable)")
     p.add_argument("--out", default=None, help="output folder for probe.json / probe.md")
+    p.add_argument("--igsd", action="append", default=None, metavar="SETTING",
+                   help="run only IGSD's proposal-and-gate probe under this [igsd] setting ('key=value,key=value'; "
+                        "'' = the config as it is), on sampled rollouts as a training step draws them; repeatable, "
+                        "one table row each (igsd.json / igsd.md)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_probe)
 
@@ -34,5 +38,6 @@ def _cmd_probe(args: argparse.Namespace) -> int:
     cfg = Config.load(find_config(args.config), args.set).validate()
     if args.out is not None:
         guard_probe_out(args.out)  # refused before anything is loaded or probed
-    probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out)
+    probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out,
+                     igsd_settings=args.igsd)
     return 0

@@ -25,7 +25,7 @@ CRITIQUE_SOURCES = ("own", "shuffled")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
 
 
-GATES = ("positive_sigmoid", "sigmoid", "hard", "none")
+GATES = ("positive_tanh", "positive_sigmoid", "sigmoid", "hard", "none")
 """``igsd.gate`` (``hindsearch.hindsight.losses.GATES`` reads this tuple)."""
 
 

@@ -335,6 +335,12 @@ def register_gate(name: str) -> Callable[[GateFn], GateFn]:
     return add
 
 
+@register_gate("positive_tanh")
+def _positive_tanh(d: Tensor, sharpness: float, margin: float) -> Tensor:
+    """``2 sigmoid(beta (delta - margin)) - 1`` above the margin, 0 at and below it: continuous, zero at the margin."""
+    return (2.0 * torch.sigmoid(sharpness * (d - margin)) - 1.0).clamp(min=0.0) * (d > margin).float()
+
+
 @register_gate("positive_sigmoid")
 def _positive_sigmoid(d: Tensor, sharpness: float, margin: float) -> Tensor:
     return torch.sigmoid(sharpness * (d - margin)) * (d > margin).float()
@@ -358,7 +364,9 @@ def _ungated(d: Tensor, sharpness: float, margin: float) -> Tensor:
 def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0, margin: float = 0.0) -> Tensor:
     """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached; ``beta`` is the sharpness.
 
-    ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]``; ``sigmoid``: no indicator;
+    ``positive_tanh``: ``2 sigmoid(beta (delta - margin)) - 1`` above the margin, else 0 (zero at the margin);
+    ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]`` (jumps to 0.5 just above the
+    margin); ``sigmoid``: no indicator;
     ``hard``: ``[delta > margin]``; ``none``: 1 everywhere (ungated pair distillation).
     """
     fn = GATE_FNS.get(kind)

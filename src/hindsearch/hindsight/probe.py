@@ -267,6 +267,104 @@ def igsd_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, seed: int = 
     return out
 
 
+def pair_outcomes(trajs: Sequence[Trajectory], samples: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each verified pair of ``run_igsd``'s samples as ``{delta, gate, t_hit, s_hit, identical}``: whether the
+    teacher's / the student's query retrieved an evidence passage of the question, and whether both retrieved the
+    same titles."""
+    out = []
+    for tr, smp in zip(trajs, samples):
+        ev = {title_key(e) for e in tr.evidence}
+        for rec in smp.get("igsd_pairs", []):
+            t_titles = {title_key(x) for x in rec["titles_T"]}
+            s_titles = {title_key(x) for x in rec["titles_S"]}
+            out.append({"delta": rec["delta"], "gate": rec["gate"], "t_hit": bool(ev & t_titles),
+                        "s_hit": bool(ev & s_titles), "identical": t_titles == s_titles})
+    return out
+
+
+def gate_separation(pairs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Does the gate open where the teacher's query found evidence the student's missed? Over verified pairs:
+    the opening rate (gate > 0) and mean gate on "teacher hit, student missed", "identical documents", "both
+    missed" and the rest; the share of "teacher hit, student missed" among open and among shut pairs, and the
+    one-sided Fisher exact p-value that open pairs hold more of them (NaN without both kinds)."""
+    from scipy.stats import fisher_exact
+
+    cats = {"t_hit_s_miss": lambda p: p["t_hit"] and not p["s_hit"], "identical": lambda p: p["identical"],
+            "both_miss": lambda p: not p["t_hit"] and not p["s_hit"] and not p["identical"],
+            "s_hit_t_miss": lambda p: p["s_hit"] and not p["t_hit"]}
+    out: dict[str, float] = {"pairs": float(len(pairs))}
+    for name, fn in cats.items():
+        sel = [p for p in pairs if fn(p)]
+        out[f"n_{name}"] = float(len(sel))
+        out[f"open_{name}"] = _mean([float(p["gate"] > 0) for p in sel]) if sel else float("nan")
+        out[f"gate_{name}"] = _mean([p["gate"] for p in sel]) if sel else float("nan")
+    is_c = cats["t_hit_s_miss"]
+    a = sum(1 for p in pairs if p["gate"] > 0 and is_c(p))
+    b = sum(1 for p in pairs if p["gate"] > 0 and not is_c(p))
+    c = sum(1 for p in pairs if p["gate"] <= 0 and is_c(p))
+    d = sum(1 for p in pairs if p["gate"] <= 0 and not is_c(p))
+    out["precision_open"] = a / (a + b) if a + b else float("nan")
+    out["precision_shut"] = c / (c + d) if c + d else float("nan")
+    out["fisher_p"] = float(fisher_exact([[a, b], [c, d]], alternative="greater")[1]) if (a + b) and (c + d) else float("nan")
+    return out
+
+
+def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, settings: Sequence[str],
+                        seed: int = 0, log: Any = print) -> dict[str, dict[str, float]]:
+    """IGSD's proposals and gate on ``failed`` under each setting (``"key=value,key=value"`` over ``[igsd]``;
+    ``""`` = the config as it is): proposals, the share of them that are gold-answer tokens the student never saw,
+    pairs verified, and ``gate_separation``. Rows with the group hindsight need their group: ``failed`` is then
+    the step-like batch of every rollout (failed or not)."""
+    import copy
+    import random
+
+    from hindsearch.hindsight.igsd import run_igsd
+    from hindsearch.hindsight.igsd.hints import hint_lines
+    from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, make_judge
+
+    rows = list(failed)
+    T = max((len(t.completion_ids) for t in rows), default=0)
+    res: dict[str, dict[str, float]] = {}
+    for setting in settings:
+        c2 = copy.deepcopy(cfg)
+        for kv in filter(None, (x.strip() for x in setting.split(","))):
+            c2.set(f"igsd.{kv}")
+        icfg = c2.validate().igsd
+        hints = None
+        if icfg.hindsight != "answer":
+            judge = make_judge(HindSearchConfig(judge_kind=icfg.judge_kind), engine.model, engine.tokenizer)
+            hints = hint_lines(rows, [i for i, t in enumerate(rows) if t.failed], icfg.hindsight, judge)
+        _, m, samples = run_igsd(rows, T, policy=engine.model, teacher=engine.model, tokenizer=engine.tokenizer,
+                                 retriever=engine.retriever, cfg=icfg,
+                                 topk=getattr(engine, "topk", None) or cfg.retrieval.topk, rng=random.Random(seed),
+                                 hints=hints)
+        g = gate_separation(pair_outcomes(rows, samples))
+        g.update(proposals=m["proposals"], gold_share=m["proposals_gold"] / m["proposals"] if m["proposals"] else 0.0,
+                 unreachable=m["positions_unreachable"], alias_dropped=m["alias_queries_dropped"],
+                 verified=m["positions_verified"], mean_delta=m["mean_delta"], hint_rows=m["hindsight_rows"])
+        res[setting or "(config)"] = g
+        log(f"igsd probe [{setting or 'config'}]: {g['verified']:.0f} pairs verified, open on teacher-hit/"
+            f"student-miss {g['open_t_hit_s_miss']:.2f} vs identical {g['open_identical']:.2f}, Fisher p {g['fisher_p']:.3g}")
+    return res
+
+
+def format_igsd_settings(res: dict[str, dict[str, float]]) -> str:
+    """One markdown table of ``igsd_settings_probe``: a row per setting."""
+    head = ("| setting | proposals | gold-token share | verified | open: T hit, S missed (n) | open: identical (n) | "
+            "open: both missed (n) | open: S hit, T missed (n) | T-hit-S-miss share, open / shut | Fisher p |")
+    lines = [head, "|" + "---|" * 10]
+
+    def cell(g: dict[str, float], k: str) -> str:
+        return f"{g['open_' + k]:.2f} ({g['n_' + k]:.0f})"
+
+    for name, g in res.items():
+        lines.append(f"| {name} | {g['proposals']:.0f} | {100 * g['gold_share']:.1f}% | {g['verified']:.0f} | "
+                     f"{cell(g, 't_hit_s_miss')} | {cell(g, 'identical')} | {cell(g, 'both_miss')} | "
+                     f"{cell(g, 's_hit_t_miss')} | {g['precision_open']:.2f} / {g['precision_shut']:.2f} | "
+                     f"{g['fisher_p']:.3g} |")
+    return "\n".join(lines)
+
+
 def format_igsd_probe(g: dict[str, float]) -> str:
     """One line of ``igsd_probe``'s result (empty without one)."""
     if not g:

@@ -14,9 +14,11 @@ from typing import Any
 
 def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: int = 256, samples: int = 4,
                      out: str | Path | None = None, log: Any = print,
-                     loaded: tuple[Any, Any] | None = None) -> dict[str, Any]:
+                     loaded: tuple[Any, Any] | None = None, igsd_settings: list[str] | None = None) -> dict[str, Any]:
     """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result.
-    ``loaded``: the checkpoint's model and tokenizer, when the caller has them (not loaded again)."""
+    ``loaded``: the checkpoint's model and tokenizer, when the caller has them (not loaded again).
+    ``igsd_settings``: run only IGSD's proposal-and-gate probe, once per setting, on sampled training-like
+    rollouts (``rollout.num_generations`` per question, as a training step draws them)."""
     from dataclasses import replace
 
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
@@ -38,6 +40,8 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     recs = select_records(train, questions, cfg.train.seed + 7)
     import torch
 
+    if igsd_settings is not None:
+        return _igsd_only(cfg, engine, recs, igsd_settings, checkpoint, out, log)
     with torch.no_grad():
         res = run_probe(engine, recs, cfg, n=n, samples=samples, seed=cfg.train.seed, log=log)
     res["checkpoint"] = str(checkpoint)
@@ -65,3 +69,29 @@ def guard_probe_out(out: str | Path) -> Path:
     if not folder.exists() or not any(folder.iterdir()):
         claim_output(folder, "probe")
     return folder
+
+
+def _igsd_only(cfg: Any, engine: Any, recs: Any, settings: list[str], checkpoint: str, out: str | Path | None,
+               log: Any) -> dict[str, Any]:
+    """IGSD's proposal-and-gate probe alone: ``igsd.json`` + ``igsd.md`` in the output folder."""
+    import json
+    import time
+
+    import torch
+
+    from hindsearch.hindsight.probe import format_igsd_settings, igsd_settings_probe
+
+    t0 = time.time()
+    with torch.no_grad():
+        trajs = engine.rollout(list(recs), num_generations=cfg.rollout.num_generations, seed=cfg.train.seed)
+        log(f"probe: {sum(t.failed for t in trajs)} failed of {len(trajs)} sampled rollouts "
+            f"({len(recs)} questions x {cfg.rollout.num_generations})")
+        res = igsd_settings_probe(engine, trajs, cfg, settings, seed=cfg.train.seed, log=log)
+    where = guard_probe_out(Path(out) if out else (Path(checkpoint) if Path(checkpoint).is_dir() else Path(cfg.out)))
+    doc = {"checkpoint": str(checkpoint), "rollouts": len(trajs), "failed": sum(t.failed for t in trajs),
+           "settings": res, "seconds": time.time() - t0}
+    (where / "igsd.json").write_text(json.dumps(doc, indent=1))
+    table = format_igsd_settings(res)
+    (where / "igsd.md").write_text(table + "\n")
+    log(table)
+    return doc

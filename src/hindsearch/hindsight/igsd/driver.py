@@ -32,6 +32,7 @@ def run_igsd(
     rng: random.Random | None = None,
     batch_size: int = 16,
     prefix_cache: bool = True,
+    hints: dict[int, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float], list[dict[str, Any]]]:
     """The batched IGSD driver for one step → (tensors, metrics, samples) as in ``AuxBatch``.
 
@@ -41,6 +42,7 @@ def run_igsd(
     when it is not ``policy`` decoded here, e.g. a vLLM backend (``RolloutEngine.query_completer``); None completes
     with an ``HFBackend`` of ``policy``. Random controls come from ``control_sampler``. ``prefix_cache`` (default)
     reads each rollout's shared prefix from one KV cache in completion and scoring (same numbers, much cheaper).
+    ``hints``: row -> the teacher's hint line when ``cfg.hindsight`` is not ``answer`` (``igsd.hints``).
     """
     rng = rng or random.Random(0)
     B, T = len(trajs), completion_len
@@ -52,7 +54,8 @@ def run_igsd(
     m: dict[str, float] = dict.fromkeys(METRIC_KEYS, 0.0)
     samples: list[dict[str, Any]] = [{} for _ in trajs]
     t0 = time.perf_counter()
-    pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size)
+    pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size, hints)
+    m["hindsight_rows"] = float(len(hints)) if hints is not None else m["failed"] - m["rows_no_query"]
     m["positions_selected"] = float(len(pairs))
     m["time_proposal"] = time.perf_counter() - t0
     controls = verify_pairs(pairs, trajs, policy=policy, tokenizer=tokenizer, retriever=retriever, cfg=cfg, topk=topk,

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 
+from hindsearch.agent import protocol
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd.types import (Pair)
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs, through_last_query
@@ -66,15 +67,40 @@ def unseen_answer_positions(
 
 
 
+def unreachable_positions(completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int],
+                          prompt_ids: Sequence[int]) -> set[int]:
+    """Query positions ``t`` whose proposed token occurs neither in ``prompt_ids`` nor in ``completion[:t]`` (the
+    retrieved text included): tokens the student cannot produce from what it has seen. Sequences as in
+    ``unseen_answer_positions``."""
+    seen = set(prompt_ids)
+    out: set[int] = set()
+    for t, (tok, b) in enumerate(zip(completion, proposed)):
+        if query_mask[t] and b not in seen:
+            out.add(t)
+        seen.add(tok)
+    return out
+
+
+def teacher_prompts(trajs: Sequence[Trajectory], rows: Sequence[int], tokenizer: Any,
+                    hints: dict[int, str] | None) -> list[list[int]]:
+    """The teacher prompt of each row: the answer line (``hints`` None), else the row's hint line (a redacted
+    critique or group summary, ``FEEDBACK_TEMPLATE`` shape)."""
+    if hints is None:
+        return [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
+    return [protocol.encode_prompt(tokenizer, trajs[i].question, hints[i]) for i in rows]
+
+
 def propose_pairs(
     trajs: Sequence[Trajectory], T: int, teacher: Any, tokenizer: Any, cfg: Any, rng: random.Random,
-    m: dict[str, float], batch_size: int = 16,
+    m: dict[str, float], batch_size: int = 16, hints: dict[int, str] | None = None,
 ) -> list[Pair]:
-    """Teacher forward (gold hindsight) on failed rollouts with query tokens → the positions to verify."""
+    """Teacher forward (hindsight in the prompt) on failed rollouts with query tokens → the positions to verify.
+    ``hints``: row -> hint line for ``igsd.hindsight`` other than ``answer`` (a row without one is skipped)."""
     failed = [i for i, tr in enumerate(trajs) if tr.failed]
-    rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers]
+    rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers
+            and (hints is None or i in hints)]
     m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
-    prompts = [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
+    prompts = teacher_prompts(trajs, rows, tokenizer, hints)
     comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
     lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)
     pairs = []
@@ -85,6 +111,13 @@ def propose_pairs(
         qm = list(tr.query_mask[:n])
         m["positions_considered"] += sum(qm)
         m["teacher_agree"] += sum(1 for t in range(n) if qm[t] and a[t] == b[t])
+        gold = unseen_answer_positions(a, b, qm, tr.prompt_ids, answer_token_ids(tokenizer, tr.golden_answers))
+        m["proposals"] += sum(1 for t in range(n) if qm[t] and a[t] != b[t])
+        m["proposals_gold"] += sum(1 for t in gold if a[t] != b[t])
+        if cfg.proposals == "reachable":  # tokens the student cannot produce: not verified
+            off = unreachable_positions(a, b, qm, tr.prompt_ids)
+            m["positions_unreachable"] += sum(1 for t in off if a[t] != b[t])
+            qm = [0 if t in off else q for t, q in enumerate(qm)]
         if cfg.answer_tokens == "drop":  # tokens only the hindsight can supply: not verified, not distilled
             drop = unseen_answer_positions(a, b, qm, tr.prompt_ids, answer_token_ids(tokenizer, tr.golden_answers))
             m["answer_tokens_dropped"] += len(drop)

@@ -139,6 +139,27 @@ def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk:
 
 
 
+def shared_state(traj: Trajectory, q_start: int, close: Sequence[int]) -> list[int]:
+    """The state ``utility_state = shared`` scores every document set of a pair after: prompt + the completion
+    through the rollout's own search at ``q_start`` as it was issued (its turn's generated tokens, ``</search>``
+    included; ``close`` appended when the turn never closed)."""
+    q_end = q_start
+    while q_end < len(traj.query_mask) and traj.query_mask[q_end]:
+        q_end += 1
+    for turn in traj.turns:
+        if turn.action == "search" and turn.query_span[0] == q_start and turn.gen_span[1] > q_end:
+            return list(traj.prompt_ids) + list(traj.completion_ids[: turn.gen_span[1]])
+    return list(traj.prompt_ids) + list(traj.completion_ids[:q_end]) + list(close)
+
+
+def names_gold(query: str, golds: Sequence[str]) -> bool:
+    """Whether ``query`` contains a gold answer string (SQuAD-normalised, as a whole word run)."""
+    from hindsearch.rewards import normalize_answer
+
+    q = f" {normalize_answer(query)} "
+    return any(n and f" {n} " in q for n in (normalize_answer(g) for g in golds if g and g.strip()))
+
+
 def score_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], comps: Sequence[dict[Side, Completion]],
     got: Sequence[dict[Side, list[Passage] | None]], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
@@ -172,6 +193,7 @@ def score_stage(
 
     plan: list[dict[Side, tuple[int, list[int]]] | None] = []
     controls: list[list[list[Passage]]] = []
+    close = protocol.search_close_ids(tokenizer)
     for k, p in enumerate(pairs):
         if got[k]["T"] is None or got[k]["S"] is None:
             plan.append(None)
@@ -180,7 +202,9 @@ def score_stage(
         gold, grp = trajs[p.row].golden_answers[0], (p.row, p.q_start)
         ctl = [draw(topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
         controls.append(ctl)
-        plan.append({s: (slot(comps[k][s].state, got[k][s], gold, grp), [slot(comps[k][s].state, c, gold, grp) for c in ctl])
+        s0 = shared_state(trajs[p.row], p.q_start, close) if cfg.utility_state == "shared" else None
+        st = {s: s0 if s0 is not None else comps[k][s].state for s in SIDES}
+        plan.append({s: (slot(st[s], got[k][s], gold, grp), [slot(st[s], c, gold, grp) for c in ctl])
                      for s in SIDES})
     m["utility_evals"] = float(len(conts))
     u = _utilities(policy, slot_state, slot_ctx, conts, slot_group, batch_size, prefix_cache)
@@ -231,16 +255,25 @@ def verify_pairs(
     pairs that could not be verified)."""
     comps, mc = complete_stage(pairs, trajs, policy=policy, tokenizer=tokenizer, cfg=cfg, complete=complete,
                                batch_size=batch_size, prefix_cache=prefix_cache)
-    got, me = execute_stage(comps, retriever, topk)
-    scores, controls, ms = score_stage(pairs, trajs, comps, got, policy=policy, tokenizer=tokenizer, retriever=retriever,
-                                       cfg=cfg, topk=topk, corpus=corpus, rng=rng, batch_size=batch_size,
-                                       prefix_cache=prefix_cache)
+    for p, c in zip(pairs, comps):
+        for s in SIDES:
+            p.queries[s], p.states[s], p.closed[s] = c[s].query, c[s].state, c[s].closed
+    keep = list(range(len(pairs)))
+    if cfg.proposals == "reachable":  # a teacher query that names the answer verifies nothing the student can reach
+        keep = [k for k in keep if not names_gold(comps[k]["T"].query, trajs[pairs[k].row].golden_answers)]
+        m["alias_queries_dropped"] = m.get("alias_queries_dropped", 0.0) + len(pairs) - len(keep)
+    kp, kc = [pairs[k] for k in keep], [comps[k] for k in keep]
+    got, me = execute_stage(kc, retriever, topk)
+    scores, kept_controls, ms = score_stage(kp, trajs, kc, got, policy=policy, tokenizer=tokenizer,
+                                            retriever=retriever, cfg=cfg, topk=topk, corpus=corpus, rng=rng,
+                                            batch_size=batch_size, prefix_cache=prefix_cache)
     for stage in (mc, me, ms):
         for key, v in stage.items():
             m[key] = m.get(key, 0.0) + v if key.startswith("time_") or key in ("never_closed", "answers_cut") else v
-    for p, c, g, sc, dg in zip(pairs, comps, got, scores, gate_stage(scores, cfg)):
-        for s in SIDES:
-            p.queries[s], p.states[s], p.closed[s] = c[s].query, c[s].state, c[s].closed
+    controls: list[list[list[Passage]]] = [[] for _ in pairs]
+    for k, ctl in zip(keep, kept_controls):
+        controls[k] = ctl
+    for p, g, sc, dg in zip(kp, got, scores, gate_stage(scores, cfg)):
         if sc is None or dg is None:
             continue
         p.u, p.ig, p.docs = dict(sc.u), dict(sc.ig), {s: g[s] for s in SIDES}

@@ -33,7 +33,8 @@ class Pair:
 
 METRIC_KEYS = (
     "failed", "rows_no_query", "positions_considered", "positions_selected", "positions_verified", "teacher_agree",
-    "answer_tokens_dropped",
+    "answer_tokens_dropped", "proposals", "proposals_gold", "positions_unreachable", "alias_queries_dropped",
+    "hindsight_rows",
     "completions", "never_closed", "retrieval_calls", "retrieval_queries", "cache_hits", "cache_hit_rate",
     "retrieval_errors", "empty_results", "answers_cut", "utility_evals", "mean_delta", "frac_delta_pos", "mean_gate",
     "delta_pos_pairs", "delta_pos_teacher_hits", "delta_nonpos_pairs", "delta_nonpos_teacher_hits",

@@ -17,6 +17,7 @@ from hindsearch.config.fields import AGGREGATIONS, GATES, TEACHERS, bounded, cho
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions
 from hindsearch.hindsight.igsd import run_igsd
+from hindsearch.hindsight.igsd.hints import hint_lines
 from hindsearch.hindsight.igsd.types import METRIC_KEYS
 from hindsearch.hindsight.registry import Metrics, register_method
 from hindsearch.hindsight.teacher import select_teacher
@@ -43,14 +44,36 @@ class IGSDConfig:
     """Shared counterfactual control sets per pair."""
     control: str = choice("random", ("random", "empty"))
     """``random`` corpus passages or ``empty`` information block."""
-    gate: str = choice("positive_sigmoid", GATES)
-    """``positive_sigmoid`` (paper), ``sigmoid``, ``hard`` or ``none`` (ungated pair distillation);
-    ``hindsearch.hindsight.losses.GATES`` reads this tuple."""
+    gate: str = choice("positive_tanh", GATES)
+    """``positive_tanh`` (zero weight at the margin, rising continuously above it), ``positive_sigmoid`` (the
+    paper's form: it jumps to 0.5 just above the margin, so noise passes at half weight), ``sigmoid``, ``hard`` or
+    ``none`` (ungated pair distillation); ``hindsearch.hindsight.losses.GATES`` reads this tuple."""
+    utility_state: str = choice("shared", ("shared", "query"))
+    """Where ``u(D)`` is scored. ``shared``: both sides' documents and the controls after one state, the rollout's
+    own search as it issued it, so identical documents give ``delta = 0`` exactly and the controls cancel.
+    ``query`` (DESIGN's literal reading): each side after its own completed query; a query that names the answer
+    lifts the answer's likelihood by itself and the controls over-cancel, so the gate reads the student's failure
+    rather than what the teacher retrieved."""
+    proposals: str = choice("reachable", ("reachable", "any"))
+    """Which teacher tokens are verified and distilled. ``reachable``: only a token the student could produce (it
+    occurs in its prompt or in its completion before the position, retrieved text included), and a pair whose
+    completed teacher query contains a gold answer string is dropped before execution. ``any``: every proposal
+    (the paper's form)."""
+    hindsight: str = choice("answer", ("answer", "critique", "group"))
+    """What the teacher reads in its prompt. ``answer``: ``(The correct answer is: {A[0]}.)`` (the paper);
+    ``critique``: the judge's critique of the failed rollout with gold strings redacted (the HindSearch judge,
+    ``judge_kind``); ``group``: a summary of the other rollouts of the same question in the step (their queries and
+    whether each succeeded), gold strings redacted."""
+    judge_kind: str = choice("lm", ("lm", "oracle"))
+    """The judge of ``hindsight = critique``: ``lm`` (the frozen initial policy with HindSearch's judge prompt) or
+    ``oracle`` (fictional world only)."""
     gate_sharpness: float = bounded(5.0, gt=0.0)
     """Gate sharpness (the paper's beta in sigmoid(beta * (delta - margin))). Was ``igsd.beta``, still read
     with a deprecation message."""
     margin: float = 0.0
-    """Gate margin on the paired gain delta."""
+    """Gate margin on the paired gain delta: the gate is zero at and below it. With ``utility_state = shared``
+    identical documents give exactly 0, so 0 keeps them shut; ``hindsearch probe`` reports the gate's opening rate
+    on identical-document and both-missed pairs to size it."""
     aggregation: str = choice("token-mean", AGGREGATIONS)
     """How ``L_igsd`` is reduced over the verified positions (``token-mean``: gated KL summed over positions
     divided by their number, the paper's form)."""
@@ -85,6 +108,7 @@ class IGSDTerm:
         self.cfg, self.lam, self.corpus, self.seed = cfg, cfg.lam, corpus, seed
         self.aggregation = cfg.aggregation
         self.ema_decay = cfg.ema_decay if cfg.teacher == "ema" else None
+        self._judge: Any = None
 
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
         """Propose, verify and gate the teacher's query tokens of the failed rollouts (``run_igsd``): matched
@@ -93,8 +117,21 @@ class IGSDTerm:
             trajectories, completion_len, policy=ctx.policy, teacher=select_teacher(self.cfg.teacher, ctx),
             tokenizer=ctx.tokenizer, retriever=ctx.retriever, cfg=self.cfg, topk=ctx.topk, complete=ctx.complete,
             corpus=self.corpus, rng=random.Random(self.seed * 1_000_003 + ctx.step),
+            hints=self.hints(trajectories, ctx),
         )
         return AuxBatch(tens, met, samples)
+
+    def hints(self, trajectories: list[Trajectory], ctx: AuxContext) -> dict[int, str] | None:
+        """The teacher's hint line per failed row for ``hindsight = critique | group``; None for the answer line.
+        The critique's judge is HindSearch's (oracle, or the LM judge on the frozen initial policy)."""
+        if self.cfg.hindsight == "answer":
+            return None
+        rows = [i for i, tr in enumerate(trajectories) if tr.failed]
+        if self.cfg.hindsight == "critique" and self._judge is None:
+            from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, make_judge
+
+            self._judge = make_judge(HindSearchConfig(judge_kind=self.cfg.judge_kind), ctx.frozen, ctx.tokenizer)
+        return hint_lines(trajectories, rows, self.cfg.hindsight, self._judge)
 
     def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
         """The verified query positions of failed rollouts: ``igsd_mask > 0``."""
