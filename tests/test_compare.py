@@ -476,3 +476,38 @@ def test_distill_check_runs_its_arms_and_writes_the_curve(tiny_preset, monkeypat
     assert "| gold | 2 | 1 |" in (out / "curve.md").read_text()
     stamp = (out / "curve.jsonl").stat().st_mtime_ns
     assert dc.main(argv) == 0 and (out / "curve.jsonl").stat().st_mtime_ns == stamp
+
+
+def test_every_run_trains_with_the_start_thread_count_whatever_jobs(tiny_preset, monkeypatch):
+    """``--jobs 1`` passed no thread count, so its runs took torch's default (2 on a 2-core box) while the published
+    runs used 1: each run now gets the count recorded with the start in ``init.json``."""
+    import hindsearch.compare as C
+
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
+    seen: list[tuple] = []
+    monkeypatch.setattr(C, "run_isolated", lambda target, job, name: seen.append(job) or 0)
+    out = tiny_preset / "out-threads"
+    run_compare(str(tiny_preset / "preset.toml"), ["grpo"], [0], out, test_limit=2, log=lambda *_: None, jobs=1)
+    assert json.loads((out / "init.json").read_text())["threads"] == 1
+    assert len(seen) == 1 and seen[0][-1] == 1  # _one_run's threads
+    rec = json.loads((out / "init.json").read_text())
+    (out / "init.json").write_text(json.dumps({**rec, "threads": 3}))
+    assert C.run_threads(out) == 3 and C.run_threads(tiny_preset / "nowhere") == C.START_THREADS
+
+
+def test_compare_says_how_to_build_a_preset_model_folder(tmp_path, monkeypatch):
+    """A fresh clone has no micro model: compare stops in one line that gives the command that builds it."""
+    from hindsearch.compare import check_model_built
+
+    root = Path(__file__).resolve().parents[1]
+    monkeypatch.chdir(tmp_path)
+    preset = str(root / "recipes" / "micro" / "micro-scarce.toml")
+    with pytest.raises(FileNotFoundError, match=r"build it first: python .*recipes/micro/build.py --config "
+                                                  r".*micro-scarce.toml --out \.hindsearch/micro-w0-default-t600-s0"):
+        run_compare(preset, ["grpo"], [0], tmp_path / "out", log=lambda *_: None)
+    check_model_built(preset, "smollm2-135m")  # aliases and hub ids pass to the loader
+    check_model_built(preset, "Qwen/Qwen2.5-3B-Instruct")
+    (tmp_path / ".hindsearch" / "m").mkdir(parents=True)
+    check_model_built(preset, ".hindsearch/m")
+    with pytest.raises(FileNotFoundError, match="train or download it there first"):
+        check_model_built(str(tmp_path / "p.toml"), "runs/x/final")

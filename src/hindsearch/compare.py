@@ -268,8 +268,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     ``isolate`` (default) runs each (method, seed) in a fresh spawned process: models, trainer and
     framework state are freed when it exits (in one process, memory grew by ~1.5 GB per SmolLM2 run,
     to 12 GB after seven), and a crash names the run that failed. ``jobs > 1`` runs that many of
-    them at once, each with ``cpu_count // jobs`` torch threads (small models on a few cores: two
-    one-thread runs do more steps per second than one two-thread run). ``probe > 0`` first probes the
+    them at once. Every run trains with the torch thread count recorded with the start (``run_threads``: 1),
+    whatever ``jobs`` is. ``probe > 0`` first probes the
     starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results), and
     each run's final checkpoint after its evaluation (``RUN/probe.json``, summarised in the results).
     ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
@@ -291,6 +291,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     # the shared start (warm-up, held-out states, probe) is the preset's, built with its own train.seed whichever
     # seeds are listed: '--seeds 1,2' must extend a '--seeds 0' comparison, not start from another checkpoint
     base_cfg = Config.load(config, base_ov)
+    check_model_built(config, base_cfg.model.name)
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
             Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
@@ -298,11 +299,13 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))
     init = _starting_point(base_cfg, out_dir, mini, test_limit, mini_limit, probe, log, states)
+    threads = run_threads(out_dir)
     if isolate and jobs > 1:
         pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
         failed = _run_parallel(_one_run, pending, jobs,
-                               lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)), log)
+                               lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)), log,
+                               threads)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same command to resume: "
                                f"finished runs are kept.")
@@ -311,7 +314,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         cfg = Config.load(config, run_overrides(m, s, rd, init, base_ov))
         log(f"{rd.name}: resuming from its last checkpoint" if state == "partial" else
             f"{rd.name}: training {cfg.train.steps} steps" if state == "new" else f"{rd.name}: evaluating")
-        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe)
+        job = (config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit, sampled, list(eval_at), probe,
+               threads)
         if isolate:
             code = run_isolated(_one_run, job, rd.name)
             if code != 0:
@@ -323,9 +327,37 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     return write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg))
 
 
-def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, finished: Any, log: Any) -> list[str]:
+def check_model_built(config: str, name: str) -> None:
+    """Refuse, in one line that says how to build it, a preset whose ``model.name`` is a local folder that does not
+    exist yet (a research rig's model, built by a ``build.py`` beside the preset, e.g. ``recipes/micro``)."""
+    from hindsearch.models import SMOLLM2_ALIAS, TINY_ALIAS
+
+    p = Path(name)
+    hub_like = len(p.parts) == 2 and not name.startswith((".", "/"))  # org/model: the loader says what it is
+    if name in (SMOLLM2_ALIAS, TINY_ALIAS) or p.exists() or hub_like or len(p.parts) < 2:
+        return
+    build = Path(config).parent / "build.py"
+    how = (f"build it first: python {build} --config {config} --out {name}" if build.is_file()
+           else "train or download it there first, or name another model")
+    raise FileNotFoundError(f"model.name = {name!r} (from {config}) is a model folder that does not exist yet; {how}")
+
+
+def run_threads(out_dir: Path) -> int:
+    """Torch threads every run of a comparison trains with: the count recorded with its start (``init.json``),
+    whatever ``--jobs`` is, so a run's weights do not depend on the machine's core count or on how many ran beside
+    it."""
+    rec = out_dir / "init.json"
+    if rec.exists():
+        n = json.loads(rec.read_text()).get("threads")
+        if isinstance(n, int) and n > 0:
+            return n
+    return START_THREADS
+
+
+def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, finished: Any, log: Any,
+                  threads: int = START_THREADS) -> list[str]:
     """``target(*args, threads=...)`` (``_one_run``) of every ``(args, name)``, ``jobs`` at a time, each in a fresh
-    spawned process with ``cpu_count // jobs`` torch threads; ``finished()`` after each run that succeeds (results.md
+    spawned process with ``threads`` torch threads; ``finished()`` after each run that succeeds (results.md
     stays current).
     Returns the names that failed, each reported with its traceback as it fails. Stopping the parent (Ctrl-C,
     SIGTERM) stops every run (they resume from their checkpoints next time)."""
@@ -333,7 +365,6 @@ def _run_parallel(target: Any, pending: Sequence[tuple[tuple, str]], jobs: int, 
     import traceback
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
-    threads = max(1, (os.cpu_count() or 1) // jobs)
     ctx = mp.get_context("spawn")
     queue, running, failed = list(pending), {}, []
     with stopped_on_exit() as procs:

@@ -228,6 +228,97 @@ def seeds_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], 
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ intervals that count seeds (issue 38)
+def seed_t_interval(seed_means: Sequence[float], level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of per-seed mean differences and its Student-t interval over seeds (``n - 1`` degrees of freedom);
+    ``(m, nan, nan)`` with one seed. The seed is the unit: questions only enter through each seed's mean."""
+    import math
+    import statistics
+
+    from scipy.stats import t as student_t
+
+    xs = [float(x) for x in seed_means]
+    if not xs:
+        return 0.0, float("nan"), float("nan")
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, float("nan"), float("nan")
+    half = float(student_t.ppf(0.5 + level / 2, len(xs) - 1)) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def two_level_bootstrap(per_seed: Sequence[Sequence[float]], n_boot: int = 2000, seed: int = 0
+                        ) -> tuple[float, float, float]:
+    """Mean difference and its 95% percentile interval when each resample draws seeds with replacement, then
+    questions with replacement within each drawn seed (``per_seed[s]`` = that seed's per-question differences).
+    With few seeds it is narrower than ``seed_t_interval``: it cannot see seed spread beyond the seeds run."""
+    import random
+
+    groups = [list(g) for g in per_seed if len(g)]
+    if not groups:
+        return 0.0, 0.0, 0.0
+    rng = random.Random(seed)
+    k = len(groups)
+    stats = []
+    for _ in range(n_boot):
+        tot = 0.0
+        for _ in range(k):
+            g = groups[rng.randrange(k)]
+            n = len(g)
+            tot += sum(g[rng.randrange(n)] for _ in range(n)) / n
+        stats.append(tot / k)
+    stats.sort()
+    point = sum(sum(g) / len(g) for g in groups) / k
+    return point, stats[int(0.025 * n_boot)], stats[min(n_boot - 1, int(0.975 * n_boot))]
+
+
+def seed_level_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int],
+                    metrics: Sequence[tuple] = (), n_boot: int = 2000) -> list[dict[str, Any]]:
+    """Per pair of ``comparison_pairs`` and metric (``SEED_METRICS`` by default): the per-seed mean differences,
+    the t-interval over them and the two-level bootstrap, over the seeds both runs finished."""
+    rows = []
+    for a, b in comparison_pairs(methods):
+        ok = _both_done(run_dir, a, b, seeds)
+        for label, read, key, sel in metrics or SEED_METRICS:
+            diffs: dict[int, list[float]] = {}
+            for s in ok:
+                x, y = _item_means(run_dir, a, [s], read, key), _item_means(run_dir, b, [s], read, key)
+                d = [x[i]["v"] - y[i]["v"] for i in sorted(set(x) & set(y)) if sel(y[i]["row"])]
+                if d:
+                    diffs[s] = d
+            if not diffs:
+                continue
+            means = [sum(d) / len(d) for d in diffs.values()]
+            rows.append({"method": a, "against": b, "metric": label, "seeds": sorted(diffs),
+                         "per_seed": dict(zip(sorted(diffs), [sum(diffs[s]) / len(diffs[s]) for s in sorted(diffs)])),
+                         "t": seed_t_interval(means), "boot2": two_level_bootstrap(list(diffs.values()), n_boot)})
+    return rows
+
+
+def seed_level_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int]) -> str:
+    """The headline section: each difference with an interval over seeds, next to the per-seed means ('' with
+    fewer than two seeds finished by some pair)."""
+    rows = [r for r in seed_level_rows(run_dir, methods, seeds) if len(r["seeds"]) >= 2]
+    if not rows:
+        return ""
+    done = sorted({s for r in rows for s in r["seeds"]})
+    lines = ["### Intervals over seeds: each method against GRPO and its matching controls", "",
+             "| method | against | metric | seeds | mean | 95% t over seed means | two-level bootstrap | "
+             + " | ".join(f"seed {s}" for s in done) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(done)]
+    for r in rows:
+        m, lo, hi = r["t"]
+        _, blo, bhi = r["boot2"]
+        per = [f"{100 * r['per_seed'][s]:+.1f}" if s in r["per_seed"] else "-" for s in done]
+        lines.append(f"| {r['method']} | {r['against']} | {r['metric']} | {len(r['seeds'])} | {100 * m:+.1f} | "
+                     f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | [{100 * blo:+.1f}, {100 * bhi:+.1f}] | " + " | ".join(per)
+                     + " |")
+    lines += ["", "Points. The headline interval is the Student-t interval over the seeds' mean differences (seed = "
+              "unit, n - 1 degrees of freedom): it counts seed variance, which a bootstrap over questions pooled "
+              "over seeds does not. The two-level bootstrap (seeds, then questions within each) is shown beside "
+              "it; with 2-3 seeds it is too narrow, so claims use the t-interval."]
+    return "\n".join(lines) + "\n"
+
+
 def evaluated_steps(rd: Path, bench: str = "world") -> dict[int, str]:
     """``{step: tag}`` of a run's greedy test evaluations: ``-step-N`` for each ``compare --eval-at`` checkpoint,
     ``""`` for the final one (its step from ``results.json``)."""

@@ -333,10 +333,10 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     curve = curve_markdown(results, methods)
     if curve:
         md += "\n" + curve
-    from hindsearch.paired import curve_pairs_markdown, pairs_markdown, seeds_markdown
+    from hindsearch.paired import curve_pairs_markdown, pairs_markdown, seed_level_markdown, seeds_markdown
     from hindsearch.sampled import summary_markdown
 
-    for section in (summary_markdown, pairs_markdown, curve_pairs_markdown, seeds_markdown):
+    for section in (seed_level_markdown, summary_markdown, pairs_markdown, curve_pairs_markdown, seeds_markdown):
         text = section(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
         if text:
             md += "\n" + text

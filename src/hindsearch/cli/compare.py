@@ -49,7 +49,7 @@ def register(sub: Any) -> None:
     c.add_argument("--out", required=True, help="comparison folder (resumable)")
     c.add_argument("--no-report", action="store_true", help="do not write DIR/report.html")
     c.add_argument("--jobs", type=positive_int, default=1,
-                   help="runs trained at once, each with cpu_count/jobs torch threads (2 on a 2-core CPU for micro)")
+                   help="runs trained at once; each trains with the thread count recorded with the start (1), whatever --jobs")
     c.add_argument("--probe", type=positive_int, default=0, metavar="N",
                    help="probe the starting checkpoint on N failed training rollouts, into DIR/probe.json, and each "
                         "run's final checkpoint, into RUN/probe.json (default: no probe)")
