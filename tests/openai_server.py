@@ -7,7 +7,8 @@ messages through the tokenizer's chat template, ``max_tokens``, ``temperature = 
 with ``"slow:SECONDS"`` (answer after a pause), ``"500"``, ``"429"``, ``"badjson"`` (a body that is not JSON) or
 ``"nochoices"`` (JSON without ``choices``), or ``"say:TEXT"`` (answer TEXT instead of the model's text); each
 chat request takes the next one. ``requests`` counts the chat
-requests received, ``answers`` the texts sent.
+requests received, ``answers`` the texts sent; ``idle()`` waits until no request is being answered (a slow one the client gave up on
+still finishes).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class ChatServer:
         self.model, self.tokenizer, self.name, self.key = model.eval(), tokenizer, name, key
         self.faults: deque[str] = deque()
         self.requests = 0
+        self.inflight = 0
         self.answers: list[str] = []
         self.bodies: list[dict] = []
         self._lock = threading.Lock()
@@ -38,6 +40,12 @@ class ChatServer:
 
     def stop(self) -> None:
         self.server.stop()
+
+    def idle(self, timeout_s: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not self.inflight, f"{self.inflight} requests still being answered after {timeout_s} s"
 
     def generate(self, messages: list[dict], max_tokens: int) -> tuple[str, int, int]:
         """Greedy text for the chat ``messages``: (text, prompt tokens, completion tokens)."""
@@ -65,8 +73,16 @@ class ChatServer:
         def chat(request: Request, body: dict) -> Response:
             with self._lock:
                 self.requests += 1
+                self.inflight += 1
                 self.bodies.append(body)
                 fault = self.faults.popleft() if self.faults else ""
+            try:
+                return answer(request, body, fault)
+            finally:
+                with self._lock:
+                    self.inflight -= 1
+
+        def answer(request: Request, body: dict, fault: str) -> Response:
             if self.key and request.headers.get("authorization") != f"Bearer {self.key}":
                 return JSONResponse({"error": {"message": "invalid API key"}}, status_code=401)
             if body.get("model") != self.name:

@@ -39,6 +39,7 @@ def server(tok):  # noqa: F811
 
 @pytest.fixture
 def srv(server):
+    server.idle()  # a slow answer an earlier test gave up on has been sent
     server.faults.clear()
     return server
 
@@ -91,12 +92,12 @@ def test_slow_answer_times_out_then_is_retried(srv, tok, trajs):  # noqa: F811
     n0, t0 = srv.requests, time.monotonic()
     c = judge.critique(trajs[:1])[0]
     assert c.error is None and c.raw and srv.requests - n0 == 2 and judge.requests == 2
-    assert time.monotonic() - t0 < 3
+    assert time.monotonic() - t0 < 4
     srv.faults.extend(["slow:1"] * 3)  # slow on every try: that rollout's critique is an error, within bounds
     t0 = time.monotonic()
     c = judge.critique(trajs[:1])[0]
     assert c.error and "after 3 attempts" in c.error and "ReadTimeout" in c.error and not c.usable
-    assert time.monotonic() - t0 < 3 and judge.errors == 1
+    assert time.monotonic() - t0 < 4 and judge.errors == 1
 
 
 def test_429_and_500_are_retried_then_the_rollout_is_an_error(srv, tok, trajs):  # noqa: F811

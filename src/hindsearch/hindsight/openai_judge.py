@@ -95,13 +95,12 @@ def api_key(env_name: str | None) -> str | None:
 
 @dataclass
 class Reply:
-    """One judge request's outcome: the answer's text, or an error; ``attempts`` made; ``unreachable`` when every
-    attempt failed to connect; ``prompt_tokens`` from the answer's usage, when given."""
+    """One judge request's outcome: the answer's text, or an error; the ``attempts`` made; ``prompt_tokens`` from
+    the answer's usage, when given."""
 
     text: str | None = None
     error: str | None = None
     attempts: int = 0
-    unreachable: bool = False
     prompt_tokens: int | None = None
 
 
@@ -172,7 +171,7 @@ class OpenAIJudge:
         retry_after: float | None = None
         for attempt in range(cfg.judge_retries + 1):
             if self._down is not None:  # another request found the endpoint down: send nothing more
-                return Reply(error=self._down, attempts=rep.attempts, unreachable=True)
+                return Reply(error=self._down, attempts=rep.attempts)
             if attempt:
                 time.sleep(self._pause(attempt, retry_after))
             retry_after = None
@@ -210,7 +209,6 @@ class OpenAIJudge:
                 if self._down is None:
                     self._down = (f"judge endpoint {self.url} unreachable after {tries} in "
                                   f"{time.monotonic() - t0:.1f} s: {last} (is the server at hindsearch.judge_url up?)")
-            rep.unreachable = True
         rep.error = f"judge request failed after {tries}: {last}"
         return rep
 
