@@ -5,7 +5,7 @@ failed (greedy) training rollouts of one checkpoint, for every hindsight line a 
 
 * ``neutral``  – ``Feedback on a previous attempt: none.`` (the prompt shape, no information: the control);
 * ``critique`` – HindSearch's critique of the failed rollout, with gold (``critique_gold``) and without
-  (``critique_nogold``), from the configured judge (``hindsearch.judge_kind``: oracle or LM);
+  (``critique_nogold``), from the configured judge (``hindsearch.judge_kind``: oracle, LM or an endpoint);
 * ``answer``   – IGSD's ``(The correct answer is: {A[0]}.)``.
 
 Four probes per hint:
@@ -164,7 +164,8 @@ def decision_probability(engine: Any, records: Sequence[QARecord], prefixes: Seq
 
 
 def _probe_judges(engine: Any, cfg: Any) -> dict[str, Any]:
-    """The gold and no-gold judges of the probe (oracle, or the LM judge on ``judge_model`` / the policy)."""
+    """The gold and no-gold judges of the probe (oracle, the OpenAI-compatible endpoint, or the LM judge on
+    ``judge_model`` / the policy)."""
     from hindsearch.hindsight.methods.hindsearch import load_judge_model, make_judge
 
     h = cfg.hindsearch

@@ -29,6 +29,7 @@ from hindsearch.config.fields import (AGGREGATIONS, CRITIQUE_SOURCES, DISTILL_ON
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions, scatter
 from hindsearch.hindsight.judge import LMJudge, OracleJudge
+from hindsearch.hindsight.openai_judge import OpenAIJudge
 from hindsearch.hindsight.registry import Metrics, register_method
 from hindsearch.hindsight.teacher import (
     NEUTRAL_CRITIQUE,
@@ -45,10 +46,29 @@ from hindsearch.records import Trajectory
 class HindSearchConfig:
     lam: float = bounded(0.01, ge=0.0)
     """Weight lambda of L_hind in L = L_GRPO + lambda * L_hind."""
-    judge_kind: str = choice("lm", ("lm", "oracle"))
-    """``lm`` (frozen LM judge, the paper's setting) or ``oracle`` (fictional world only: critique from recorded evidence)."""
+    judge_kind: str = choice("lm", ("lm", "oracle", "openai"))
+    """``lm`` (frozen LM judge in this process, the paper's setting), ``openai`` (a judge served behind an
+    OpenAI-compatible chat-completions endpoint at ``judge_url``: vLLM, SGLang, TGI, a hosted API) or ``oracle``
+    (fictional world only: critique from recorded evidence)."""
     judge_model: str | None = None
-    """Judge weights: None = the initial policy checkpoint; else an HF id or path."""
+    """``lm``: the judge's weights (None = the initial policy checkpoint; else an HF id or path). ``openai``: the
+    model name the endpoint serves (required)."""
+    judge_url: str | None = None
+    """``openai``: the endpoint's base URL, e.g. ``http://host:8000/v1`` (requests go to
+    ``{judge_url}/chat/completions``)."""
+    judge_api_key_env: str | None = None
+    """``openai``: the name of the environment variable holding the endpoint's API key (sent as a bearer token;
+    the key itself is never in the config). None = no key."""
+    judge_concurrency: int = bounded(8, gt=0)
+    """``openai``: judge requests in flight at once."""
+    judge_timeout_s: float = bounded(60.0, gt=0.0)
+    """``openai``: seconds one request may take (connecting, waiting and reading) before it is retried."""
+    judge_retries: int = bounded(3, ge=0)
+    """``openai``: retries of a request after a timeout, a dropped connection, a 429 or a 5xx; after the last one
+    the rollout's critique is an error (no distillation for it)."""
+    judge_backoff_s: float = bounded(1.0, gt=0.0)
+    """``openai``: the pause before the first retry, doubled before each next one (at least the server's
+    ``Retry-After``, at most ``judge_timeout_s``)."""
     judge_sees_gold: bool = True
     """The judge prompt contains the gold answers (False = the paper's no-gold ablation)."""
     critique_max_tokens: int = bounded(64, gt=0)
@@ -109,18 +129,40 @@ class HindSearchConfig:
     """Judge prompt template; fields: question, gold_line, searches, prediction."""
 
     def check(self) -> None:
-        """The judge template names the fields the judge fills in."""
+        """The judge template names the fields the judge fills in; an ``openai`` judge has an http(s) URL, a
+        model name and, when ``judge_api_key_env`` names one, that environment variable set."""
         for fld in ("question", "searches", "prediction"):
             if "{" + fld + "}" not in self.judge_template:
                 raise ConfigError(f"hindsearch.judge_template must contain {{{fld}}}")
+        if self.judge_kind == "openai":
+            check_openai_judge(self)
+
+
+def check_openai_judge(c: HindSearchConfig) -> None:
+    """The ``openai`` judge's options, each failure one line naming its key."""
+    from urllib.parse import urlsplit
+
+    from hindsearch.hindsight.openai_judge import api_key
+
+    url = urlsplit(c.judge_url or "")
+    if url.scheme not in ("http", "https") or not url.netloc:
+        raise ConfigError(f"hindsearch.judge_url = {c.judge_url!r} must be an http:// or https:// URL of an "
+                          f"OpenAI-compatible endpoint, e.g. http://host:8000/v1 (hindsearch.judge_kind = 'openai')")
+    if not c.judge_model:
+        raise ConfigError("hindsearch.judge_model must name the model the endpoint serves "
+                          "(hindsearch.judge_kind = 'openai'), e.g. \"Qwen/Qwen2.5-7B-Instruct\"")
+    try:
+        api_key(c.judge_api_key_env)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 METRICS = Metrics(
     reductions={
         # prepare: counts and seconds of a process's own rows add up; fractions and means are averaged
         "failed": "sum", "eligible": "sum", "critiques": "sum", "redactions": "sum", "degenerate": "sum",
-        "judge_errors": "sum", "judge_time": "sum", "teacher_time": "sum", "distill_tokens": "sum",
-        "action_tokens": "sum", "shuffle_missing": "sum",
+        "judge_errors": "sum", "judge_requests": "sum", "judge_time": "sum", "teacher_time": "sum",
+        "distill_tokens": "sum", "action_tokens": "sum", "shuffle_missing": "sum",
         "failed_frac": "mean", "judge_kind_oracle": "mean", "critique_minus_neutral": "mean",
         "frac_critique_above_neutral": "mean",
         # loss (per micro-batch)
@@ -164,10 +206,12 @@ def _critique(judge: Any, trajectories: list[Trajectory], elig: list[int], met: 
               samples: list[dict[str, Any]]) -> list[Any]:
     """The judge's critiques of the rows ``elig`` (one per row, in order); counts redactions, degenerate
     critiques, judge errors and the judge time into ``met`` and records each critique in ``samples``."""
-    t0 = time.perf_counter()
+    t0, sent = time.perf_counter(), getattr(judge, "requests", None)
     crits = judge.critique([trajectories[i] for i in elig])
     if elig:
         met["judge_time"] = time.perf_counter() - t0
+    if sent is not None:  # a judge behind an endpoint: the HTTP requests it sent (retries included)
+        met["judge_requests"] = float(judge.requests - sent)
     for i, cr in zip(elig, crits):
         met["redactions"] += cr.redactions
         met["degenerate"] += float(cr.degenerate and cr.error is None)
@@ -347,9 +391,12 @@ class HindSearchTerm:
 
 
 def make_judge(hcfg: Any, model: Any, tokenizer: Any) -> Any:
-    """The judge a ``[hindsearch]`` config asks for: the oracle (no model), or an ``LMJudge`` on ``model``."""
+    """The judge a ``[hindsearch]`` config asks for: the oracle (no model), the ``OpenAIJudge`` on ``judge_url``
+    (``tokenizer`` counts its prompt budget), or an ``LMJudge`` on ``model``."""
     if hcfg.judge_kind == "oracle":
         return OracleJudge(hcfg.judge_sees_gold, hcfg.judge_template, hcfg.redact_gold_in_critique)
+    if hcfg.judge_kind == "openai":
+        return OpenAIJudge(hcfg, tokenizer)
     return LMJudge(model, tokenizer, hcfg)
 
 
