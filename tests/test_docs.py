@@ -233,3 +233,35 @@ def test_no_page_cites_a_file_the_repository_lacks():
             if not (ROOT / path).exists():
                 missing.append(f"{page.relative_to(ROOT)}: {path}")
     assert not missing, missing
+
+
+def _model_folder(preset: str) -> str | None:
+    """The local model folder a preset names that a fresh clone does not have (under ``.hindsearch/``), else None."""
+    from hindsearch.cli.train import find_config
+    from hindsearch.config import Config
+
+    name = Config.load(find_config(preset), []).model.name
+    return name if name.startswith(".hindsearch/") else None
+
+
+@pytest.mark.parametrize("page", [p for p in PAGES if any(q == p for q, _ in blocks("shell"))],
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_reproduce_commands_build_the_model_they_name(page, monkeypatch):
+    """A page's command whose preset names a model folder that a fresh clone lacks (the micro rig's) follows a
+    command on the same page that builds that folder (``recipes/micro/build.py --out FOLDER``), so the page runs
+    as written on a fresh clone."""
+    monkeypatch.chdir(ROOT)
+    built: set[str] = set()
+    for _, text in [(q, t) for q, t in blocks("shell") if q == page]:
+        for words in shell_commands(text):
+            if len(words) > 2 and words[0] in ("python", "python3") and words[1].endswith("micro/build.py"):
+                if "--out" in words:
+                    built.add(words[words.index("--out") + 1].rstrip("/"))
+                continue
+            if words[0] != "hindsearch" or "--config" not in words or words[1] not in ("compare", "train", "probe"):
+                continue
+            folder = _model_folder(words[words.index("--config") + 1])
+            if folder is not None and not any(f"--set model.name=" in w for w in words):
+                assert folder in built, (f"{page.relative_to(ROOT)}: `{' '.join(words)[:80]}...` needs {folder}; "
+                                         f"build it earlier on the page: python recipes/micro/build.py --config "
+                                         f"{words[words.index('--config') + 1]} --out {folder}")
