@@ -24,7 +24,11 @@ teacher is the current policy or its moving average (``hindsearch.teacher``), no
 lowers a failed token where the teacher likes it less (``hindsearch.divergence = one_sided``);
 ``hindsearch-onesided-answer`` (and ``-nogold``) = the same loss on the decisions to answer only
 (``hindsearch.distill_on = answer_decision``): it can only lower "answer now" where the teacher would search again;
-``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``.
+``hindsearch-ready`` (and its control ``-shuffled``) = ``hindsearch`` whose teacher reads "answer now from them" at a
+failed decision whose retrieved text already holds the gold string (``hindsearch.ready_states = answer_now``);
+``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``; ``igsd-paper`` = IGSD as DESIGN first read the paper (the
+query-state utility, any proposal, ``positive_sigmoid``); ``igsd-group`` / ``igsd-critique`` = ``igsd`` whose teacher
+reads the group summary / the judge's critique instead of the answer.
 """
 
 from __future__ import annotations
@@ -56,7 +60,13 @@ METHOD_ALIASES: dict[str, list[str]] = {
                                    "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
     "hindsearch-onesided-answer-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
                                           "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
+    "hindsearch-ready": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.ready_states=answer_now"],
+    "hindsearch-ready-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
+                                  "hindsearch.ready_states=answer_now", "hindsearch.critique_source=shuffled"],
     "igsd": ["method=igsd"],
+    "igsd-paper": ["method=igsd", "igsd.utility_state=query", "igsd.proposals=any", "igsd.gate=positive_sigmoid"],
+    "igsd-group": ["method=igsd", "igsd.hindsight=group"],
+    "igsd-critique": ["method=igsd", "igsd.hindsight=critique"],
     "igsd-nogate": ["method=igsd", "igsd.gate=none"],
     "hindsearch+igsd": ["method=hindsearch+igsd"],
 }

@@ -92,7 +92,10 @@ def bootstrap_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[st
 CONTROLS: dict[str, tuple[str, ...]] = {"hindsearch": ("hindsearch-nogold", "hindsearch-shuffled"),
                                         "hindsearch-onesided": ("hindsearch-onesided-nogold", "hindsearch-onesided-shuffled"),
                                         "hindsearch-onesided-answer": ("hindsearch-onesided-answer-nogold",),
-                                        "igsd": ("igsd-nogate",)}
+                                        "hindsearch-ready": ("hindsearch", "hindsearch-ready-shuffled"),
+                                        "igsd": ("igsd-nogate", "igsd-paper"),
+                                        "igsd-group": ("igsd-nogate", "igsd"),
+                                        "igsd-critique": ("igsd-nogate", "igsd")}
 """Each method's matching controls: a gain over them is the teacher's information (or the gate), not an extra
 gradient at the same positions."""
 

@@ -97,6 +97,36 @@ def distill_weights(traj: Any, tokenizer: Any, distill_on: str = "query", action
 
 
 
+READY_CRITIQUE = "The retrieved passages already contain the answer; read them again and answer from them."
+"""What the teacher reads at a failed decision whose retrieved text already holds a gold string
+(``hindsearch.ready_states = answer_now``): the oracle judge's wording for evidence that was retrieved."""
+
+
+def ready_decision_mask(traj: Any, tokenizer: Any, golds: Sequence[str]) -> list[int]:
+    """1 on the decision tokens (``protocol.decision_mask``) of each post-information turn whose preceding
+    completion (the retrieved text included) already contains a gold answer string (SQuAD-normalised, whole word
+    run), else 0; length ``len(completion_ids)``. At such a state searching again can only cost the answer."""
+    from hindsearch.rewards import normalize_answer
+
+    n = len(traj.completion_ids)
+    out = [0] * n
+    names = [x for x in (normalize_answer(g) for g in golds if g and g.strip()) if x]
+    if not names:
+        return out
+    dec = protocol.decision_mask(traj, tokenizer)
+    for s, e in protocol.post_information_turns(traj, n):
+        seen = f" {normalize_answer(tokenizer.decode(list(traj.completion_ids[:s])))} "
+        if any(f" {x} " in seen for x in names):
+            out[s:e] = dec[s:e]
+    return out
+
+
+def ready_turn_spans(traj: Any, ready: Sequence[int]) -> list[tuple[int, int]]:
+    """The post-information turn spans that hold a ready decision (``ready_decision_mask``)."""
+    n = len(traj.completion_ids)
+    return [(s, e) for s, e in protocol.post_information_turns(traj, n) if any(ready[s:e])]
+
+
 def teacher_token_logprobs(
     model: Any,
     teacher_prompt_ids_list: Sequence[Sequence[int]],

@@ -33,6 +33,9 @@ from hindsearch.hindsight.openai_judge import OpenAIJudge
 from hindsearch.hindsight.registry import Metrics, register_method
 from hindsearch.hindsight.teacher import (
     NEUTRAL_CRITIQUE,
+    READY_CRITIQUE,
+    ready_decision_mask,
+    ready_turn_spans,
     distill_weights,
     hindsearch_prompt_ids,
     select_teacher,
@@ -113,6 +116,13 @@ class HindSearchConfig:
     aggregation: str = choice("token-mean", AGGREGATIONS)
     """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
     this tuple)."""
+    ready_states: str = choice("critique", ("critique", "answer_now"))
+    """What the teacher reads at a failed rollout's search-again-or-answer decision whose retrieved text already
+    holds a gold answer string: ``critique`` (the judge's critique of the rollout, like every other distilled
+    token) or ``answer_now`` (``teacher.READY_CRITIQUE``: answer from what was retrieved; that turn's second query
+    is not distilled). The term acts on failed rollouts only, so without it nothing distils "answer now" where
+    the answer is already in the context, and a critique that says "search for X" teaches searching again
+    there too (one-hop over-search)."""
     neutral_control: bool = False
     """Also score the student's tokens under a neutral-feedback teacher ("Feedback on a previous attempt:
     none.") and log ``critique_minus_neutral``: what the critique itself changes, net of the prompt shift.
@@ -162,7 +172,7 @@ METRICS = Metrics(
         # prepare: counts and seconds of a process's own rows add up; fractions and means are averaged
         "failed": "sum", "eligible": "sum", "critiques": "sum", "redactions": "sum", "degenerate": "sum",
         "judge_errors": "sum", "judge_requests": "sum", "judge_time": "sum", "teacher_time": "sum",
-        "distill_tokens": "sum", "action_tokens": "sum", "shuffle_missing": "sum",
+        "distill_tokens": "sum", "action_tokens": "sum", "shuffle_missing": "sum", "ready_decisions": "sum",
         "failed_frac": "mean", "judge_kind_oracle": "mean", "critique_minus_neutral": "mean",
         "frac_critique_above_neutral": "mean",
         # loss (per micro-batch)
@@ -306,6 +316,8 @@ class HindSearchTerm:
         judge = self.judge(ctx)
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
         masks = {i: distill_weights(trajectories[i], ctx.tokenizer, c.distill_on, c.action_weight)[:T] for i in failed}
+        ready = {i: self._ready(trajectories[i], ctx.tokenizer, masks[i], T) for i in failed} \
+            if c.ready_states == "answer_now" else {}
         elig = [i for i in failed if any(masks[i])]
         met = _hind_metrics(B, failed, elig, judge, c.neutral_control)
         if c.critique_source == "shuffled":
@@ -328,9 +340,40 @@ class HindSearchTerm:
             lN = teacher_token_logprobs(teacher, neutral, comps)[0]
         if use:
             met["teacher_time"] = time.perf_counter() - t0
+        if c.ready_states == "answer_now":
+            met["ready_decisions"] = 0.0
+            self._answer_now(trajectories, use, comps, ready, teacher, ctx.tokenizer, k, lT, top_ids, top_lp, met)
         rows = _TeacherRows(use, comps, lT, top_ids if k else None, top_lp if k else None, lN)
         _write_rows(rows, trajectories, masks, ctx.tokenizer, tens, met, samples)
         return AuxBatch(tens, met, samples)
+
+    def _ready(self, traj: Trajectory, tokenizer: Any, mask: list[float], T: int) -> list[int]:
+        """``answer_now``: the row's ready decision tokens; the query tokens of those turns leave ``mask``."""
+        r = ready_decision_mask(traj, tokenizer, traj.golden_answers)[:T]
+        for s, e in ready_turn_spans(traj, r):
+            for t in range(s, min(e, len(mask))):
+                if not r[t]:
+                    mask[t] = 0.0
+        return r
+
+    def _answer_now(self, trajectories: list[Trajectory], use: list[int], comps: list[list[int]],
+                    ready: dict[int, list[int]], teacher: Any, tokenizer: Any, k: int, lT: torch.Tensor,
+                    top_ids: torch.Tensor, top_lp: torch.Tensor, met: dict[str, float]) -> None:
+        """At ready decisions the teacher reads ``READY_CRITIQUE``: its log-probs there replace the critique
+        teacher's in ``lT`` / ``top_ids`` / ``top_lp`` (rows of ``use``, in place)."""
+        rows = [j for j, i in enumerate(use) if any(ready[i][: len(comps[j])])]
+        if not rows:
+            return
+        prompts = [hindsearch_prompt_ids(tokenizer, trajectories[use[j]].question, READY_CRITIQUE) for j in rows]
+        rT, r_ids, r_lp = teacher_token_logprobs(teacher, prompts, [comps[j] for j in rows], topk=k)
+        for r, j in enumerate(rows):
+            n = len(comps[j])
+            on = torch.tensor(ready[use[j]][:n], dtype=torch.bool)
+            lT[j, :n][on] = rT[r, :n][on]
+            if k:
+                top_ids[j, :n][on] = r_ids[r, :n][on]
+                top_lp[j, :n][on] = r_lp[r, :n][on]
+            met["ready_decisions"] += float(on.sum())
 
     def _shuffle(self, trajectories: list[Trajectory], use: list[int], texts: dict[int, str], step: int,
                  met: dict[str, float], samples: list[dict[str, Any]]) -> tuple[list[int], dict[int, str]]:
