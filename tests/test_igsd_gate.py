@@ -195,3 +195,15 @@ def test_critique_hint_and_term_with_critique_hindsight():
     batch = term.prepare([tr], len(tr.completion_ids), ctx)
     assert batch.metrics["hindsight_rows"] == 1 and batch.metrics["positions_verified"] == 2
 
+
+
+def test_min_controls_gate_input_needs_the_teacher_to_beat_the_controls():
+    """``gate_input = min_controls``: two junk sets where the teacher's junk scores a little above the student's
+    (delta > 0) but not above random passages (IG_T <= 0) stay shut; evidence above both opens."""
+    junk = G.Scored(u={"T": -3.0, "S": -4.0}, ig={"T": -0.2, "S": -1.2})
+    ev = G.Scored(u={"T": -1.0, "S": -4.0}, ig={"T": 2.0, "S": -1.0})
+    plain = G.gate_stage([junk, ev], IGSDConfig())
+    ctl = G.gate_stage([junk, ev], IGSDConfig(gate_input="min_controls"))
+    assert plain[0][0] == ctl[0][0] == pytest.approx(1.0) and plain[0][1] > 0.9 and ctl[0][1] == 0.0
+    assert ctl[1][1] == pytest.approx(float(L.gate(torch.tensor([2.0]), "positive_tanh", 5.0, 0.0)[0]))
+    assert G.gate_stage([junk], IGSDConfig(gate_input="min_controls", n_controls=0))[0][1] > 0.9

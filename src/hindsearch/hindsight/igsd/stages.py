@@ -233,14 +233,17 @@ def _utilities(policy: Any, states: list[list[int]], ctxs: list[list[int]], cont
 
 
 def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, float] | None]:
-    """``(delta, gate)`` of each scored pair: ``delta = IG_T - IG_S``, the gate per ``cfg.gate`` (``losses.gate``)."""
+    """``(delta, gate)`` of each scored pair: ``delta = IG_T - IG_S``; the gate per ``cfg.gate`` (``losses.gate``) of
+    ``delta``, or with ``gate_input = min_controls`` of ``min(delta, IG_T)``: the teacher's documents must also beat
+    the random controls (without controls, ``IG_T = u_T`` and ``delta`` alone is used)."""
     out: list[tuple[float, float] | None] = []
     for sc in scores:
         if sc is None:
             out.append(None)
             continue
         delta = sc.ig["T"] - sc.ig["S"]
-        out.append((delta, float(losses.gate(torch.tensor([delta]), cfg.gate, cfg.gate_sharpness, cfg.margin)[0])))
+        x = min(delta, sc.ig["T"]) if cfg.gate_input == "min_controls" and cfg.n_controls > 0 else delta
+        out.append((delta, float(losses.gate(torch.tensor([x]), cfg.gate, cfg.gate_sharpness, cfg.margin)[0])))
     return out
 
 

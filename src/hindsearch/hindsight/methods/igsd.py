@@ -48,6 +48,9 @@ class IGSDConfig:
     """``positive_tanh`` (zero weight at the margin, rising continuously above it), ``positive_sigmoid`` (the
     paper's form: it jumps to 0.5 just above the margin, so noise passes at half weight), ``sigmoid``, ``hard`` or
     ``none`` (ungated pair distillation); ``hindsearch.hindsight.losses.GATES`` reads this tuple."""
+    gate_input: str = choice("delta", ("delta", "min_controls"))
+    """What the gate reads: ``delta`` (the paired gain), or ``min_controls``, ``min(delta, IG_T)``: the teacher's
+    documents must also beat the random control sets (so two junk sets never open it on noise alone)."""
     utility_state: str = choice("shared", ("shared", "query"))
     """Where ``u(D)`` is scored. ``shared``: both sides' documents and the controls after one state, the rollout's
     own search as it issued it, so identical documents give ``delta = 0`` exactly and the controls cancel.
