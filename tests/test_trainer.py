@@ -535,7 +535,10 @@ def test_micro_batches_do_not_change_the_hindsight_weight(method, world, tok, tm
     base = OVERRIDES + [f'method="{method}"', "train.steps=1", "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
                         "hindsearch.lam=5.0", "igsd.lam=50.0", "igsd.max_positions_per_rollout=2",
                         "igsd.max_query_tokens=4", "igsd.n_controls=1", "train.lr=0.5", 'train.trl.optim="sgd"',
-                        "train.grad_share_steps=0"]
+                        "train.grad_share_steps=0",
+                        # the tiny model's proposals are random tokens: verify and weigh them all (the weighting is
+                        # what is tested, not the proposal filter or the gate)
+                        'igsd.proposals="any"', 'igsd.gate="none"']
     deltas = {}
     for mb in ("none", "1"):
         extra = [] if mb == "none" else [f"train.micro_batch_size={mb}"]
