@@ -58,3 +58,17 @@ def test_seed_level_section_over_run_folders(tmp_path):
     md = seed_level_markdown(run_dir, ["grpo", "hindsearch"], [0, 1, 2])
     assert "| hindsearch | grpo | greedy EM | 3 | +20.0 | [-4.8, +44.8] |" in md and "+10.0 | +20.0 | +30.0" in md
     assert seed_level_markdown(run_dir, ["grpo", "hindsearch"], [0]) == ""  # one seed: no interval over seeds
+
+
+def test_seed_level_section_warns_when_runs_came_from_different_starts(tmp_path):
+    for s in (0, 1):
+        _write(tmp_path, "grpo", s, lambda i, h: 0.0)
+        _write(tmp_path, "hindsearch", s, lambda i, h, s=s: 1.0 if i < 2 + s else 0.0)
+        for m in ("grpo", "hindsearch"):
+            (tmp_path / run_name(m, s) / "results.json").write_text(json.dumps({"start_sha256": f"{s}" * 64}))
+    run_dir = lambda m, s: tmp_path / run_name(m, s)  # noqa: E731
+    md = seed_level_markdown(run_dir, ["grpo", "hindsearch"], [0, 1])
+    assert "trained from 2 different starts" in md and "00000000...: grpo-s0, hindsearch-s0" in md
+    (tmp_path / run_name("grpo", 1) / "results.json").write_text(json.dumps({"start_sha256": "0" * 64}))
+    (tmp_path / run_name("hindsearch", 1) / "results.json").write_text(json.dumps({"start_sha256": "0" * 64}))
+    assert "different starts" not in seed_level_markdown(run_dir, ["grpo", "hindsearch"], [0, 1])

@@ -445,8 +445,15 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
         from hindsearch.train.probe import probe_checkpoint
 
         probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None, loaded=final)
+    from hindsearch.provenance import provenance
+
+    start = rd.parent / "init.json"
     res = {"method": method, "seed": seed, "steps": cfg.train.steps, "benchmarks": numbers, "curve": curve,
-           "step_s": median_step_time(rd), "zero_adv": zero_advantage_share(rd), "init_model": init, "train_seconds": time.time() - t0}
+           "step_s": median_step_time(rd), "zero_adv": zero_advantage_share(rd), "init_model": init, "train_seconds": time.time() - t0,
+           # what rebuilds this run: the code and the start it trained from (a lost seed is rerun, never dropped)
+           "hindsearch": provenance()["hindsearch"],
+           "start_sha256": json.loads(start.read_text()).get("sha256") if start.exists() else None,
+           "threads": threads}
     (rd / "results.json").write_text(json.dumps(res, indent=1))
     (rd / "done.json").write_text(json.dumps({"finished": time.strftime("%Y-%m-%dT%H:%M:%S")}))
 

@@ -298,6 +298,21 @@ def seed_level_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str],
     return rows
 
 
+def _starts(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int]) -> dict[str, list[str]]:
+    """Start weight digest -> the runs that recorded it in ``results.json`` (runs without one are left out)."""
+    out: dict[str, list[str]] = {}
+    for m in methods:
+        for s in seeds:
+            p = run_dir(m, s) / "results.json"
+            try:
+                digest = json.loads(p.read_text()).get("start_sha256") if p.is_file() else None
+            except ValueError:
+                digest = None
+            if isinstance(digest, str):
+                out.setdefault(digest, []).append(run_dir(m, s).name)
+    return out
+
+
 def seed_level_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], seeds: Sequence[int]) -> str:
     """The headline section: each difference with an interval over seeds, next to the per-seed means ('' with
     fewer than two seeds finished by some pair)."""
@@ -315,6 +330,11 @@ def seed_level_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[s
         lines.append(f"| {r['method']} | {r['against']} | {r['metric']} | {len(r['seeds'])} | {100 * m:+.1f} | "
                      f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | [{100 * blo:+.1f}, {100 * bhi:+.1f}] | " + " | ".join(per)
                      + " |")
+    starts = _starts(run_dir, methods, done)
+    if len(starts) > 1:
+        lines += ["", f"**Warning: these runs trained from {len(starts)} different starts** ("
+                  + ", ".join(f"{d[:8]}...: {', '.join(r)}" for d, r in sorted(starts.items())) + "); a difference "
+                  "over seeds assumes one start."]
     lines += ["", "Points. The headline interval is the Student-t interval over the seeds' mean differences (seed = "
               "unit, n - 1 degrees of freedom): it counts seed variance, which a bootstrap over questions pooled "
               "over seeds does not. The two-level bootstrap (seeds, then questions within each) is shown beside "
