@@ -91,3 +91,195 @@ def test_a_tiny_runs_samples_file_agrees_with_its_metrics(tmp_path):
         rewards = [s["reward"] for s in samples if s["step"] == step]
         assert len(rewards) == 2 and row["rollout/reward_mean"] == 0.5
         assert sum(rewards) / len(rewards) == row["rollout/reward_mean"], (step, rewards)
+
+
+def test_the_default_thread_count_follows_the_machine():
+    from hindsearch.models import default_threads
+
+    assert default_threads(2, 0.0)[0] == 1 and default_threads(1, 0.0)[0] == 1  # 2 cores or fewer
+    n, why = default_threads(8, 9.5)
+    assert n == 1 and "busy" in why and "9.5" in why
+    assert default_threads(8, 3.2)[0] == 4  # the free cores
+    n, why = default_threads(8, 0.3)
+    assert n is None and "torch's default" in why
+
+
+def test_a_run_without_threads_chooses_one_on_a_busy_machine_and_says_why(monkeypatch):
+    import os
+
+    import torch
+
+    from hindsearch import models
+
+    old = torch.get_num_threads()
+    lines: list[str] = []
+    try:
+        torch.set_num_threads(4)
+        monkeypatch.setattr(models, "usable_cores", lambda: 8)
+        monkeypatch.setattr(os, "getloadavg", lambda: (11.0, 9.0, 7.0))
+        assert models.set_threads(None, lines.append)[0] == 1 == torch.get_num_threads()
+        assert lines[-1].startswith("torch CPU threads: 1 (chosen for a busy machine: load average 11.0 >= 8")
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+        torch.set_num_threads(4)
+        assert models.set_threads(None, lines.append)[0] == 4  # idle: torch's default stays
+        assert models.set_threads(3, lines.append)[0] == 3  # --threads wins
+    finally:
+        torch.set_num_threads(old)
+
+
+def _small_world(tmp_path):
+    from hindsearch.data.world import generate_world
+    from hindsearch.records import QARecord  # noqa: F401
+    from hindsearch.retrieval.factory import build_index
+
+    w = generate_world(seed=0, n_entities=60)
+    build_index(w.passages, tmp_path / "bm25", kind="bm25", show_progress=False)
+    return w
+
+
+def test_eval_without_config_takes_trains_preset_and_a_thread_count(tmp_path, capsys, monkeypatch):
+    """``hindsearch eval`` without ``--config`` decoded with the built-in defaults (4 turns of 128 tokens) where
+    ``train`` evaluates with the tiny-cpu preset (2 turns of 40), and had no ``--threads``."""
+    import json
+
+    import torch
+
+    from hindsearch import cli
+    from hindsearch.cli.train import find_config
+    from hindsearch.config import Config
+    from hindsearch.fsutil import read_marker
+
+    w = _small_world(tmp_path)
+    qa = tmp_path / "dev.jsonl"
+    qa.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in w.splits["dev"][:2]))
+    old = torch.get_num_threads()
+    try:
+        rc = cli.main(["eval", "--model", "tiny-random", "--index", str(tmp_path / "bm25"), "--data", f"d={qa}",
+                       "--out", str(tmp_path / "ev"), "--threads", "1", "--no-progress"])
+        assert rc == 0 and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(old)
+    assert "torch CPU threads: 1 (train.threads / --threads)" in capsys.readouterr().out
+    preset = Config.load(find_config(None))
+    recorded = read_marker(tmp_path / "ev")
+    rollout = json.dumps(recorded, default=str)
+    assert preset.rollout.max_new_tokens_per_turn == 40 and '"max_new_tokens_per_turn": 40' in rollout
+    assert f'"max_turns": {preset.rollout.max_turns}' in rollout and '"topk": 2' in rollout
+
+
+def test_config_load_takes_a_preset_name():
+    from hindsearch.cli.train import find_config
+    from hindsearch.config import Config, ConfigError
+
+    assert Config.load("tiny-cpu", ["train.steps=2"]).to_dict() == Config.load(find_config(None), ["train.steps=2"]).to_dict()
+    import pytest
+
+    with pytest.raises(ConfigError, match="'no-such-preset' not found .*presets: .*tiny-cpu"):
+        Config.load("no-such-preset")
+
+
+def test_the_readme_python_recipe_runs_with_the_clis_settings(monkeypatch):
+    """The README's notebook example loaded the built-in defaults (the paper's settings: 128-token turns, a KL
+    reference model, no activation checkpointing): its two-step tiny run peaked at 2.8 GB against 1.1 GB for the
+    same run from the CLI, which runs the tiny-cpu preset."""
+    from pathlib import Path
+
+    from hindsearch.cli.train import find_config
+    from hindsearch.config import Config
+    from hindsearch.train import run
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    example = next(b.split("```", 1)[0] for b in readme.split("```python")[1:] if "retriever=notes" in b)
+    seen: list[Config] = []
+    monkeypatch.setattr(run, "run_train", lambda cfg=None, **kw: seen.append(cfg) or {})
+    exec(compile(example, "README.md", "exec"), {"__name__": "docs_example"})
+    overrides = ['model.name="tiny-random"', "warmup.enabled=false", "train.steps=2", "train.questions_per_step=2",
+                 "rollout.num_generations=2", "rollout.max_turns=1", "train.eval_limit=2", "train.threads=1"]
+    cli = Config.load(find_config(None), overrides).to_dict()  # `hindsearch train --set ...` with no --config
+    got = seen[0].to_dict()
+    assert {k: v for k, v in got.items() if k != "out"} == {k: v for k, v in cli.items() if k != "out"}
+    assert got["train"]["kl_coef"] == 0 and got["train"]["gradient_checkpointing"]
+
+
+def test_run_train_quiets_upstream_bars_already_imported(monkeypatch):
+    """From Python, transformers is imported before ``run_train`` runs: the environment switch the CLI sets came too
+    late, and a log got transformers' bars ("Writing model shards", "Loading weights") that the CLI hides."""
+    import huggingface_hub.utils as hub_utils
+    from transformers.utils import logging as hf_logging
+
+    from hindsearch import progress
+
+    monkeypatch.delenv(progress.UPSTREAM_BARS_ENV, raising=False)
+    monkeypatch.setattr(progress, "interactive", lambda stream=None: False)
+    hf_logging.enable_progress_bar()
+    hub_utils.enable_progress_bars()
+    try:
+        assert progress.quiet_upstream_bars()
+        assert not hf_logging.is_progress_bar_enabled() and hub_utils.are_progress_bars_disabled()
+    finally:
+        hf_logging.enable_progress_bar()
+        hub_utils.enable_progress_bars()
+
+
+def _hotpot_row(i: int) -> dict:
+    return {"_id": f"h{i}", "question": f"Where was the founder of Firm{i} born?", "answer": f"Town{i}",
+            "type": "bridge", "level": "hard", "supporting_facts": [[f"Firm{i}", 0], [f"Person{i}", 0]],
+            "context": [[f"Firm{i}", [f"Firm{i} was founded by Person{i}."]],
+                        [f"Person{i}", [f"Person{i} was born in Town{i}."]]]}
+
+
+def test_data_mini_writes_a_train_dev_split(tmp_path, capsys):
+    """``data mini`` wrote benchmark test sets only: a user had to cut a train/dev split by hand."""
+    import json
+
+    from test_mini import _tiny_shared
+
+    from hindsearch import cli
+    from hindsearch.data.qa import load_qa
+
+    shared = _tiny_shared(tmp_path / "shared")
+    (shared / "hipporag").mkdir()
+    (shared / "hipporag/hotpotqa_train.json").write_text(json.dumps([_hotpot_row(i) for i in range(10)]))
+    assert cli.main(["data", "mini", "--shared", str(shared), "--out", str(tmp_path / "mini"),
+                     "--dev-fraction", "0.2"]) == 0
+    assert "train/dev split: 8 train.jsonl + 2 dev.jsonl of 10 kept" in capsys.readouterr().out
+    train, dev = load_qa(tmp_path / "mini/train.jsonl"), load_qa(tmp_path / "mini/dev.jsonl")
+    assert len(train) == 8 and len(dev) == 2 and not {r.id for r in train} & {r.id for r in dev}
+    assert {r.id for r in train + dev} == {f"h{i}" for i in range(10)}
+    assert all(r.metadata.get("evidence_ids") for r in train + dev)  # its paragraphs are in the corpus
+    meta = json.loads((tmp_path / "mini/mini.json").read_text())
+    assert meta["split"]["train"] == 8 and meta["split"]["sources"] == ["hipporag/hotpotqa_train.json"]
+
+
+def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_path):
+    """The own-server recipe set no data.train: the run trained on the fictional world's questions while a real
+    HTTP server retrieved from the user's corpus, and nothing said so."""
+    import json
+
+    from hindsearch.config import Config
+    from hindsearch.records import Passage
+    from hindsearch.retrieval.factory import build_index, load_index
+    from hindsearch.retrieval.server import BackgroundServer, create_app
+    from hindsearch.train.run import _Job
+
+    topics = ["volcano", "glacier", "harbour", "orchard", "lighthouse", "meadow", "canyon", "reef"]
+    mine = [Passage(str(i), f'"{t.title()} {i}"\nThe {t} number {i} is looked after by keeper{i}.')
+            for i, t in enumerate(topics * 8)]
+    build_index(mine, tmp_path / "my-index", kind="bm25", show_progress=False)
+    qa = tmp_path / "my-train.jsonl"
+    qa.write_text("".join(json.dumps({"id": f"m{i}", "question": f"Who looks after the {t} number {i}?",
+                                      "golden_answers": [f"keeper{i}"]}) + "\n" for i, t in enumerate(topics * 8)))
+    base = [f'data.world_dir="{tmp_path / "world"}"', "data.world_entities=200", 'model.name="tiny-random"']
+
+    def data_stage(overrides):
+        lines: list[str] = []
+        _Job(Config.load("tiny-cpu", [*base, *overrides]), tmp_path / "run", lines.append).data()
+        return [ln.strip() for ln in lines if "warning" in ln]
+
+    with BackgroundServer(create_app(load_index(tmp_path / "my-index"), default_topk=3)) as srv:
+        remote = ["retrieval.kind=\"remote\"", f'retrieval.url="{srv.url}"']
+        said = data_stage(remote)  # the recipe as it was: the world's questions, the user's server
+        assert len(said) == 1 and "none of the first 50 training questions" in said[0]
+        assert "world/train.jsonl" in said[0] and srv.url in said[0] and "data.train" in said[0]
+        assert data_stage([*remote, f'data.train="{qa}"', f'data.dev="{qa}"']) == []  # the recipe as it is now
+    assert data_stage([]) == []  # the world's questions against the world's own index

@@ -8,31 +8,9 @@ or the name of a shipped preset (``tiny-cpu``, ``qwen2.5-3b-instruct``, ...), lo
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hindsearch.config import METHODS
-
-DEFAULT_PRESET = "tiny-cpu"
-
-
-def preset_dirs() -> list[Path]:
-    """Where shipped presets are looked up: ``./configs`` then the checkout's ``configs/``."""
-    here = Path(__file__).resolve()
-    return [Path.cwd() / "configs", here.parents[3] / "configs", here.parents[1] / "configs"]
-
-
-def find_config(name: str | None) -> Path:
-    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``)."""
-    name = name or DEFAULT_PRESET
-    p = Path(name)
-    if p.exists():
-        return p
-    stem = p.name if p.suffix == ".toml" else p.name + ".toml"
-    for d in preset_dirs():
-        if (d / stem).exists():
-            return d / stem
-    known = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.toml")})
-    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); presets: {', '.join(known) or 'none'}")
+from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: F401  (the lookup lives with Config)
 
 
 class PluginAction(argparse.Action):
