@@ -240,6 +240,9 @@ def test_data_mini_writes_a_train_dev_split(tmp_path, capsys):
     shared = _tiny_shared(tmp_path / "shared")
     (shared / "hipporag").mkdir()
     (shared / "hipporag/hotpotqa_train.json").write_text(json.dumps([_hotpot_row(i) for i in range(10)]))
+    assert cli.main(["data", "mini", "--shared", str(shared), "--out", str(tmp_path / "mini0")]) == 0
+    assert "train/dev split: 9 train.jsonl + 1 dev.jsonl of 10 kept" in capsys.readouterr().out
+    assert len(load_qa(tmp_path / "mini0/dev.jsonl")) == 1
     assert cli.main(["data", "mini", "--shared", str(shared), "--out", str(tmp_path / "mini"),
                      "--dev-fraction", "0.2"]) == 0
     assert "train/dev split: 8 train.jsonl + 2 dev.jsonl of 10 kept" in capsys.readouterr().out
@@ -256,6 +259,7 @@ def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_pat
     HTTP server retrieved from the user's corpus, and nothing said so."""
     import json
 
+    from hindsearch.cli.train import find_config
     from hindsearch.config import Config
     from hindsearch.records import Passage
     from hindsearch.retrieval.factory import build_index, load_index
@@ -273,7 +277,7 @@ def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_pat
 
     def data_stage(overrides):
         lines: list[str] = []
-        _Job(Config.load("tiny-cpu", [*base, *overrides]), tmp_path / "run", lines.append).data()
+        _Job(Config.load(find_config(None), [*base, *overrides]), tmp_path / "run", lines.append).data()
         return [ln.strip() for ln in lines if "warning" in ln]
 
     with BackgroundServer(create_app(load_index(tmp_path / "my-index"), default_topk=3)) as srv:
