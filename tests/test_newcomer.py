@@ -287,3 +287,55 @@ def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_pat
         assert "world/train.jsonl" in said[0] and srv.url in said[0] and "data.train" in said[0]
         assert data_stage([*remote, f'data.train="{qa}"', f'data.dev="{qa}"']) == []  # the recipe as it is now
     assert data_stage([]) == []  # the world's questions against the world's own index
+
+
+def test_a_report_on_a_stopped_run_shows_its_finished_base_evaluation(tmp_path):
+    """A real ``hindsearch train`` killed after its base evaluation: the report hid that evaluation (it read the
+    stage rows from summary.json, which only a finished run writes)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from hindsearch.report import render
+    from hindsearch.report.runs import load_run
+
+    src = str(Path(__file__).resolve().parents[1] / "src")
+    env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "hindsearch.cli", "train", "--set", 'model.name="tiny-random"', "--set",
+           "warmup.enabled=false", "--set", "train.eval_limit=2", "--set", "data.world_entities=60", "--set",
+           f'data.world_dir="{tmp_path / "world"}"', "--set", "train.steps=50", "--threads", "1", "--out",
+           str(tmp_path / "run")]
+    proc = subprocess.Popen(cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        deadline = time.time() + 240
+        for line in proc.stdout:
+            seen.append(line)
+            if "dev EM base model" in line or time.time() > deadline:
+                break
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(30)
+    assert any("dev EM base model" in ln for ln in seen), "".join(seen)
+    run = tmp_path / "run"
+    assert not (run / "summary.json").exists() and (run / "eval/base/summary.json").exists()
+    loaded = load_run(run)
+    assert set(loaded.summary["dev"]) == {"base"} and loaded.summary["dev"]["base"]["n"] == 2
+    assert "dev, base" in render(run)
+
+
+def test_tick_labels_of_a_small_range_differ():
+    """The entropy panel printed nine identical labels (``%.3g`` of 0.81201, 0.81202, ...)."""
+    from hindsearch.report import plots
+
+    fig, ax = plots.axes("entropy")
+    ax.plot([1, 2, 3, 4], [0.812010, 0.812035, 0.812052, 0.812081])
+    plots.plain_y(ax)
+    fig.canvas.draw()
+    labels = [t.get_text() for t in ax.get_yticklabels() if t.get_text()]
+    plots._pyplot().close(fig)
+    assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
+    assert plots.distinct_digits([2e-05, 4e-05]) == 3 and plots.distinct_digits([0.81201, 0.81202]) == 5
