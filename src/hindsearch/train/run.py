@@ -336,9 +336,11 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
+    from hindsearch.memory import tune_malloc
     from hindsearch.progress import quiet_upstream_bars
 
     quiet_upstream_bars()  # from Python too: no upstream bar redraws in a log (as the CLI does)
+    tune_malloc()  # as the CLI does (a no-op there, done already): fewer malloc arenas from here on
     from hindsearch.models import set_threads
 
     used_threads = set_threads(threads or cfg.train.threads, log)
