@@ -19,7 +19,8 @@ def test_the_last_progress_line_is_printed_once_with_the_last_steps_values(monke
                         lambda total, desc, unit="it", initial=0: progress.PlainProgress(
                             total, desc, unit=unit, initial=initial, every_s=0.0, stream=out))
     bar = progress_callback("grpo steps", postfix=("loss", "rollout/reward_mean"))
-    args, state, control = TrainingArguments(output_dir=str(tmp_path), report_to=[]), TrainerState(), TrainerControl()
+    args = TrainingArguments(output_dir=str(tmp_path), report_to=[])
+    state, control = TrainerState(), TrainerControl()
     state.max_steps = 3
     bar.on_train_begin(args, state, control)
     for step, reward in ((1, 0.375), (2, 0.0), (3, 0.375)):
@@ -171,7 +172,8 @@ def test_config_load_takes_a_preset_name():
     from hindsearch.cli.train import find_config
     from hindsearch.config import Config, ConfigError
 
-    assert Config.load("tiny-cpu", ["train.steps=2"]).to_dict() == Config.load(find_config(None), ["train.steps=2"]).to_dict()
+    by_name = Config.load("tiny-cpu", ["train.steps=2"]).to_dict()
+    assert by_name == Config.load(find_config(None), ["train.steps=2"]).to_dict()
     import pytest
 
     with pytest.raises(ConfigError, match="'no-such-preset' not found .*presets: .*tiny-cpu"):
@@ -339,3 +341,15 @@ def test_tick_labels_of_a_small_range_differ():
     plots._pyplot().close(fig)
     assert len(labels) >= 3 and len(set(labels)) == len(labels), labels
     assert plots.distinct_digits([2e-05, 4e-05]) == 3 and plots.distinct_digits([0.81201, 0.81202]) == 5
+
+
+def test_the_reports_header_names_the_thread_count_a_run_chose(tmp_path):
+    from hindsearch.report.header import run_header
+    from hindsearch.report.runs import Run
+
+    run = Run(path=tmp_path)
+    run.config = {"model": {"name": "tiny-random"}, "train": {"steps": 2}}
+    run.summary = {"threads": {"count": 1, "why": "chosen for a busy machine: load average 9.0 >= 2 cores"}}
+    hardware = next(r for r in run_header(run) if "hardware" in str(r))
+    assert "torch threads 1 (chosen for a busy machine: load average 9.0 &gt;= 2 cores)" in str(hardware) \
+        or "torch threads 1 (chosen for a busy machine: load average 9.0 >= 2 cores)" in str(hardware)

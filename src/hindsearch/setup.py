@@ -108,7 +108,8 @@ def answers_retrieved(records: list[Any], retriever: Any, k: int, n: int = BELON
     if not sample:
         return 0, 0
     found = retriever.retrieve([r.question for r in sample], k)
-    return sum(any(answer_in_text(r.golden_answers, p.contents) for p in ps) for r, ps in zip(sample, found)), len(sample)
+    hits = sum(any(answer_in_text(r.golden_answers, p.contents) for p in ps) for r, ps in zip(sample, found))
+    return hits, len(sample)
 
 
 def belonging_warning(cfg: Config, setup: "Setup", k: int | None = None) -> str | None:

@@ -111,8 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.set_defaults(func=cmd_fetch)
     m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")
     m.add_argument("--shared", required=True,
-                   help="folder of real data slices: the files docs/data.md lists (corpus slices, benchmark test sets, "
-                        "HotpotQA/MuSiQue train slices); a missing one is skipped and named")
+                   help="folder of real data slices: the files docs/data.md lists (corpus slices, benchmark "
+                        "test sets, HotpotQA/MuSiQue train slices); a missing one is skipped and named")
     m.add_argument("--out", required=True, help="output folder (new, empty, or an earlier mini-wiki)")
     m.add_argument("--dev-fraction", type=float, default=0.1,
                    help="share of the kept training questions written to dev.jsonl (the rest to train.jsonl)")

@@ -86,7 +86,8 @@ def preset_dirs() -> list[Path]:
 
 
 def find_config(name: str | Path | None) -> Path:
-    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``; None: ``DEFAULT_PRESET``)."""
+    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``; None: the default
+    preset)."""
     name = str(name or DEFAULT_PRESET)
     p = Path(name)
     if p.exists():
@@ -96,7 +97,8 @@ def find_config(name: str | Path | None) -> Path:
         if (d / stem).exists():
             return d / stem
     known = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.toml")})
-    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); presets: {', '.join(known) or 'none'}")
+    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); "
+                            f"presets: {', '.join(known) or 'none'}")
 
 
 def read_preset(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:

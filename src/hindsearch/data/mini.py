@@ -212,7 +212,8 @@ def _answerable(corpus: MiniCorpus, kind: str, row: Any, rec: QARecord) -> bool:
     return bool(hits)
 
 
-def split_train_dev(records: list[QARecord], dev_fraction: float, seed: int = 0) -> tuple[list[QARecord], list[QARecord]]:
+def split_train_dev(records: list[QARecord], dev_fraction: float,
+                    seed: int = 0) -> tuple[list[QARecord], list[QARecord]]:
     """``(train, dev)``: a seeded shuffle of ``records``, ``round(n * dev_fraction)`` of them (at least one when
     the fraction is > 0 and there are two or more) to dev."""
     import random
@@ -231,7 +232,8 @@ def _write_qa(path: Path, records: list[QARecord]) -> None:
             f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
 
 
-def build_mini(shared: str | Path, out: str | Path, log=print, dev_fraction: float = DEV_FRACTION) -> dict[str, Any]:
+def build_mini(shared: str | Path, out: str | Path, log=print,
+               dev_fraction: float = DEV_FRACTION) -> dict[str, Any]:
     """Build the mini-wiki, the filtered benchmarks and the train/dev split (``dev_fraction`` of the kept training
     questions to dev) in ``out``; returns the ``mini.json`` dict."""
     if not 0 <= dev_fraction < 1:

@@ -312,7 +312,8 @@ def default_threads(cores: int, load: float) -> tuple[int | None, str]:
     threads spin-wait for a descheduled sibling, so a second thread costs far more than it gains), the free
     cores when some are taken (``load >= 1``), else None (torch's default, one per core)."""
     if cores <= 2:
-        return 1, f"{cores} CPU core{'s' * (cores != 1)}: one thread, as two lose much more beside another job than they gain alone"
+        return 1, (f"{cores} CPU core{'s' * (cores != 1)}: one thread, as two lose much more beside another job "
+                   f"than they gain alone")
     if load >= cores:
         return 1, f"a busy machine: load average {load:.1f} >= {cores} cores"
     if load >= 1:

@@ -229,7 +229,8 @@ def load_run(path: str | Path) -> Run:
 
 def finished_dev_evals(run_dir: Path, bad: list[str]) -> dict[str, dict[str, Any]]:
     """The dev rows (``eval.bench_row``) of the stage evaluations a run finished (``RUN/eval/<stage>/summary.json``,
-    written when a stage's evaluation ends), by stage in the job's order: what a stopped run's summary would hold."""
+    written when a stage's evaluation ends), by stage in the job's order: what a stopped run's summary would
+    hold."""
     from hindsearch.eval import bench_row
     from hindsearch.train.dev_eval import STAGES
 
