@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch CPU threads (train.threads; default: torch's, one per core). On a shared machine use 1")
+                   help="torch CPU threads (train.threads; default: 1 on 2 cores or fewer or a busy machine, "
+                        "else torch's; the run says which and why)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last complete checkpoint (default: start a new run)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: use a RUN_DIR/config.toml edited since the run started in a key that changes "
