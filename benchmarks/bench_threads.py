@@ -1,10 +1,12 @@
-"""Torch threads on a shared CPU: one training step of the default model's size with 1 thread against N.
+"""Torch threads on a shared CPU: one training step of the default model's size with 1 thread, N, and the default.
 
-``hindsearch train --threads N`` sets the count (default: torch's, one per core). This benchmark times what
-the choice costs where the user waits: forward + backward + an AdamW step of a model with SmolLM2-135M's
-shape (random weights, the same compute; 30 layers, hidden 576), on ``--rows`` rows of ``--tokens`` tokens,
-alternating the thread counts (1, N, 1, N, ...) so that both see the same machine load. Prints the median
-wall and process CPU seconds per step of each count, and their ratios, with the load average.
+``hindsearch train --threads N`` sets the count; without it a run takes ``models.default_threads`` (1 on 2 cores
+or fewer or on a busy machine, the free cores when some are taken, else torch's). This benchmark times what the
+choice costs where the user waits: forward + backward + an AdamW step of a model with SmolLM2-135M's shape
+(random weights, the same compute; 30 layers, hidden 576), on ``--rows`` rows of ``--tokens`` tokens, alternating
+the arms (1, N, default, 1, N, default, ...) so that all see the same machine load; the default is chosen again
+before each of its steps, from the load average then. Prints the median wall and process CPU seconds per step of
+each arm, and their ratios, with the load average and the default's counts.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_threads.py --threads 2 --rounds 3
 """
@@ -49,16 +51,30 @@ def main(argv: list[str] | None = None) -> int:
     ids = torch.randint(0, 49152, (args.rows, args.tokens))
     torch.set_num_threads(1)
     one_step(model, opt, ids)  # warm: allocations, first-call overheads
-    times: dict[int, list[tuple[float, float]]] = {1: [], args.threads: []}
+    from hindsearch.models import default_threads, usable_cores
+
+    torch_default = torch.get_num_threads()
+    arms: list[int | str] = [1, args.threads, "default"]
+    times: dict[int | str, list[tuple[float, float]]] = {a: [] for a in arms}
+    chosen: list[str] = []
+    loads: list[float] = []
     for _ in range(args.rounds):
-        for n in (1, args.threads):
+        for arm in arms:
+            n = arm
+            if arm == "default":
+                loads.append(os.getloadavg()[0])
+                auto, why = default_threads(usable_cores(), loads[-1])
+                n = min(auto or torch_default, torch_default)
+                chosen.append(f"{n} ({why})")
             torch.set_num_threads(n)
             w0, c0 = time.perf_counter(), time.process_time()
             one_step(model, opt, ids)
-            times[n].append((time.perf_counter() - w0, time.process_time() - c0))
+            times[arm].append((time.perf_counter() - w0, time.process_time() - c0))
     load = os.getloadavg()
     print(f"one training step ({args.layers} layers, hidden 576, {args.rows} x {args.tokens} tokens), "
-          f"{args.rounds} alternations; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}, {os.cpu_count()} cores")
+          f"{args.rounds} alternations; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} at the end "
+          f"({min(loads):.2f}-{max(loads):.2f} during), {os.cpu_count()} cores")
+    print("default chose: " + "; ".join(dict.fromkeys(chosen)))
     print("| threads | median wall s | median CPU s | wall vs 1 thread | CPU vs 1 thread |")
     print("|---|---|---|---|---|")
     base_w = statistics.median(w for w, _ in times[1])

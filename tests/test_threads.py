@@ -9,15 +9,15 @@ from hindsearch.config import Config
 
 
 def test_set_threads_sets_and_says_the_count():
-    from hindsearch.train.run import set_threads
+    from hindsearch.models import set_threads
 
     old = torch.get_num_threads()
     lines: list[str] = []
     try:
-        assert set_threads(1, lines.append) == 1 == torch.get_num_threads()
+        assert set_threads(1, lines.append) == (1, "train.threads / --threads") and torch.get_num_threads() == 1
         assert lines == ["torch CPU threads: 1 (train.threads / --threads)"]
-        assert set_threads(None, lines.append) == 1  # None leaves the count as it is, and says how to set it
-        assert "on a shared machine pass --threads 1" in lines[-1]
+        n, why = set_threads(None, lines.append)  # None: the machine's default count, said with its reason
+        assert n == torch.get_num_threads() and "--threads N overrides" in lines[-1] and why in lines[-1]
     finally:
         torch.set_num_threads(old)
 

@@ -422,10 +422,10 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     cfg = Config.load(config, run_overrides(method, seed, rd, init, base_ov))
     state = run_state(rd)
     t0 = time.time()
-    if state == "partial":
-        run_train(None, resume=rd)
+    if state == "partial":  # the count compare chose (threads) stays: run_train would choose its own without it
+        run_train(None, resume=rd, threads=threads)
     elif state == "new":
-        run_train(cfg)
+        run_train(cfg, threads=threads)
     sets = eval_sets(Config.load(config, base_ov), mini, test_limit, mini_limit or cfg.eval.limit)
     from dataclasses import replace
 

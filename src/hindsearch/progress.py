@@ -104,12 +104,20 @@ UPSTREAM_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 
 
 def quiet_upstream_bars(environ: Any = None) -> bool:
-    """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (before they are imported:
-    an environment switch, so nothing heavy loads here); a user's own setting wins. Returns whether it did."""
+    """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (an environment switch read
+    when they are imported, so nothing heavy loads here; where they are imported already, their own switches too);
+    a user's own setting wins. Returns whether it did."""
     import os
 
     env = os.environ if environ is None else environ
     if interactive() or UPSTREAM_BARS_ENV in env:
         return False
     env[UPSTREAM_BARS_ENV] = "1"
+    if environ is None:  # already imported (``run_train`` called from Python): their switches, read at each bar
+        if "huggingface_hub" in sys.modules:
+            sys.modules["huggingface_hub"].utils.disable_progress_bars()
+        if "transformers" in sys.modules:
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()
     return True

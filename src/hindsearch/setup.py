@@ -92,3 +92,38 @@ def eval_engine(cfg: Config, model: Any, tokenizer: Any, retriever: Any) -> Any:
 
     return RolloutEngine(model, tokenizer, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
                          backend=HFBackend(model, tokenizer))
+
+
+BELONG_SAMPLE = 50
+"""Training questions ``answers_retrieved`` checks (the first ones of the file: a fixed, cheap sample)."""
+
+
+def answers_retrieved(records: list[Any], retriever: Any, k: int, n: int = BELONG_SAMPLE) -> tuple[int, int]:
+    """``(hits, checked)``: of the first ``n`` of ``records``, how many find a gold answer (normalised, as EM
+    reads it) in the ``k`` passages ``retriever`` returns for the question. 0 hits of many means the QA data and
+    the retriever's corpus do not belong together (a run would train on questions it can never answer)."""
+    from hindsearch.rewards import answer_in_text
+
+    sample = [r for r in records[:n] if r.golden_answers]
+    if not sample:
+        return 0, 0
+    found = retriever.retrieve([r.question for r in sample], k)
+    hits = sum(any(answer_in_text(r.golden_answers, p.contents) for p in ps) for r, ps in zip(sample, found))
+    return hits, len(sample)
+
+
+def belonging_warning(cfg: Config, setup: "Setup", k: int | None = None) -> str | None:
+    """A one-line warning when none of the sampled training questions finds a gold answer in what the retriever
+    returns for it (``answers_retrieved``), naming the QA file and the retriever; None when some do, or when
+    fewer than 10 could be checked. A retrieval error is no verdict: None."""
+    try:
+        hits, checked = answers_retrieved(setup.train, setup.retriever, k or max(cfg.retrieval.topk, 5))
+    except Exception:  # noqa: BLE001 - a server down is reported by the run itself, not by this check
+        return None
+    if checked < 10 or hits:
+        return None
+    where = (cfg.retrieval.url if cfg.retrieval.kind == "remote" else
+             setup.paths.get("index_dir") or type(setup.retriever).__name__)
+    return (f"warning: none of the first {checked} training questions ({setup.paths['train']}) finds a gold answer "
+            f"in the passages the retriever ({cfg.retrieval.kind}: {where}) returns for it; the QA data and the "
+            f"corpus do not seem to belong together: set data.train and data.dev to questions about your corpus")

@@ -68,7 +68,7 @@ def cmd_mini(args: argparse.Namespace) -> int:
     created = not out.exists()
     claim_output(out, "mini")
     try:
-        build_mini(args.shared, out)
+        build_mini(args.shared, out, dev_fraction=args.dev_fraction)
     except BaseException:
         if created:  # a failed first build leaves nothing behind
             import shutil
@@ -110,6 +110,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     f.add_argument("--no-verify", action="store_true", help="skip the row-count check")
     f.set_defaults(func=cmd_fetch)
     m = dsub.add_parser("mini", help="build the mini-wiki corpus and seven benchmark files from local slices")
-    m.add_argument("--shared", required=True, help="folder of real data slices (e.g. ../shared/data)")
+    m.add_argument("--shared", required=True,
+                   help="folder of real data slices: the files docs/data.md lists (corpus slices, benchmark "
+                        "test sets, HotpotQA/MuSiQue train slices); a missing one is skipped and named")
     m.add_argument("--out", required=True, help="output folder (new, empty, or an earlier mini-wiki)")
+    m.add_argument("--dev-fraction", type=float, default=0.1,
+                   help="share of the kept training questions written to dev.jsonl (the rest to train.jsonl)")
     m.set_defaults(func=cmd_mini)

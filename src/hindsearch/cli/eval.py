@@ -6,7 +6,9 @@
 Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
 ``--retrieval-url`` (the config's ``retrieval.url``; ``--retriever-url`` is its deprecated former name)
 the config's retriever (default: the world's BM25 index, built on first use). ``--config`` takes a TOML
-file or a shipped preset's name, from any folder, as ``train`` does (default: the built-in defaults).
+file or a shipped preset's name, from any folder, as ``train`` does, and defaults to the same preset
+(``tiny-cpu``: the decoding budgets a ``train`` run evaluates with). ``--threads`` sets torch's thread count as
+``train --threads`` does (default: ``train.threads``, else the count ``models.default_threads`` chooses).
 Prints the EM/F1 table (with 95% intervals, see ``hindsearch.eval``) and writes ``OUT/summary.json``,
 ``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
 rows recorded an error unless ``--keep-errors``. Rows are reused only when the model, decoding,
@@ -60,7 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--skip-bad", action="store_true",
                    help="skip and count malformed QA rows (each named on stderr) instead of failing on the first")
     p.add_argument("--out", required=True, help="output folder (summary.json, results.md, trajectories.jsonl); reruns resume")
-    p.add_argument("--config", help="TOML file or shipped preset name, e.g. tiny-cpu (default: built-in defaults)")
+    p.add_argument("--config", help="TOML file or shipped preset name (default: tiny-cpu, as for train)")
+    p.add_argument("--threads", type=positive_int, default=None, metavar="N",
+                   help="torch CPU threads (default: the config's train.threads, else 1 on a busy machine or one "
+                        "of 2 cores or fewer, torch's otherwise)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="config override, e.g. rollout.max_turns=2")
     p.add_argument("--batch-size", type=positive_int, help="trajectories per batch (default: eval.batch_size)")
     p.add_argument("--sample", action="store_true", help="sample with rollout.temperature/top_p instead of greedy")
@@ -112,7 +117,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         overrides.append(f"model.name={json.dumps(args.model)}")
     if args.retrieval_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
-    cfg = Config.load(find_config(args.config) if args.config else None, overrides)
+    cfg = Config.load(find_config(args.config), overrides)  # the preset train runs by default, as train takes it
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]
@@ -138,6 +143,9 @@ def cmd_eval(args: argparse.Namespace) -> int:
     record["retriever"].pop("path", None)
     if not args.fresh and (why := reuse_problem(out, full_record(record, greedy, seed))):
         raise EvalMismatch(refuse_message(out, why))  # before the model loads
+    from hindsearch.models import set_threads
+
+    set_threads(args.threads or cfg.train.threads)
     model, tok = load_policy(cfg.model)
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk)
     res = evaluate(engine, datasets, out_dir=out, batch_size=args.batch_size or cfg.eval.batch_size,

@@ -8,31 +8,9 @@ or the name of a shipped preset (``tiny-cpu``, ``qwen2.5-3b-instruct``, ...), lo
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from hindsearch.config import METHODS
-
-DEFAULT_PRESET = "tiny-cpu"
-
-
-def preset_dirs() -> list[Path]:
-    """Where shipped presets are looked up: ``./configs`` then the checkout's ``configs/``."""
-    here = Path(__file__).resolve()
-    return [Path.cwd() / "configs", here.parents[3] / "configs", here.parents[1] / "configs"]
-
-
-def find_config(name: str | None) -> Path:
-    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``)."""
-    name = name or DEFAULT_PRESET
-    p = Path(name)
-    if p.exists():
-        return p
-    stem = p.name if p.suffix == ".toml" else p.name + ".toml"
-    for d in preset_dirs():
-        if (d / stem).exists():
-            return d / stem
-    known = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.toml")})
-    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); presets: {', '.join(known) or 'none'}")
+from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: F401  (the lookup lives with Config)
 
 
 class PluginAction(argparse.Action):
@@ -63,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="override one field, e.g. --set train.steps=4 (repeatable)")
     p.add_argument("--out", default=None, help="run folder (default: the config's `out`)")
     p.add_argument("--threads", type=positive_int, default=None, metavar="N",
-                   help="torch CPU threads (train.threads; default: torch's, one per core). On a shared machine use 1")
+                   help="torch CPU threads (train.threads; default: 1 on 2 cores or fewer or a busy machine, "
+                        "else torch's; the run says which and why)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last complete checkpoint (default: start a new run)")
     p.add_argument("--allow-config-change", action="store_true",
                    help="with --resume: use a RUN_DIR/config.toml edited since the run started in a key that changes "

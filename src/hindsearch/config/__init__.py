@@ -75,6 +75,32 @@ def _overlay(base: dict[str, Any], top: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+DEFAULT_PRESET = "tiny-cpu"
+"""The preset ``hindsearch train`` and ``hindsearch eval`` run without ``--config``."""
+
+
+def preset_dirs() -> list[Path]:
+    """Where shipped presets are looked up: ``./configs`` then the checkout's ``configs/``."""
+    here = Path(__file__).resolve()
+    return [Path.cwd() / "configs", here.parents[3] / "configs", here.parents[1] / "configs"]
+
+
+def find_config(name: str | Path | None) -> Path:
+    """A config path from a file path or a preset name (``tiny-cpu`` or ``tiny-cpu.toml``; None: the default
+    preset)."""
+    name = str(name or DEFAULT_PRESET)
+    p = Path(name)
+    if p.exists():
+        return p
+    stem = p.name if p.suffix == ".toml" else p.name + ".toml"
+    for d in preset_dirs():
+        if (d / stem).exists():
+            return d / stem
+    known = sorted({q.stem for d in preset_dirs() if d.is_dir() for q in d.glob("*.toml")})
+    raise FileNotFoundError(f"config {name!r} not found (not a file, not a preset); "
+                            f"presets: {', '.join(known) or 'none'}")
+
+
 def read_preset(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A preset's TOML as a dict, its ``base`` chain resolved: the base (relative to ``p``'s folder) read first, then
     ``p`` laid over it (``_overlay``). A missing base or a cycle raises ``ConfigError`` naming the files."""
@@ -178,12 +204,18 @@ class Config:
 
     @classmethod
     def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "Config":
-        """Load a TOML preset (None = defaults; its ``base`` chain resolved: ``read_preset``), apply
-        ``section.key=value`` overrides, fill ``{method}`` in ``out``, validate."""
+        """Load a TOML file or a shipped preset by name (``"tiny-cpu"``, as ``--config`` takes it; None = the
+        built-in defaults; its ``base`` chain resolved: ``read_preset``), apply ``section.key=value`` overrides,
+        fill ``{method}`` in ``out``, validate."""
         d: dict[str, Any] = {}
         src = "<defaults>"
         if path is not None:
             p = Path(path)
+            if not p.exists() and len(p.parts) == 1:  # a bare name: a shipped preset
+                try:
+                    p = find_config(p)
+                except FileNotFoundError as e:
+                    raise ConfigError(str(e)) from None
             if not p.exists():
                 raise ConfigError(f"config file not found: {p}")
             d = read_preset(p)

@@ -188,10 +188,11 @@ class TrainConfig:
     seed: int = 0
     """Random seed (data order, sampling)."""
     threads: int | None = bounded(None, gt=0)
-    """Torch CPU threads of the run (``torch.set_num_threads``; ``hindsearch train --threads N``); None = torch's
-    default, one per core. On a shared machine use 1: with two, OpenMP threads spin-wait for a descheduled
-    partner, and micro runs on the 2-core box ran 10-13x slower in wall and CPU time. The count also changes
-    float reductions, so two counts give slightly different weights (a resume may change it)."""
+    """Torch CPU threads of the run (``torch.set_num_threads``; ``hindsearch train --threads N``); None = chosen for
+    the machine when the run starts (``models.default_threads``: 1 on 2 cores or fewer or a busy machine, where
+    OpenMP threads spin-wait for a descheduled partner; torch's default on an idle one), printed and recorded in
+    summary.json. The count also changes float reductions, so two counts give slightly different weights (a
+    resume may change it)."""
     save_steps: int = bounded(4, gt=0)
     """Checkpoint every N steps (and at the end)."""
     gradient_checkpointing: bool = False

@@ -12,6 +12,9 @@ SOURCES.md) it builds:
   multi-hop sets every supporting paragraph must be present (``metadata.evidence_ids``);
   for single-hop sets a gold answer must occur, normalised as in ``rewards.answer_in_text``,
   in some passage (``metadata.answer_passage_ids``, at most 5);
+* ``train.jsonl`` and ``dev.jsonl``: the training sets' questions (HotpotQA's and MuSiQue's train slices, disjoint
+  from the benchmarks) whose supporting paragraphs are all in the corpus, split by a seeded shuffle
+  (``dev_fraction`` to dev), so ``data.train`` / ``data.dev`` have a split that belongs with this corpus;
 * ``mini.json`` with the counts, also printed as a table.
 
 Answer lookup uses an inverted index over normalised tokens (candidates = intersection of
@@ -61,6 +64,14 @@ BENCHMARKS = {
     "musique": ("migres/musique.json", "multi"),
     "bamboogle": ("ros-subsample/bamboogle/test.jsonl", "single"),
 }
+
+# Training sets (their questions go to train.jsonl / dev.jsonl; every one is multi-hop, with its paragraphs).
+TRAIN_FILES = {
+    "hotpotqa_train": "hipporag/hotpotqa_train.json",
+    "musique_train": "hipporag/musique_train.json",
+}
+DEV_FRACTION = 0.1
+"""Share of the kept training questions that ``build_mini`` writes to ``dev.jsonl``."""
 
 _PUNCT = re.compile("[" + re.escape(string.punctuation) + "]")
 _ARTICLES = re.compile(r"\b(a|an|the)\b", re.UNICODE)
@@ -164,12 +175,16 @@ def _collect_corpus(shared: Path, missing: list[str]) -> MiniCorpus:
     return corpus
 
 
-def _read_benchmarks(shared: Path, missing: list[str]) -> dict[str, list[tuple[Any, QARecord]]]:
-    """Each benchmark's (raw row, record) pairs; a malformed row is an error naming file and line."""
+def _read_benchmarks(shared: Path, missing: list[str],
+                     files: dict[str, str] | None = None) -> dict[str, list[tuple[Any, QARecord]]]:
+    """Each benchmark's (or each of ``files``': name -> path) (raw row, record) pairs; a malformed row is an
+    error naming file and line."""
     rows: dict[str, list[tuple[Any, QARecord]]] = {}
-    for name, (rel, _kind) in BENCHMARKS.items():
+    files = files if files is not None else {name: rel for name, (rel, _kind) in BENCHMARKS.items()}
+    for name, rel in files.items():
         if not (shared / rel).is_file():
-            missing.append(rel)
+            if rel not in missing:  # a training set is a paragraph source too: named once
+                missing.append(rel)
             continue
         rows[name] = []
         for where, err, row in read_rows(shared / rel):
@@ -197,8 +212,32 @@ def _answerable(corpus: MiniCorpus, kind: str, row: Any, rec: QARecord) -> bool:
     return bool(hits)
 
 
-def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]:
-    """Build the mini-wiki and the filtered benchmarks in ``out``; returns the ``mini.json`` dict."""
+def split_train_dev(records: list[QARecord], dev_fraction: float,
+                    seed: int = 0) -> tuple[list[QARecord], list[QARecord]]:
+    """``(train, dev)``: a seeded shuffle of ``records``, ``round(n * dev_fraction)`` of them (at least one when
+    the fraction is > 0 and there are two or more) to dev."""
+    import random
+
+    order = list(records)
+    random.Random(seed).shuffle(order)
+    n_dev = round(len(order) * dev_fraction)
+    if dev_fraction > 0 and len(order) >= 2:
+        n_dev = min(max(n_dev, 1), len(order) - 1)
+    return order[n_dev:], order[:n_dev]
+
+
+def _write_qa(path: Path, records: list[QARecord]) -> None:
+    with path.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+
+
+def build_mini(shared: str | Path, out: str | Path, log=print,
+               dev_fraction: float = DEV_FRACTION) -> dict[str, Any]:
+    """Build the mini-wiki, the filtered benchmarks and the train/dev split (``dev_fraction`` of the kept training
+    questions to dev) in ``out``; returns the ``mini.json`` dict."""
+    if not 0 <= dev_fraction < 1:
+        raise ValueError(f"--dev-fraction {dev_fraction}: must be at least 0 and below 1")
     shared, out = Path(shared), Path(out)
     if not shared.is_dir():
         raise FileNotFoundError(f"shared data folder not found: {shared}")
@@ -208,18 +247,24 @@ def build_mini(shared: str | Path, out: str | Path, log=print) -> dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     write_corpus(out / "corpus.jsonl", corpus.passages)
     rows = _read_benchmarks(shared, missing)
+    train_rows = _read_benchmarks(shared, missing, TRAIN_FILES)
     corpus.build_answer_index({t for recs in rows.values() for _, r in recs for a in r.golden_answers
                                for t in fast_normalize(a).split()})
     bench: dict[str, Any] = {}
     for name, recs in rows.items():
         rel, kind = BENCHMARKS[name]
         kept = [rec for row, rec in recs if _answerable(corpus, kind, row, rec)]
-        with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-            for r in kept:
-                f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
+        _write_qa(out / f"{name}.jsonl", kept)
         bench[name] = {"source": rel, "rule": kind, "total": len(recs), "kept": len(kept)}
+    pool = [rec for recs in train_rows.values() for row, rec in recs if _answerable(corpus, "multi", row, rec)]
+    train, dev = split_train_dev(pool, dev_fraction)
+    if pool:
+        _write_qa(out / "train.jsonl", train)
+        _write_qa(out / "dev.jsonl", dev)
+    split = {"sources": [TRAIN_FILES[n] for n in train_rows], "total": sum(len(r) for r in train_rows.values()),
+             "kept": len(pool), "train": len(train), "dev": len(dev), "dev_fraction": dev_fraction}
     meta = {"passages": len(corpus.passages), "passages_per_source": corpus.added, "benchmarks": bench,
-            "missing_sources": missing, "seconds": round(time.perf_counter() - t0, 2)}
+            "split": split, "missing_sources": missing, "seconds": round(time.perf_counter() - t0, 2)}
     (out / "mini.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     log(format_table(meta))
     return meta
@@ -231,6 +276,13 @@ def format_table(meta: dict[str, Any]) -> str:
              f"{'benchmark':<10} {'kept':>6} {'total':>6} {'rule':<6} source"]
     for name, b in meta["benchmarks"].items():
         lines.append(f"{name:<10} {b['kept']:>6} {b['total']:>6} {b['rule']:<6} {b['source']}")
+    sp = meta.get("split") or {}
+    if sp.get("kept"):
+        lines.append(f"train/dev split: {sp['train']} train.jsonl + {sp['dev']} dev.jsonl of {sp['kept']} kept "
+                     f"training questions ({sp['total']} in {', '.join(sp['sources'])})")
+    else:
+        lines.append("train/dev split: none (no training questions answerable from the corpus: "
+                     + ", ".join(TRAIN_FILES.values()) + ")")
     for rel in meta["missing_sources"]:
         lines.append(f"missing (skipped): {rel}")
     return "\n".join(lines)

@@ -296,3 +296,47 @@ def torch_threads(n: int | None):
         yield
     finally:
         torch.set_num_threads(old)
+
+
+def usable_cores() -> int:
+    """The CPU cores this process may run on (its affinity set where the OS has one, else all)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def default_threads(cores: int, load: float) -> tuple[int | None, str]:
+    """The torch thread count a run takes when none is given, from the usable ``cores`` and the 1-minute load
+    average ``load``, and why: 1 on 2 cores or fewer or on a busy machine (``load >= cores``: torch's OpenMP
+    threads spin-wait for a descheduled sibling, so a second thread costs far more than it gains), the free
+    cores when some are taken (``load >= 1``), else None (torch's default, one per core)."""
+    if cores <= 2:
+        return 1, (f"{cores} CPU core{'s' * (cores != 1)}: one thread, as two lose much more beside another job "
+                   f"than they gain alone")
+    if load >= cores:
+        return 1, f"a busy machine: load average {load:.1f} >= {cores} cores"
+    if load >= 1:
+        free = max(1, int(cores - load))
+        return free, f"load average {load:.1f} on {cores} cores: the {free} free ones"
+    return None, f"torch's default on an idle machine (load average {load:.1f}, {cores} cores)"
+
+
+def set_threads(n: int | None, log: Any = print) -> tuple[int, str]:
+    """Set torch's CPU thread count to ``n``, or when None to ``default_threads`` of this machine (never above
+    torch's default), and say the count and why; returns both."""
+    if n:
+        torch.set_num_threads(n)
+        why = "train.threads / --threads"
+    else:
+        try:
+            load = os.getloadavg()[0]
+        except (AttributeError, OSError):  # no load average (Windows): count the machine as idle
+            load = 0.0
+        auto, why = default_threads(usable_cores(), load)
+        if auto is not None and auto < torch.get_num_threads():
+            torch.set_num_threads(auto)
+        why = f"chosen for {why}; --threads N overrides"
+    used = torch.get_num_threads()
+    log(f"torch CPU threads: {used} ({why})")
+    return used, why

@@ -167,6 +167,9 @@ def run_header(run: Run) -> list[dict[str, Any]]:
         hw_note.append(f"model.device = {text(dig(cfg, 'model', 'device'))}")
     if is_value(dig(cfg, "train", "threads")):
         hw_note.append(f"train.threads = {text(dig(cfg, 'train', 'threads'))}")
+    elif is_value(dig(summary, "threads", "count")):  # the count the run chose itself
+        count, why = dig(summary, "threads", "count"), dig(summary, "threads", "why")
+        hw_note.append(f"torch threads {text(count)}" + (f" ({text(why)})" if isinstance(why, str) and why else ""))
     peak = finite(dig(summary, "memory", "peak_rss_mb"))
     if peak:
         hw_note.append(f"peak RSS {peak / 1024:.1f} GiB")

@@ -61,12 +61,31 @@ def integer_steps(ax: Any) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
 
 
-def plain_y(ax: Any) -> None:
-    """y tick labels as values (``%.3g``), not as an offset or a power of ten above the axis: a learning rate of
-    2e-05 reads 2e-05."""
-    from matplotlib.ticker import FuncFormatter
+def distinct_digits(values: Sequence[float], least: int = 3, most: int = 15) -> int:
+    """The fewest significant digits (at least ``least``) at which ``values`` are written apart (``%.Ng``): ticks
+    0.81202, 0.81204, ... of a small range need more than three."""
+    n = len(set(values))
+    for d in range(least, most + 1):
+        if len({f"{v:.{d}g}" for v in values}) == n:
+            return d
+    return most
 
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:.3g}"))
+
+def plain_y(ax: Any) -> None:
+    """y tick labels as values (``%.Ng``, N = 3 or as many as the ticks need to differ: ``distinct_digits``), not as
+    an offset or a power of ten above the axis: a learning rate of 2e-05 reads 2e-05."""
+    from matplotlib.ticker import Formatter
+
+    class Plain(Formatter):
+        digits = 3
+
+        def set_locs(self, locs: Sequence[float]) -> None:
+            self.digits = distinct_digits(list(locs))
+
+        def __call__(self, v: float, pos: Any = None) -> str:
+            return f"{v:.{self.digits}g}"
+
+    ax.yaxis.set_major_formatter(Plain())
 
 
 def axes(title: str, xlabel: str = "step") -> tuple[Any, Any]:

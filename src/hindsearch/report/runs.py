@@ -219,10 +219,30 @@ def load_run(path: str | Path) -> Run:
     run.config_text = read_text(p / "config.toml", run.bad_lines)
     run.results = read_json(p / "results.json", run.bad_lines)
     run.summary = read_json(p / "summary.json", run.bad_lines)
+    if not isinstance(run.summary.get("dev"), dict) and (dev := finished_dev_evals(p, run.bad_lines)):
+        run.summary["dev"] = dev  # a stopped run (no summary.json yet): the stage evaluations that had finished
     run.marker = read_json(p / MARKER, run.bad_lines)
     run.config = parse_toml(run.config_text, p / "config.toml", run.bad_lines)
     load_run_plugins(run.config, p / "config.toml", run.bad_lines)
     return run
+
+
+def finished_dev_evals(run_dir: Path, bad: list[str]) -> dict[str, dict[str, Any]]:
+    """The dev rows (``eval.bench_row``) of the stage evaluations a run finished (``RUN/eval/<stage>/summary.json``,
+    written when a stage's evaluation ends), by stage in the job's order: what a stopped run's summary would
+    hold."""
+    from hindsearch.eval import bench_row
+    from hindsearch.train.dev_eval import STAGES
+
+    out: dict[str, dict[str, Any]] = {}
+    for stage in STAGES:
+        f = run_dir / "eval" / stage / "summary.json"
+        if f.is_file():
+            res = read_json(f, bad)
+            dev = res.get("benchmarks", {}).get("dev") if isinstance(res.get("benchmarks"), dict) else None
+            if isinstance(dev, dict):
+                out[stage] = bench_row(dev)
+    return out
 
 
 def load_run_plugins(config: dict[str, Any], path: Path, bad: list[str]) -> None:

@@ -148,16 +148,36 @@ def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -
     }
 
 
+def sample_order(rewards: Sequence[float], k: int) -> list[int]:
+    """Indices of the ``k`` rollouts a step writes to ``samples.jsonl``: failures and successes (reward > 0) in
+    their shares of the step (``k * successes / n`` rounded, at least one of each when both occur and ``k`` > 1),
+    so the file's rewards agree with the step's ``rollout/reward_mean``; the first of each kind, failures first.
+    All of them when ``k >= n``."""
+    ok = [i for i, r in enumerate(rewards) if r > 0]
+    bad = [i for i, r in enumerate(rewards) if not r > 0]
+    n, k = len(rewards), max(0, min(k, len(rewards)))
+    if k == n:
+        return bad + ok
+    n_ok = round(k * len(ok) / n) if n else 0
+    if ok and bad and k > 1:
+        n_ok = min(max(n_ok, 1), k - 1)
+    n_ok = min(n_ok, len(ok), k)
+    n_bad = min(k - n_ok, len(bad))
+    n_ok = min(k - n_bad, len(ok))
+    return bad[:n_bad] + ok[:n_ok]
+
+
 def sample_records(
     trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], k: int, step: int
 ) -> list[dict[str, Any]]:
-    """Up to ``k`` rollouts for ``samples.jsonl``: failed ones first (they carry the aux samples). Each carries
-    its ``turns`` (``Turn.record``: action, query or answer, retrieved ids and titles) and its question's
-    ``evidence`` titles, so readers parse nothing and need no QA file.
+    """Up to ``k`` rollouts for ``samples.jsonl`` (``sample_order``: successes and failures in the step's
+    shares, failed ones first: they carry the aux samples). Each carries its ``turns`` (``Turn.record``: action,
+    query or answer, retrieved ids and titles) and its question's ``evidence`` titles, so readers parse nothing
+    and need no QA file.
 
     ``aux_samples[name][i]`` is term ``name``'s record for trajectory ``i`` (may be shorter).
     """
-    order = sorted(range(len(trajs)), key=lambda i: (trajs[i].reward > 0, i))[:k]
+    order = sample_order([t.reward for t in trajs], k)
     out = []
     for i in order:
         t = trajs[i]

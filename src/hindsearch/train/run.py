@@ -300,18 +300,6 @@ def tensorboard_to(trainer: Any, path: Path) -> bool:
     return done
 
 
-def set_threads(n: int | None, log: Any = print) -> int:
-    """Set torch's CPU thread count to ``n`` (None: leave torch's default) and say the count in use; returns it."""
-    import torch
-
-    if n:
-        torch.set_num_threads(n)
-    used = torch.get_num_threads()
-    how = "train.threads / --threads" if n else "torch's default; on a shared machine pass --threads 1"
-    log(f"torch CPU threads: {used} ({how})")
-    return used
-
-
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
               allow_config_change: bool = False, threads: int | None = None, retriever: Any = None,
@@ -348,7 +336,14 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
-    set_threads(threads or cfg.train.threads, log)
+    from hindsearch.memory import tune_malloc
+    from hindsearch.progress import quiet_upstream_bars
+
+    quiet_upstream_bars()  # from Python too: no upstream bar redraws in a log (as the CLI does)
+    tune_malloc()  # as the CLI does (a no-op there, done already): fewer malloc arenas from here on
+    from hindsearch.models import set_threads
+
+    used_threads = set_threads(threads or cfg.train.threads, log)
     if resume is None:
         run_dir = expand_out(cfg.out)
     good, torn = complete_checkpoints(run_dir / "checkpoints") if run_dir.is_dir() else ([], [])
@@ -364,6 +359,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
         if resume is not None:
             ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
         job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs)
+        job.threads = {"count": used_threads[0], "why": used_threads[1]}
         return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
 
 
@@ -434,6 +430,7 @@ class _Job:
         self.tok: Any = None
         self.model_id: dict[str, Any] | None = None  # eval.model_identity of the policy now in memory
         self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
+        self.threads: dict[str, Any] = {}  # the torch thread count the run used and why (summary.json)
 
     def data(self) -> None:
         what = self.cfg.retrieval.kind if self.retriever is None else type(self.retriever).__name__
@@ -442,6 +439,10 @@ class _Job:
             self.setup = setup = prepare(self.cfg, retriever=self.retriever)
         self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
                  f"{len(setup.dev)} dev ({setup.paths['dev']})")
+        from hindsearch.setup import belonging_warning
+
+        if warning := belonging_warning(self.cfg, setup):  # e.g. the world's questions against a user's server
+            self.log(f"      {warning}")
 
     def load(self) -> Any:
         from hindsearch.models import load_policy
@@ -554,7 +555,7 @@ class _Job:
         cfg, run_dir, log = self.cfg, self.run_dir, self.log
         self.timings["total"] = time.time() - t_start
         summary = {"run_dir": str(run_dir), "method": cfg.method, "steps": cfg.train.steps, "dev": self.rows,
-                   "timings_s": self.timings, "memory": self.mem.summary(),
+                   "timings_s": self.timings, "memory": self.mem.summary(), "threads": self.threads,
                    "paths": {k: str(v) for k, v in self.setup.paths.items() if v is not None}}
         (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
         log("\n" + format_table(self.rows))
