@@ -18,7 +18,9 @@
   staging folder, check it is complete (``checkpoint_problem``: weights, optimizer, scheduler, RNG
   state, trainer state, all present and readable), mark it complete with every file's size and
   rename it into place; ``complete_checkpoints(dir)`` checks again when reading and lists the
-  checkpoints a resume may use, newest first, with the reasons others were skipped.
+  checkpoints a resume may use, newest first, with the reasons others were skipped. It never saves a
+  model holding a NaN or inf weight (``NonFiniteWeights``); ``corrupted_checkpoint`` checks the CRC-32s of
+  the torch files a resume is about to read.
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ class UnsafeOutput(FileExistsError):
 
 class FolderLocked(RuntimeError):
     """Another live process holds the folder's lock."""
+
+
+class NonFiniteWeights(RuntimeError):
+    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter); nothing of
+    that step is saved."""
+
+    def __init__(self, message: str, step: int, name: str) -> None:
+        super().__init__(message)
+        self.step, self.name = step, name
 
 
 # ---------------------------------------------------------------- output folders
@@ -372,6 +383,20 @@ def _torch_file_problem(path: Path) -> str | None:
     return None
 
 
+def corrupted_file(path: Path) -> str | None:
+    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32 the archive
+    recorded when it was written (bytes overwritten in place, the size unchanged). Reads the whole file."""
+    import zipfile
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError, zlib.error) as e:
+        return f"{path.name} is unreadable ({type(e).__name__}: {e})"
+    return f"{path.name} is corrupted ({bad} fails its CRC check)" if bad else None
+
+
 def _file_problem(path: Path) -> str | None:
     if not path.is_file():
         return f"no {path.name}"
@@ -461,6 +486,25 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
     return None
 
 
+def corrupted_checkpoint(ckpt: Path) -> str | None:
+    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are corrupted although
+    complete (``corrupted_file``); read in full, so a resume checks only the checkpoint it starts from."""
+    for p in sorted(Path(ckpt).rglob("*")):
+        if p.is_file() and p.suffix in (".pt", ".pth", ".bin") and (why := corrupted_file(p)):
+            return f"corrupted: {why}"
+    return None
+
+
+def nonfinite_parameter(model: Any) -> str | None:
+    """The name of ``model``'s first parameter holding a NaN or inf (None when all are finite)."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.numel() and not bool(torch.isfinite(p.detach()).all()):
+            return name
+    return None
+
+
 def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(complete checkpoints newest first, [(skipped checkpoint, reason)]) of ``ckpt_dir``."""
     d = Path(ckpt_dir)
@@ -487,6 +531,19 @@ class AtomicCheckpoints:
     _checkpoint_stage: Path | None = None
     """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
 
+    def check_finite_weights(self, step: int) -> None:
+        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process calls it."""
+        trainer: Any = self
+        name = nonfinite_parameter(trainer.model)
+        acc = trainer.accelerator
+        if acc.num_processes > 1:  # sharded weights differ by process: all of them decide together
+            import torch
+
+            flag = acc.reduce(torch.tensor([float(name is not None)], device=acc.device), reduction="sum")
+            name = name or ("a weight on another process" if float(flag.item()) > 0 else None)
+        if name is not None:
+            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}", step, name)
+
     # transformers 5 has no public hook for where a checkpoint is written: these two overrides redirect it
     def _get_output_dir(self, trial: Any) -> str:
         if self._checkpoint_stage is not None:
@@ -497,6 +554,11 @@ class AtomicCheckpoints:
         from transformers.trainer_utils import rotate_checkpoints
 
         trainer: Any = self
+        step = trainer.state.global_step
+        try:
+            self.check_finite_weights(step)  # a poisoned state is never saved as a checkpoint to resume from
+        except NonFiniteWeights as e:
+            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written", e.step, e.name) from None
         real = Path(trainer._get_output_dir(trial=trial))
         stage = real / STAGING_NAME
         if trainer.args.should_save:
