@@ -49,6 +49,54 @@ class FolderLocked(RuntimeError):
     """Another live process holds the folder's lock."""
 
 
+class DiskFull(OSError):
+    """A write failed because the disk (or the user's quota) is full; the message says so and names the folder."""
+
+
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
+_WRITE_FAILED = ("unexpected pos", "file write failed")
+"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why, torch's zip writer
+only that its file position is wrong)."""
+
+
+def _free(folder: Path) -> int | None:
+    for p in (Path(folder), *Path(folder).parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(p).free
+    return None
+
+
+def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | None:
+    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space (ENOSPC or
+    EDQUOT, or a library's write error with less than 64 MiB free); None for any other error."""
+    import errno
+
+    text = str(err).lower()
+    free = _free(Path(folder))
+    no_space = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    no_space = no_space or any(s in text for s in _NO_SPACE)
+    if not no_space and not (any(s in text for s in _WRITE_FAILED) and free is not None and free < 64 << 20):
+        return None
+    left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); free some space and rerun")
+    full.errno = errno.ENOSPC
+    return full
+
+
+def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> None:
+    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write removes the file
+    again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
+    if fd is None:
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise (disk_full(e, path.parent, what) or e) from e
+
+
 class NonFiniteWeights(RuntimeError):
     """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter); nothing of
     that step is saved."""
@@ -146,7 +194,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
+    _write_fresh(tmp, json.dumps(obj, indent=1, default=str) + "\n", path.name)
     tmp.replace(path)
 
 
@@ -308,8 +356,8 @@ class FolderLock:
                 if self.log:
                     self.log(f"removed a stale lock in {self.folder} ({stale.strip()[:120] or 'empty'})")
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self._mine()) + "\n")
+            # removed again when the write fails (a full disk): no empty lock refuses the next run
+            _write_fresh(self.path, json.dumps(self._mine()) + "\n", "its lock", fd)
             self.held = True
             return self
         raise FolderLocked(f"could not take the lock {self.path} (other processes keep taking it)")
@@ -568,6 +616,13 @@ class AtomicCheckpoints:
         self._checkpoint_stage = stage
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        except Exception as e:
+            if (full := disk_full(e, real, f"checkpoint-{step}")) is None:
+                raise
+            if trainer.args.should_save:
+                shutil.rmtree(stage, ignore_errors=True)  # the torn save: give its space back
+            raise DiskFull(f"{full} (the torn save was removed; resume from the last complete checkpoint with "
+                           f"--resume)") from e
         finally:
             self._checkpoint_stage = None
         trainer.accelerator.wait_for_everyone()
@@ -577,6 +632,8 @@ class AtomicCheckpoints:
                                    or getattr(trainer, "is_fsdp_enabled", False)) else "standard"
             for ck in sorted(stage.iterdir()):
                 if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
+                    if free := _free(stage):
+                        why += f"; {free / 2**20:.1f} MiB free"
                     raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
                                        f"it is left in {stage} and not resumed from; check the disk "
                                        f"(space, permissions) and resume from the previous checkpoint")
