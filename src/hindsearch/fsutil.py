@@ -632,11 +632,11 @@ class AtomicCheckpoints:
                                    or getattr(trainer, "is_fsdp_enabled", False)) else "standard"
             for ck in sorted(stage.iterdir()):
                 if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
-                    if free := _free(stage):
-                        why += f"; {free / 2**20:.1f} MiB free"
+                    free = _free(stage)
+                    left = f": {free / 2**20:.1f} MiB free" if free is not None else ""
                     raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
                                        f"it is left in {stage} and not resumed from; check the disk "
-                                       f"(space, permissions) and resume from the previous checkpoint")
+                                       f"(space{left}, permissions) and resume from the previous checkpoint")
                 files = {str(f.relative_to(ck)): f.stat().st_size for f in sorted(ck.rglob("*")) if f.is_file()}
                 (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step, "model_only": model_only,
                                                             "layout": layout, "files": files}) + "\n")
