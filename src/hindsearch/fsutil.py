@@ -30,10 +30,11 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 LOCK_NAME = ".hindsearch.lock"
 OUTPUT_MARKER = ".hindsearch-output.json"
@@ -95,6 +96,34 @@ def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> Non
         with contextlib.suppress(OSError):
             path.unlink()
         raise (disk_full(e, path.parent, what) or e) from e
+
+
+class NotRegularFile(OSError):
+    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as ``/dev/zero``), or
+    larger than the reader's size cap. Its message says which, without the path (the caller names the file)."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
+    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened file, so a
+    symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most ``cap`` bytes; else
+    ``NotRegularFile``. A file that grows after the check is the reader's to bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise NotRegularFile(f"{kind}, not a regular file; not read")
+        if cap is not None and st.st_size > cap:
+            raise NotRegularFile(f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 class NonFiniteWeights(RuntimeError):
