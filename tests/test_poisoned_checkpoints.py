@@ -108,14 +108,17 @@ def test_overwritten_rng_state_names_the_file_and_falls_back(stopped_after_step_
     assert_every_checkpoint_finite(run)
 
 
-def test_a_resume_that_goes_non_finite_at_once_falls_back_and_saves_nothing_poisoned(stopped_after_step_2):
+@pytest.mark.parametrize("newest", [2, 1], ids=["back-to-checkpoint-1", "back-to-step-0"])
+def test_a_resume_that_goes_non_finite_at_once_falls_back_and_saves_nothing_poisoned(stopped_after_step_2, newest):
     """The optimizer state is a valid file (its CRCs match) whose second moments are negative: AdamW's first
     step after the resume makes the weights NaN. That checkpoint is set aside and training restarts from the
-    one before it; no checkpoint ever holds the NaN weights."""
+    one before it (or from the policy RL started from); no checkpoint ever holds the NaN weights."""
     import torch
 
     run = stopped_after_step_2
-    ck = run / "checkpoints" / "checkpoint-2"
+    if newest == 1:
+        shutil.rmtree(run / "checkpoints" / "checkpoint-2")
+    ck = run / "checkpoints" / f"checkpoint-{newest}"
     state = torch.load(ck / "optimizer.pt", weights_only=True)
     for s in state["state"].values():
         s["exp_avg_sq"].fill_(-1.0)
@@ -125,9 +128,11 @@ def test_a_resume_that_goes_non_finite_at_once_falls_back_and_saves_nothing_pois
     (ck / COMPLETE_NAME).write_text(json.dumps(marker))
     assert checkpoint_problem(ck) is None
     lines = resume(run)
-    said = [m for m in lines if "skipping checkpoint-2" in m]
-    assert said and "non-finite" in said[0] and "step 3" in said[0] and ".torn-checkpoint-2" in said[0], lines
-    assert any("from checkpoint-1" in m for m in lines), lines
+    said = [m for m in lines if f"skipping checkpoint-{newest}" in m]
+    assert said and "non-finite" in said[0] and f"step {newest + 1}" in said[0], lines
+    assert f".torn-checkpoint-{newest}" in said[0], lines
+    then = "from checkpoint-1" if newest == 2 else "no complete checkpoint, starting from step 0"
+    assert any(then in m for m in lines[lines.index(said[0]):]), lines
     assert_every_checkpoint_finite(run)
 
 

@@ -547,21 +547,21 @@ class _Job:
             try:
                 return self._train_from(model, ckpt)
             except NonFiniteWeights as e:
-                last = last_checkpoint(self.run_dir)
-                at_once = ckpt is not None and e.step == checkpoint_step(ckpt) + 1 and not self.distributed
-                if not at_once or not Path(source).is_dir():
+                if ckpt is None or e.step != checkpoint_step(ckpt) + 1 or self.distributed:
+                    last = last_checkpoint(self.run_dir)
                     where = f"the last complete checkpoint is {last.name}" if last else "no checkpoint was written"
                     raise RuntimeError(f"{e}; nothing of that step is saved ({where}); lower train.lr or check the "
                                        f"data, then resume with --resume {self.run_dir}") from None
-                assert ckpt is not None
-                set_aside(ckpt, f"resuming from it made {e} (its optimizer state is corrupted)", self.log)
+                set_aside(ckpt, f"resuming from it made weight {e.name} non-finite at step {e.step} (its optimizer "
+                                f"state is corrupted)", self.log)
             gc.collect()
             ckpt = last_checkpoint(self.run_dir, log=self.log)
             _reset_logs(self.cfg, self.run_dir, "fallback", ckpt, self.log)
             if ckpt is None:  # the weights in memory are poisoned: start again from the policy before step 1
                 from hindsearch.models import load_policy
 
-                model, self.tok = load_policy(replace(self.cfg.model, name=source, gguf_file=None))
+                start = replace(self.cfg.model, name=source, gguf_file=None) if Path(source).is_dir() else self.cfg.model
+                model, self.tok = load_policy(start)
 
     def _train_from(self, model: Any, ckpt: Path | None) -> Any:
         from hindsearch.memory import release_memory_callback
