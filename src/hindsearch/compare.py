@@ -295,8 +295,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
         from hindsearch.config import Config
 
         check_eval_at(eval_at, steps if steps is not None else Config.load(config, overrides).train.steps)
-    args = (config, methods, seeds, out_dir, steps, overrides, mini, test_limit, mini_limit, log, isolate, jobs, probe,
-            sampled, states, eval_at)
+    args = (config, methods, seeds, out_dir, steps, overrides, mini, test_limit, mini_limit, log, isolate, jobs,
+            probe, sampled, states, eval_at)
     with FolderLock(out_dir, "comparison folder", log=log):  # a second compare here: one line, before any run
         return _compare(*args)
 

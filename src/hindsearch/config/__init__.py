@@ -10,9 +10,9 @@ section, retriever kind or reward function is read like a built-in one.
 
 Presets without copies: a top-level ``base = "other.toml"`` (a path relative to the preset's folder) reads that
 preset first and lays this one over it, table by table and key by key (``read_preset``); a base may have its own
-base, up to ``MAX_BASE_DEPTH`` presets in all. ``out`` may hold ``{method}``, replaced by the resolved method when the
-preset loads (and in ``train --out``: ``Config.use_out``), so that one preset per model serves every method
-(``--method``) with a run folder per method.
+base, up to ``MAX_BASE_DEPTH`` presets in all. ``out`` may hold ``{method}``, replaced by the resolved method
+when the preset loads (and in ``train --out``: ``Config.use_out``), so that one preset per model serves every
+method (``--method``) with a run folder per method.
 
 Every value is validated by ``Config.validate`` *before* any model is loaded; an error
 names the key and the allowed values. Allowed values and numeric bounds are declared once, in
@@ -98,7 +98,8 @@ def read_preset(p: Path) -> dict[str, Any]:
         base = p.parent / name
         if base.resolve() in seen:
             shown = seen if len(seen) <= 6 else [*seen[:3], "...", *seen[-2:]]
-            raise ConfigError(f"{p}: base = {name!r} makes a cycle ({' -> '.join(map(str, shown))} -> {base.resolve()})")
+            cycle = " -> ".join(map(str, [*shown, base.resolve()]))
+            raise ConfigError(f"{p}: base = {name!r} makes a cycle ({cycle})")
         if not base.is_file():
             raise ConfigError(f"{p}: base = {name!r}: {base} not found (a path relative to the preset's folder)")
         if len(chain) >= MAX_BASE_DEPTH:

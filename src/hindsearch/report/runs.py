@@ -25,10 +25,10 @@ MAX_BAD_SHOWN = 20
 """Unreadable lines listed by name on the page (all of them are counted)."""
 
 MAX_DOC_BYTES = 64 << 20
-"""A whole-file read (``config.toml``, ``summary.json``, ``results.json``, a marker) larger than this is not read."""
+"""A whole-file read (``config.toml``, ``summary.json``, ``results.json``, a marker) over this is not read."""
 
 MAX_JSONL_BYTES = 2 << 30
-"""A JSONL file is read up to this many bytes (the rest is named as not read); one line up to ``MAX_LINE_BYTES``."""
+"""A JSONL file is read up to this many bytes (the rest is named as not read), a line up to ``MAX_LINE_BYTES``."""
 
 MAX_LINE_BYTES = 64 << 20
 
@@ -149,8 +149,9 @@ def _reason(e: BaseException) -> str:
 def iter_jsonl(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
     """The objects of a JSONL file, one at a time (nothing when absent). A line that is not UTF-8, not JSON, too
     deeply nested or not an object is skipped and reported in ``bad`` as ``file:line: reason`` (not dropped
-    silently); an unreadable file as ``file: reason``: one that is not a regular file (a FIFO, ``/dev/zero``) is never
-    read, and a file is read up to ``MAX_JSONL_BYTES``. ``name``: how the file is named there (default: its path)."""
+    silently); an unreadable file as ``file: reason``: one that is not a regular file (a FIFO, ``/dev/zero``) is
+    never read, and a file is read up to ``MAX_JSONL_BYTES``. ``name``: how the file is named there (default: its
+    path)."""
     where = name or str(path)
     if not path.exists():
         return

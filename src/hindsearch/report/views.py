@@ -13,8 +13,8 @@ from hindsearch.report.browse import Evidence, evidence_of, grouped, hops_key, r
 from hindsearch.report.env import environment
 from hindsearch.report.header import run_header
 from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number, is_value, left_out,
-                                   metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
+from hindsearch.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number, is_value,
+                                   left_out, metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
                                    sub_runs, summary_rows, text, time_keys)
 
 MAX_SAMPLES = 200

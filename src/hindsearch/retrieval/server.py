@@ -419,7 +419,7 @@ class _RetrieveService:
                 continue
             victim.cut = True
             self._leave(top, victim)
-            log.info("cut a request body arriving from %s (%d arriving from it) to make room for %s", top, most, host)
+            log.info("cut a request body arriving from %s (%d arriving from it) for %s", top, most, host)
             return True
         return False
 

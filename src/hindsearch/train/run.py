@@ -560,7 +560,9 @@ class _Job:
             if ckpt is None:  # the weights in memory are poisoned: start again from the policy before step 1
                 from hindsearch.models import load_policy
 
-                start = replace(self.cfg.model, name=source, gguf_file=None) if Path(source).is_dir() else self.cfg.model
+                start = self.cfg.model
+                if Path(source).is_dir():
+                    start = replace(start, name=source, gguf_file=None)
                 model, self.tok = load_policy(start)
 
     def _train_from(self, model: Any, ckpt: Path | None) -> Any:
