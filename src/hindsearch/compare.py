@@ -101,13 +101,23 @@ def parse_steps(text: str) -> list[int]:
 
 
 def parse_seeds(text: str) -> list[int]:
+    """``--seeds``: a comma list of distinct integers; raises ``ValueError`` naming a bad or repeated one."""
     try:
         seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError as e:
         raise ValueError(f"--seeds must be a comma list of integers, got {text!r}") from e
     if not seeds:
         raise ValueError("--seeds is empty")
+    if twice := sorted({s for s in seeds if seeds.count(s) > 1}):
+        raise ValueError(f"--seeds lists seed {twice[0]} twice ({text!r}): each seed is one run")
     return seeds
+
+
+def check_eval_at(eval_at: Sequence[int], steps: int) -> None:
+    """``--eval-at`` steps must lie within the runs' ``steps``; raises ``ValueError`` naming the first past it."""
+    if past := [n for n in sorted(eval_at) if n > steps]:
+        raise ValueError(f"--eval-at {past[0]}: past the last step of each run (train.steps = {steps}); "
+                         f"give steps up to {steps} or raise --steps")
 
 
 def run_overrides(method: str, seed: int, run_dir: Path, init_model: str | None, base: Sequence[str]) -> list[str]:
@@ -287,14 +297,28 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     and the matching controls). ``eval_at`` also evaluates each run greedily on the world test split after those
     steps (``train.keep_steps``): EM along the way, for sample efficiency.
     """
-    from hindsearch.config import Config
-
-    from hindsearch.fsutil import claim_output, guard_output, output_kind
+    from hindsearch.fsutil import FolderLock, guard_output
 
     # a comparison writes only into a new or empty folder or one of its own (compare.json: written before markers)
     out_dir = guard_output(out, "compare", legacy=lambda f: (f / "compare.json").exists())
-    if output_kind(out_dir) is None:
-        claim_output(out_dir, "compare")
+    if eval_at:  # refused before the folder is made
+        from hindsearch.config import Config
+
+        check_eval_at(eval_at, steps if steps is not None else Config.load(config, overrides).train.steps)
+    args = (config, methods, seeds, out_dir, steps, overrides, mini, test_limit, mini_limit, log, isolate, jobs,
+            probe, sampled, states, eval_at)
+    with FolderLock(out_dir, "comparison folder", log=log):  # a second compare here: one line, before any run
+        return _compare(*args)
+
+
+def _compare(config: str, methods: Sequence[str], seeds: Sequence[int], out_dir: Path, steps: int | None,
+             overrides: Sequence[str], mini: str | None, test_limit: int | None, mini_limit: int | None, log: Any,
+             isolate: bool, jobs: int, probe: int, sampled: int, states: int, eval_at: Sequence[int]) -> str:
+    """``run_compare`` in its folder, once it holds the folder's lock."""
+    from hindsearch.config import Config
+
+    from hindsearch.fsutil import claim_output, output_kind
+
     base_ov = list(overrides) + ([f"train.steps={steps}"] if steps is not None else [])
     if eval_at:
         base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")
@@ -305,6 +329,8 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
             Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
+    if output_kind(out_dir) is None:
+        claim_output(out_dir, "compare")
     (out_dir / "compare.json").write_text(json.dumps(
         {"config": config, "methods": list(methods), "seeds": list(seeds), "steps": steps, "overrides": base_ov,
          "mini": mini, "test_limit": test_limit, "mini_limit": mini_limit}, indent=1))

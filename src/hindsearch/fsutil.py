@@ -18,7 +18,9 @@
   staging folder, check it is complete (``checkpoint_problem``: weights, optimizer, scheduler, RNG
   state, trainer state, all present and readable), mark it complete with every file's size and
   rename it into place; ``complete_checkpoints(dir)`` checks again when reading and lists the
-  checkpoints a resume may use, newest first, with the reasons others were skipped.
+  checkpoints a resume may use, newest first, with the reasons others were skipped. It never saves a
+  model holding a NaN or inf weight (``NonFiniteWeights``); ``corrupted_checkpoint`` checks the CRC-32s of
+  the torch files a resume is about to read.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import json
 import os
 import shutil
 import socket
+import stat
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 LOCK_NAME = ".hindsearch.lock"
 OUTPUT_MARKER = ".hindsearch-output.json"
@@ -45,6 +48,91 @@ class UnsafeOutput(FileExistsError):
 
 class FolderLocked(RuntimeError):
     """Another live process holds the folder's lock."""
+
+
+class DiskFull(OSError):
+    """A write failed because the disk (or the user's quota) is full; the message says so and names the folder."""
+
+
+_NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
+_WRITE_FAILED = ("unexpected pos", "file write failed")
+"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why, torch's zip writer
+only that its file position is wrong)."""
+
+
+def _free(folder: Path) -> int | None:
+    for p in (Path(folder), *Path(folder).parents):
+        with contextlib.suppress(OSError):
+            return shutil.disk_usage(p).free
+    return None
+
+
+def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | None:
+    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space (ENOSPC or
+    EDQUOT, or a library's write error with less than 64 MiB free); None for any other error."""
+    import errno
+
+    text = str(err).lower()
+    free = _free(Path(folder))
+    no_space = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
+    no_space = no_space or any(s in text for s in _NO_SPACE)
+    if not no_space and not (any(s in text for s in _WRITE_FAILED) and free is not None and free < 64 << 20):
+        return None
+    left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
+    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); free some space and rerun")
+    full.errno = errno.ENOSPC
+    return full
+
+
+def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> None:
+    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write removes the file
+    again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
+    if fd is None:
+        fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            path.unlink()
+        raise (disk_full(e, path.parent, what) or e) from e
+
+
+class NotRegularFile(OSError):
+    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as ``/dev/zero``), or
+    larger than the reader's size cap. Its message says which, without the path (the caller names the file)."""
+
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+
+
+def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
+    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened file, so a
+    symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most ``cap`` bytes; else
+    ``NotRegularFile``. A file that grows after the check is the reader's to bound."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
+            raise NotRegularFile(f"{kind}, not a regular file; not read")
+        if cap is not None and st.st_size > cap:
+            raise NotRegularFile(f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+class NonFiniteWeights(RuntimeError):
+    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter); nothing of
+    that step is saved."""
+
+    def __init__(self, message: str, step: int, name: str) -> None:
+        super().__init__(message)
+        self.step, self.name = step, name
 
 
 # ---------------------------------------------------------------- output folders
@@ -135,7 +223,7 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(obj, indent=1, default=str) + "\n", encoding="utf-8")
+    _write_fresh(tmp, json.dumps(obj, indent=1, default=str) + "\n", path.name)
     tmp.replace(path)
 
 
@@ -297,8 +385,8 @@ class FolderLock:
                 if self.log:
                     self.log(f"removed a stale lock in {self.folder} ({stale.strip()[:120] or 'empty'})")
                 continue
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(self._mine()) + "\n")
+            # removed again when the write fails (a full disk): no empty lock refuses the next run
+            _write_fresh(self.path, json.dumps(self._mine()) + "\n", "its lock", fd)
             self.held = True
             return self
         raise FolderLocked(f"could not take the lock {self.path} (other processes keep taking it)")
@@ -370,6 +458,20 @@ def _torch_file_problem(path: Path) -> str | None:
     except (OSError, zipfile.BadZipFile, ValueError) as e:
         return f"{path.name} is unreadable or truncated ({type(e).__name__})"
     return None
+
+
+def corrupted_file(path: Path) -> str | None:
+    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32 the archive
+    recorded when it was written (bytes overwritten in place, the size unchanged). Reads the whole file."""
+    import zipfile
+    import zlib
+
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError, zlib.error) as e:
+        return f"{path.name} is unreadable ({type(e).__name__}: {e})"
+    return f"{path.name} is corrupted ({bad} fails its CRC check)" if bad else None
 
 
 def _file_problem(path: Path) -> str | None:
@@ -461,6 +563,25 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
     return None
 
 
+def corrupted_checkpoint(ckpt: Path) -> str | None:
+    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are corrupted although
+    complete (``corrupted_file``); read in full, so a resume checks only the checkpoint it starts from."""
+    for p in sorted(Path(ckpt).rglob("*")):
+        if p.is_file() and p.suffix in (".pt", ".pth", ".bin") and (why := corrupted_file(p)):
+            return f"corrupted: {why}"
+    return None
+
+
+def nonfinite_parameter(model: Any) -> str | None:
+    """The name of ``model``'s first parameter holding a NaN or inf (None when all are finite)."""
+    import torch
+
+    for name, p in model.named_parameters():
+        if p.numel() and not bool(torch.isfinite(p.detach()).all()):
+            return name
+    return None
+
+
 def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """(complete checkpoints newest first, [(skipped checkpoint, reason)]) of ``ckpt_dir``."""
     d = Path(ckpt_dir)
@@ -487,6 +608,19 @@ class AtomicCheckpoints:
     _checkpoint_stage: Path | None = None
     """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
 
+    def check_finite_weights(self, step: int) -> None:
+        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process calls it."""
+        trainer: Any = self
+        name = nonfinite_parameter(trainer.model)
+        acc = trainer.accelerator
+        if acc.num_processes > 1:  # sharded weights differ by process: all of them decide together
+            import torch
+
+            flag = acc.reduce(torch.tensor([float(name is not None)], device=acc.device), reduction="sum")
+            name = name or ("a weight on another process" if float(flag.item()) > 0 else None)
+        if name is not None:
+            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}", step, name)
+
     # transformers 5 has no public hook for where a checkpoint is written: these two overrides redirect it
     def _get_output_dir(self, trial: Any) -> str:
         if self._checkpoint_stage is not None:
@@ -497,6 +631,11 @@ class AtomicCheckpoints:
         from transformers.trainer_utils import rotate_checkpoints
 
         trainer: Any = self
+        step = trainer.state.global_step
+        try:
+            self.check_finite_weights(step)  # a poisoned state is never saved as a checkpoint to resume from
+        except NonFiniteWeights as e:
+            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written", e.step, e.name) from None
         real = Path(trainer._get_output_dir(trial=trial))
         stage = real / STAGING_NAME
         if trainer.args.should_save:
@@ -506,6 +645,13 @@ class AtomicCheckpoints:
         self._checkpoint_stage = stage
         try:
             super()._save_checkpoint(model, trial)  # type: ignore[misc]
+        except Exception as e:
+            if (full := disk_full(e, real, f"checkpoint-{step}")) is None:
+                raise
+            if trainer.args.should_save:
+                shutil.rmtree(stage, ignore_errors=True)  # the torn save: give its space back
+            raise DiskFull(f"{full} (the torn save was removed; resume from the last complete checkpoint with "
+                           f"--resume)") from e
         finally:
             self._checkpoint_stage = None
         trainer.accelerator.wait_for_everyone()
@@ -515,9 +661,11 @@ class AtomicCheckpoints:
                                    or getattr(trainer, "is_fsdp_enabled", False)) else "standard"
             for ck in sorted(stage.iterdir()):
                 if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
+                    free = _free(stage)
+                    left = f": {free / 2**20:.1f} MiB free" if free is not None else ""
                     raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
                                        f"it is left in {stage} and not resumed from; check the disk "
-                                       f"(space, permissions) and resume from the previous checkpoint")
+                                       f"(space{left}, permissions) and resume from the previous checkpoint")
                 files = {str(f.relative_to(ck)): f.stat().st_size for f in sorted(ck.rglob("*")) if f.is_file()}
                 (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step, "model_only": model_only,
                                                             "layout": layout, "files": files}) + "\n")

@@ -14,6 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hindsearch.fsutil import open_regular
+
 MINI_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 WORLD = "world"
 
@@ -169,10 +171,11 @@ def load_results(out_dir: Path, methods: Sequence[str], seeds: Sequence[int],
         if not p.exists():
             continue
         try:
-            res = json.loads(p.read_text())
+            with open_regular(p, 64 << 20) as f:  # never a FIFO or a device behind the name
+                res = json.loads(f.read())
             if not isinstance(res, dict):
                 raise ValueError("not a JSON object")
-        except ValueError as e:
+        except (ValueError, OSError) as e:
             if bad is None:
                 raise ValueError(f"{p}: unreadable ({e}); delete it and its done.json to evaluate the run again") from e
             bad.append(f"{p}: {e}")

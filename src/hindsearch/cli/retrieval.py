@@ -240,7 +240,8 @@ def register_serve(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--body-timeout", type=positive_float, default=lim.body_timeout_s,
                    help="seconds a request has to send its body before a 408")
     p.add_argument("--max-receiving", type=positive_int, default=lim.max_receiving,
-                   help="requests whose body is still arriving, at once (they hold no admission slot); beyond: 503")
+                   help="requests whose body is still arriving, at once (they hold no admission slot); beyond: "
+                        "503, unless the address holding the most has its oldest upload cut for one holding fewer")
     p.add_argument("--max-receiving-per-client", type=positive_int, default=lim.max_receiving_per_client,
                    help="of those, from one client address")
     p.add_argument("--max-unsent-bytes", type=positive_int, default=lim.max_unsent_bytes,

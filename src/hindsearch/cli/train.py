@@ -97,6 +97,6 @@ def _cmd_train(args: argparse.Namespace) -> int:
     if args.plugin:
         cfg.use_plugins([*cfg.plugins, *(p for p in args.plugin if p not in cfg.plugins)], "--plugin")
     if args.out:
-        cfg.out = args.out
+        cfg.use_out(args.out)  # '{method}' replaced as in a preset's out
     run_train(cfg)
     return 0

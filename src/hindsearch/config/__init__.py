@@ -10,8 +10,9 @@ section, retriever kind or reward function is read like a built-in one.
 
 Presets without copies: a top-level ``base = "other.toml"`` (a path relative to the preset's folder) reads that
 preset first and lays this one over it, table by table and key by key (``read_preset``); a base may have its own
-base. ``out`` may hold ``{method}``, replaced by the resolved method when the preset loads, so that one preset per
-model serves every method (``--method``) with a run folder per method.
+base, up to ``MAX_BASE_DEPTH`` presets in all. ``out`` may hold ``{method}``, replaced by the resolved method
+when the preset loads (and in ``train --out``: ``Config.use_out``), so that one preset per model serves every
+method (``--method``) with a run folder per method.
 
 Every value is validated by ``Config.validate`` *before* any model is loaded; an error
 names the key and the allowed values. Allowed values and numeric bounds are declared once, in
@@ -101,22 +102,40 @@ def find_config(name: str | Path | None) -> Path:
                             f"presets: {', '.join(known) or 'none'}")
 
 
-def read_preset(p: Path, _seen: tuple[Path, ...] = ()) -> dict[str, Any]:
+MAX_BASE_DEPTH = 64
+"""The most presets a ``base`` chain may hold (the preset itself included)."""
+
+
+def read_preset(p: Path) -> dict[str, Any]:
     """A preset's TOML as a dict, its ``base`` chain resolved: the base (relative to ``p``'s folder) read first, then
-    ``p`` laid over it (``_overlay``). A missing base or a cycle raises ``ConfigError`` naming the files."""
-    d = read_toml(p)
-    if BASE_KEY not in d:
-        return d
-    name = d.pop(BASE_KEY)
-    if not isinstance(name, str) or not name:
-        raise ConfigError(f"{p}: base must be the file name of another preset, got {name!r}")
-    base = p.parent / name
-    if base.resolve() in _seen or base.resolve() == p.resolve():
-        chain = " -> ".join(str(q) for q in (*_seen, p.resolve(), base.resolve()))
-        raise ConfigError(f"{p}: base = {name!r} makes a cycle ({chain})")
-    if not base.is_file():
-        raise ConfigError(f"{p}: base = {name!r}: {base} not found (a path relative to the preset's folder)")
-    return _overlay(read_preset(base, (*_seen, p.resolve())), d)
+    ``p`` laid over it (``_overlay``). A missing base, a cycle or a chain of more than ``MAX_BASE_DEPTH`` presets
+    raises ``ConfigError`` naming the files."""
+    chain: list[tuple[Path, dict[str, Any]]] = []
+    seen: list[Path] = []
+    while True:
+        d = read_toml(p)
+        chain.append((p, d))
+        seen.append(p.resolve())
+        if BASE_KEY not in d:
+            break
+        name = d.pop(BASE_KEY)
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"{p}: base must be the file name of another preset, got {name!r}")
+        base = p.parent / name
+        if base.resolve() in seen:
+            shown = seen if len(seen) <= 6 else [*seen[:3], "...", *seen[-2:]]
+            cycle = " -> ".join(map(str, [*shown, base.resolve()]))
+            raise ConfigError(f"{p}: base = {name!r} makes a cycle ({cycle})")
+        if not base.is_file():
+            raise ConfigError(f"{p}: base = {name!r}: {base} not found (a path relative to the preset's folder)")
+        if len(chain) >= MAX_BASE_DEPTH:
+            raise ConfigError(f"{chain[0][0]}: its base chain is longer than {MAX_BASE_DEPTH} presets "
+                              f"({chain[0][0]} -> ... -> {p} -> {base}); shorten it")
+        p = base
+    out: dict[str, Any] = {}
+    for _, d in reversed(chain):  # the deepest base first, each preset laid over the ones below it
+        out = _overlay(out, d)
+    return out
 
 
 @dataclass(eq=False)
@@ -223,9 +242,19 @@ class Config:
         cfg = cls.from_dict(d, src)
         for ov in overrides or []:
             cfg.set(ov)
-        cfg.out = cfg.out.replace("{method}", cfg.method)
+        cfg.use_out(cfg.out)
         cfg.validate()
         return cfg
+
+    def use_out(self, out: str) -> None:
+        """Set the run folder as a preset's ``out`` is set (``--out`` too): ``{method}`` becomes the method, and a
+        name no folder can have is refused naming ``out``."""
+        self.out = str(out).replace("{method}", self.method)
+        self._check_out()
+
+    def _check_out(self) -> None:
+        if "\0" in self.out:
+            raise ConfigError(f"out = {self.out!r}: holds a NUL byte (\\x00), which no folder name may hold")
 
     def set(self, override: str) -> None:
         """Apply one ``section.key=value`` (or ``method=...``) override."""
@@ -255,6 +284,7 @@ class Config:
     def validate(self) -> "Config":
         """Check every declared choice and bound (field metadata), then the cross-field rules."""
         _check_declared(self, "")
+        self._check_out()
         for name, sec in self.sections.items():
             _check_declared(sec, name + ".")
         if self.retrieval.kind == "remote" and not self.retrieval.url:

@@ -101,8 +101,10 @@ REPORT_TITLES = ("<title>hindsearch run:", "<title>hindsearch comparison:", "<ti
 
 def _is_report(path: Path) -> bool:
     """Whether ``path`` is a page this command wrote (its title says so)."""
+    from hindsearch.fsutil import open_regular
+
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:  # a FIFO or a device at --out is not a report (and is never waited on)
             head = f.read(4096).decode("utf-8", "replace")
     except OSError:
         return False

@@ -10,6 +10,8 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
+from hindsearch.fsutil import NotRegularFile, open_regular
+
 # --------------------------------------------------------------------------- values
 MAX_INT_DIGITS = 308
 """JSON integers with more digits than this are not numbers to the report (no float holds them): they are
@@ -21,6 +23,14 @@ arithmetic overflows near 1e308)."""
 
 MAX_BAD_SHOWN = 20
 """Unreadable lines listed by name on the page (all of them are counted)."""
+
+MAX_DOC_BYTES = 64 << 20
+"""A whole-file read (``config.toml``, ``summary.json``, ``results.json``, a marker) over this is not read."""
+
+MAX_JSONL_BYTES = 2 << 30
+"""A JSONL file is read up to this many bytes (the rest is named as not read), a line up to ``MAX_LINE_BYTES``."""
+
+MAX_LINE_BYTES = 64 << 20
 
 
 class OutOfRange(str):
@@ -139,13 +149,23 @@ def _reason(e: BaseException) -> str:
 def iter_jsonl(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
     """The objects of a JSONL file, one at a time (nothing when absent). A line that is not UTF-8, not JSON, too
     deeply nested or not an object is skipped and reported in ``bad`` as ``file:line: reason`` (not dropped
-    silently); an unreadable file as ``file: reason``. ``name``: how the file is named there (default: its path)."""
+    silently); an unreadable file as ``file: reason``: one that is not a regular file (a FIFO, ``/dev/zero``) is
+    never read, and a file is read up to ``MAX_JSONL_BYTES``. ``name``: how the file is named there (default: its
+    path)."""
     where = name or str(path)
     if not path.exists():
         return
     try:
-        with path.open("rb") as f:
-            for i, raw in enumerate(f, 1):
+        with open_regular(path) as f:  # a FIFO or a device (/dev/zero) is named and skipped, never read
+            read = 0
+            for i, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
+                read += len(raw)
+                if read > MAX_JSONL_BYTES:
+                    bad.append(f"{where}:{i}: past the first {MAX_JSONL_BYTES >> 20} MiB; the rest is not read")
+                    return
+                if len(raw) > MAX_LINE_BYTES:
+                    bad.append(f"{where}:{i}: a line over {MAX_LINE_BYTES >> 20} MiB; the rest is not read")
+                    return
                 if not raw.strip():
                     continue
                 try:
@@ -162,6 +182,8 @@ def iter_jsonl(path: Path, bad: list[str], name: str | None = None) -> Iterator[
                     yield obj
                 else:
                     bad.append(f"{where}:{i}: not a JSON object")
+    except NotRegularFile as e:
+        bad.append(f"{where}: {e}")
     except OSError as e:
         bad.append(f"{where}: unreadable ({type(e).__name__}: {_reason(e)})")
 
@@ -172,11 +194,18 @@ def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
 
 
 def read_text(path: Path, bad: list[str]) -> str:
-    """A text file ("" when absent); bytes that are not UTF-8 are shown as U+FFFD and reported in ``bad``."""
+    """A text file ("" when absent); bytes that are not UTF-8 are shown as U+FFFD and reported in ``bad``, as is a
+    file that is not a regular one or is over ``MAX_DOC_BYTES`` ("" then: it is not read)."""
     if not path.exists():
         return ""
     try:
-        data = path.read_bytes()
+        with open_regular(path, MAX_DOC_BYTES) as f:
+            data = f.read(MAX_DOC_BYTES + 1)
+        if len(data) > MAX_DOC_BYTES:  # grew while read, or a file that says it is empty (/proc)
+            raise NotRegularFile(f"over the {MAX_DOC_BYTES >> 20} MiB this reads; not read")
+    except NotRegularFile as e:
+        bad.append(f"{path}: {e}")
+        return ""
     except OSError as e:
         bad.append(f"{path}: unreadable ({type(e).__name__}: {_reason(e)})")
         return ""

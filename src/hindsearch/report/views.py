@@ -13,8 +13,8 @@ from hindsearch.report.browse import Evidence, evidence_of, grouped, hops_key, r
 from hindsearch.report.env import environment
 from hindsearch.report.header import run_header
 from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (MAX_BAD_SHOWN, Run, finite, health_groups, is_number, is_value, left_out,
-                                   metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
+from hindsearch.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number, is_value,
+                                   left_out, metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
                                    sub_runs, summary_rows, text, time_keys)
 
 MAX_SAMPLES = 200
@@ -453,6 +453,14 @@ def compare_plan(path: Path) -> tuple[list[str], list[int]]:
     return methods, sorted(seeds)
 
 
+def read_png(path: Path) -> bytes:
+    """An image file's bytes: a regular file of at most ``MAX_DOC_BYTES`` (else ``OSError`` naming why)."""
+    from hindsearch.fsutil import open_regular
+
+    with open_regular(path, MAX_DOC_BYTES) as f:
+        return f.read(MAX_DOC_BYTES)
+
+
 def compare_view(path: Path) -> dict[str, Any]:
     """The comparison's results table and bars (mean ± std over seeds per method), the paired bootstrap
     against GRPO (table and bars with the 95% interval), ``curves.png`` and the probe table."""
@@ -467,7 +475,7 @@ def compare_view(path: Path) -> dict[str, Any]:
     guarded("results table", bad, lambda: results_view(view, results, methods), None)
     guarded("paired bootstrap", bad, lambda: bootstrap_view(view, path, methods, seeds), None)
     if (path / "curves.png").exists():
-        view["curves"] = guarded("curves.png", bad, lambda: base64.b64encode((path / "curves.png").read_bytes()).decode(),
+        view["curves"] = guarded("curves.png", bad, lambda: base64.b64encode(read_png(path / "curves.png")).decode(),
                                  None)
     return view
 

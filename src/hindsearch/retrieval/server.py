@@ -29,7 +29,10 @@ Admission, in three stages:
    of them from one client address (beyond that 503; uvicorn discards the rest of the body, and the
    header timeout closes the connection if no request follows); a body must
    arrive within ``body_timeout_s`` (408). A request holds no admission slot while its body arrives,
-   so slow uploads cannot lock other clients out.
+   so slow uploads cannot lock other clients out. When all receiving places are taken, a request from
+   an address holding at least two fewer of them than the address holding the most cuts that
+   address's oldest upload (503) and takes its place: the places are shared fairly between addresses,
+   so one machine with several addresses cannot keep the others out.
 2. *Waiting*: once its body is in, a request takes one of ``max_inflight + max_pending`` admission
    slots (none free: 503); within ``queue_timeout_s`` in all (else 503) it is parsed under one of
    ``max_inflight`` retrieval slots (bodies over 1 MiB one at a time; a body with more JSON
@@ -247,6 +250,17 @@ class _Answer(Response):
 SMALL_ANSWER = 1 << 20  # answers up to this size have their own quarter of max_unsent_bytes
 
 
+class _Upload:
+    """A request whose body is arriving: its body timeout (``asyncio.Timeout``, set once the read starts) and
+    whether it was cut to make room for another address's request (``_RetrieveService.make_room``)."""
+
+    __slots__ = ("timeout", "cut")
+
+    def __init__(self) -> None:
+        self.timeout: asyncio.Timeout | None = None
+        self.cut = False
+
+
 class _RetrieveService:
     """What ``create_app``'s routes share: the retriever, the limits, the admission gates and the
     count of requests in progress (one instance per app; its methods are the route handlers)."""
@@ -261,6 +275,7 @@ class _RetrieveService:
         self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
+        self.uploads: dict[str, list[_Upload]] = {}  # ... each, oldest first, per client address
         self.unsent = {True: 0, False: 0}  # bytes of answers built and not yet handed to their sockets: large, small
         self.freed = asyncio.Event()  # set (and replaced) whenever unsent goes down: wakes the requests waiting for room
         store = getattr(retriever, "store", None)
@@ -297,21 +312,27 @@ class _RetrieveService:
             return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
         return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits), **(self.info or {})}
 
-    async def read_body(self, request: Request) -> bytes | JSONResponse:
-        """The request body, or a 413/408 error response (too large, or not received in time)."""
+    async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
+        """The request body, or a 413/408 error response (too large, or not received in time), or a 503 when
+        ``upload`` was cut to make room for another address."""
         limits = self.limits
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
             return _error(413, f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
         chunks, size = [], 0
         try:
-            async with asyncio.timeout(limits.body_timeout_s):
+            async with asyncio.timeout(limits.body_timeout_s) as timeout:
+                if upload is not None:
+                    upload.timeout = timeout
                 async for chunk in request.stream():  # stop reading a (chunked) body as soon as it is too large
                     size += len(chunk)
                     if size > limits.max_body_bytes:
                         return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
+            if upload is not None and upload.cut:
+                return _error(503, "server busy: this upload was cut to make room for other clients (its address "
+                                   "held the most request bodies arriving); retry later")
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
@@ -367,25 +388,60 @@ class _RetrieveService:
                 gate.release()
             return None
 
+    def _leave(self, host: str, upload: _Upload) -> None:
+        """``upload`` gives its receiving place back (once: when it ends, or when it is cut)."""
+        self.receiving -= 1
+        self.receiving_from[host] -= 1
+        if not self.receiving_from[host]:
+            del self.receiving_from[host]
+        mine = self.uploads.get(host, [])
+        if upload in mine:
+            mine.remove(upload)
+        if not mine:
+            self.uploads.pop(host, None)
+
+    def make_room(self, host: str) -> bool:
+        """All receiving places are taken: when the address holding the most of them holds at least two more than
+        ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to ``host``. So the
+        places are shared fairly between addresses: a machine with many addresses and slow uploads cannot keep
+        another client out, whatever the caps."""
+        if not self.receiving_from:
+            return False
+        top, most = self.receiving_from.most_common(1)[0]
+        if most < self.receiving_from[host] + 2:
+            return False
+        for victim in list(self.uploads.get(top, [])):
+            if victim.timeout is None or victim.cut:
+                continue
+            try:
+                victim.timeout.reschedule(asyncio.get_running_loop().time())
+            except RuntimeError:  # its timeout is already firing: it leaves by itself
+                continue
+            victim.cut = True
+            self._leave(top, victim)
+            log.info("cut a request body arriving from %s (%d arriving from it) for %s", top, most, host)
+            return True
+        return False
+
     async def receive(self, request: Request) -> bytes | Response:
         """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
-        address; none free: 503), or an error response."""
+        address; none free: 503 unless ``make_room`` frees one), or an error response."""
         limits = self.limits
         host = client_key(request.client.host if request.client else "")
-        if self.receiving >= limits.max_receiving:
+        if self.receiving >= limits.max_receiving and not self.make_room(host):
             return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
             return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from {host}; "
                                f"the limit per client is {limits.max_receiving_per_client}")
+        upload = _Upload()
         self.receiving += 1
         self.receiving_from[host] += 1
+        self.uploads.setdefault(host, []).append(upload)
         try:
-            return await self.read_body(request)
+            return await self.read_body(request, upload)
         finally:
-            self.receiving -= 1
-            self.receiving_from[host] -= 1
-            if not self.receiving_from[host]:
-                del self.receiving_from[host]
+            if not upload.cut:
+                self._leave(host, upload)
 
     async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit (503 when full), wait, retrieve
         limits = self.limits

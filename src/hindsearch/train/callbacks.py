@@ -4,6 +4,7 @@
 - ``MetricsWriter``: one line per optimizer step in ``metrics.jsonl``;
 - ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
 - ``EMAUpdate``: the EMA teacher after each optimizer step;
+- ``FiniteWeights``: every weight finite after each optimizer step, before the step is logged or saved;
 - ``gather_metrics``: a process's step metrics reduced over all processes (summed where the caller says so: a
   term's declared reductions, ``hindsight.registry.Metrics``; the rest averaged) before they go into TRL's
   ``_metrics``.
@@ -43,6 +44,17 @@ def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
 
 
 # ---------------------------------------------------------------------- callbacks
+class FiniteWeights(TrainerCallback):
+    """After each optimizer step, before it is logged or saved: ``check(step)`` (``AtomicCheckpoints.
+    check_finite_weights``) raises when a weight went NaN or inf, so no later step trains on it."""
+
+    def __init__(self, check: Callable[[int], None]) -> None:
+        self.check = check
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.check(state.global_step)
+
+
 class StepTimer(TrainerCallback):
     """``time/*`` of each optimizer step, recorded at its end: the parts the trainer times (``part``: rollout,
     reward, aux_prepare), the step's wall time ``time/step`` and process CPU time ``time/step_cpu`` (all threads;

@@ -24,7 +24,10 @@ one is set aside with a message naming it; finished evaluations are reused; log 
 checkpoint, all of them when no complete checkpoint is left, and a torn last line are dropped, so
 no step is logged twice). ``RUN_DIR/.hindsearch.lock``
 keeps a second trainer out of the folder while one runs. A non-finite loss
-saves a checkpoint of the last good weights and stops with an error.
+saves a checkpoint of the last good weights and stops with an error; a checkpoint is never saved with a
+non-finite weight, a resume first checks its checkpoint's torch files against their CRC-32s, and a
+resume whose first step makes a weight non-finite sets that checkpoint aside and falls back to the one
+before it.
 """
 
 from __future__ import annotations
@@ -143,17 +146,31 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
 
 def last_checkpoint(run_dir: Path, log: Any = None) -> Path | None:
     """The newest complete checkpoint of ``run_dir``; incomplete ones (a save that was killed) are
-    skipped, moved aside to ``checkpoints/.torn-checkpoint-N`` and reported through ``log``."""
-    from hindsearch.fsutil import complete_checkpoints
+    skipped, moved aside to ``checkpoints/.torn-checkpoint-N`` and reported through ``log``. With ``log``
+    (a resume) the one returned also passes ``corrupted_checkpoint`` (bytes overwritten in place): a
+    corrupted one is set aside the same way and the next newer one is checked."""
+    from hindsearch.fsutil import complete_checkpoints, corrupted_checkpoint
 
     good, skipped = complete_checkpoints(run_dir / "checkpoints")
     for p, why in skipped:
         if log is not None:
-            aside = p.with_name(f".torn-{p.name}")
-            if not aside.exists():
-                p.rename(aside)
-            log(f"skipping {p.name}: {why}; kept as {aside.name}")
+            set_aside(p, why, log)
+    if log is not None:
+        while good and (why := corrupted_checkpoint(good[0])):
+            set_aside(good.pop(0), why, log)
     return good[0] if good else None
+
+
+def set_aside(ckpt: Path, why: str, log: Any) -> Path:
+    """Rename ``ckpt`` to ``.torn-<name>`` beside it (kept for inspection, never resumed from; ``.torn-<name>.2``
+    when that is taken) and say why through ``log``."""
+    aside, n = ckpt.with_name(f".torn-{ckpt.name}"), 1
+    while aside.exists():  # one set aside earlier: keep both
+        n += 1
+        aside = ckpt.with_name(f".torn-{ckpt.name}.{n}")
+    ckpt.rename(aside)
+    log(f"skipping {ckpt.name}: {why}; kept as {aside.name}")
+    return aside
 
 
 def checkpoint_step(ckpt: Path) -> int:
@@ -522,6 +539,34 @@ class _Job:
         return model
 
     def _train(self, model: Any, ckpt: Path | None) -> Any:
+        """Train from ``ckpt``; when the first step after it makes a weight non-finite (its optimizer state is
+        poisoned), that checkpoint is set aside and training falls back to the one before it (or to step 0)."""
+        from hindsearch.fsutil import NonFiniteWeights
+
+        source = getattr(model.config, "_name_or_path", "") or ""  # what step 0 starts from (ensure_on_disk)
+        while True:
+            try:
+                return self._train_from(model, ckpt)
+            except NonFiniteWeights as e:
+                if ckpt is None or e.step != checkpoint_step(ckpt) + 1 or self.distributed:
+                    last = last_checkpoint(self.run_dir)
+                    where = f"the last complete checkpoint is {last.name}" if last else "no checkpoint was written"
+                    raise RuntimeError(f"{e}; nothing of that step is saved ({where}); lower train.lr or check the "
+                                       f"data, then resume with --resume {self.run_dir}") from None
+                set_aside(ckpt, f"resuming from it made weight {e.name} non-finite at step {e.step} (its optimizer "
+                                f"state is corrupted)", self.log)
+            gc.collect()
+            ckpt = last_checkpoint(self.run_dir, log=self.log)
+            _reset_logs(self.cfg, self.run_dir, "fallback", ckpt, self.log)
+            if ckpt is None:  # the weights in memory are poisoned: start again from the policy before step 1
+                from hindsearch.models import load_policy
+
+                start = self.cfg.model
+                if Path(source).is_dir():
+                    start = replace(start, name=source, gguf_file=None)
+                model, self.tok = load_policy(start)
+
+    def _train_from(self, model: Any, ckpt: Path | None) -> Any:
         from hindsearch.memory import release_memory_callback
         from hindsearch.train.aux_loss import NonFiniteLoss
 

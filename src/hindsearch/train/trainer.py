@@ -43,7 +43,8 @@ What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
    in ``samples.jsonl``), ``EMAUpdate`` (each EMA teacher, at its term's decay, after each optimizer step).
 
 A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
-checkpoint and stops with a clear error.
+checkpoint and stops with a clear error. A weight gone NaN or inf after an optimizer step (a corrupted optimizer
+state) raises ``fsutil.NonFiniteWeights`` before the step is logged or saved (``FiniteWeights``).
 
 vLLM (``rollout.backend = vllm``; GPU, tested on CPU against fake engines): TRL creates its vLLM engine
 (``use_vllm``; ``rollout.vllm_*`` set the mode, server and IS cap: ``vllm_grpo_fields``) and, before each
@@ -78,6 +79,7 @@ from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, selected_logits,
 from hindsearch.train import vllm_glue as vg
 from hindsearch.train.callbacks import (
     EMAUpdate,
+    FiniteWeights,
     MetricsWriter,
     SamplesWriter,
     StepTimer,
@@ -182,7 +184,8 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             **kwargs,
         )
         self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
-        for cb in (self.timer, MetricsWriter(self.run_dir), self.samples_writer, EMAUpdate(self)):
+        for cb in (self.timer, FiniteWeights(self.check_finite_weights), MetricsWriter(self.run_dir),
+                   self.samples_writer, EMAUpdate(self)):
             self.add_callback(cb)
         if keep_steps:
             bad = [s for s in keep_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
