@@ -192,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-minutes", type=positive_float, default=8.0,
                     help="the whole check's budget: a cell gets at most what is left of it")
     ap.add_argument("--trace-python", action="store_true",
-                    help="trace the Python heap (tracemalloc) in the setup sub-steps: slower, names the top allocation sites")
-    ap.add_argument("--vllm", action="store_true", help="add the vLLM rollout cell (needs vllm; not on the lent machines)")
+                    help="trace the Python heap (tracemalloc) in the setup sub-steps: its change and peak per sub-step")
+    ap.add_argument("--vllm", action="store_true",
+                    help="add the vLLM rollout cell (needs vllm; not on the lent machines)")
     ap.add_argument("--train-backend", choices=("hf", "vllm"), default="hf",
                     help="rollout backend of the training steps (vllm: TRL's colocate engine, no --script)")
     ap.add_argument("--vllm-gpu-memory", type=fraction, default=0.35, help="vLLM gpu_memory_utilization")
@@ -609,7 +610,7 @@ class SetupTrace:
         if python:
             import tracemalloc
 
-            tracemalloc.start(8)
+            tracemalloc.start()
 
     def close(self) -> None:
         if self.python:
@@ -853,7 +854,8 @@ class Check:
     def over_budget(self) -> bool:
         return self.left_s() <= 0
 
-    def run(self, model: str, part: str, fn: Callable[[], dict[str, Any]], budget_key: str | None = None) -> dict[str, Any]:
+    def run(self, model: str, part: str, fn: Callable[[], dict[str, Any]],
+            budget_key: str | None = None) -> dict[str, Any]:
         """Run one cell inside its budget: its fields, or its error text (traceback on stderr); memory read at its
         start and end, freed after it."""
         row = cell(model, part)
@@ -917,7 +919,8 @@ class Check:
                     if not (folder / "config.json").is_file():
                         save_random_qwen(folder, model_fields(model, a.dry_run), dtype, a.device, tok)
                     self.names[model] = str(folder)
-            cfg = step_config(a, "grpo", next(iter(self.names.values()), "unused"), self.workdir / "setup", self.world_dir)
+            first = next(iter(self.names.values()), "unused")
+            cfg = step_config(a, "grpo", first, self.workdir / "setup", self.world_dir)
             from hindsearch.data.world import ensure_world_for
             from hindsearch.retrieval.factory import ensure_index
 
