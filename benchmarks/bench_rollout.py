@@ -16,6 +16,21 @@ Measures, in one run:
     python benchmarks/bench_rollout.py [--batch 16] [--repeats 3] [--single 0] [--skip-nokv] [--eval-per-split 8]
 
 Numbers are medians over ``--repeats`` runs. CPU is shared: keep the defaults small.
+
+``--host`` measures instead the decode loop's host work, on random Llamas with SmolLM2's 49,152-id vocabulary
+(2 layers, and 36 layers for the forward's per-layer dispatch), hidden 64, one thread, at batch 8, 32 and 64
+(``--host-batches``), ``--host-tokens`` new tokens from 16-token prompts, CPU time (``time.process_time``):
+
+- our loop (``core.decode``) greedy against ``model.generate`` greedy on the same prompts: CPU ms per decode
+  step of each, their ratio, and whether the greedy ids are identical;
+- the host time per decode step outside the forward (CPU time minus the CPU time inside ``model.forward``: sampling,
+  stop checks, bookkeeping, the prefill's share excluded with the forwards) of ``generate`` and of our loop, greedy
+  and sampled with each ``SamplingParams.draw`` (``multinomial``, ``inverse_cdf``);
+- ``sample_tokens`` alone on ``[batch, 49152]`` logits, multinomial against inverse CDF.
+
+All variants run interleaved in each repeat; medians, and ratios per repeat.
+
+    python benchmarks/bench_rollout.py --host --repeats 3
 """
 
 from __future__ import annotations
@@ -45,7 +60,14 @@ def main() -> None:
     ap.add_argument("--skip-world-eval", action="store_true", help="no world-split evaluation (e.g. mini only)")
     ap.add_argument("--world", default=".hindsearch/world")
     ap.add_argument("--out", default=".hindsearch/bench/rollout-eval")
+    ap.add_argument("--host", action="store_true", help="only the host-work table (module docstring)")
+    ap.add_argument("--host-batches", default="8,32,64")
+    ap.add_argument("--host-tokens", type=int, default=32)
     args = ap.parse_args()
+    if args.host:
+        torch.set_num_threads(1)
+        host_table(args)
+        return
     torch.set_num_threads(args.threads)
 
     from hindsearch.config import ModelConfig, RolloutConfig
@@ -170,6 +192,111 @@ def throughput(args, model, tok, retriever, cfg, qs) -> None:
         stops[x.stop_reason] = stops.get(x.stop_reason, 0) + 1
     print(f"stop reasons (per-row run): {stops}; searches/trajectory "
           f"{sum(x.num_searches for x in b['trajs']) / len(b['trajs']):.2f}")
+
+
+def host_table(args) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hindsearch.core.decode import decode
+    from hindsearch.core.sampling import SamplingParams, Stop, sample_tokens
+
+    vocab, n_new = 49152, args.host_tokens
+    batches = [int(b) for b in args.host_batches.split(",")]
+
+    def llama(layers: int):
+        torch.manual_seed(0)
+        cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=layers,
+                          num_attention_heads=4, num_key_value_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        m = LlamaForCausalLM(cfg).eval()
+        m.generation_config.eos_token_id = None  # every row runs its whole budget, in both loops
+        return m
+
+    models = {"2 layers": llama(2), "36 layers": llama(36)}
+    stop = Stop(None, set())
+    greedy, multi, inv = SamplingParams(greedy=True), SamplingParams(1.0), SamplingParams(1.0, draw="inverse_cdf")
+
+    def timed_forwards(model):
+        """``model.forward`` wrapped to add up its CPU time (the rest of a run is host work outside the forward)."""
+        real, acc = model.forward, {"cpu": 0.0}
+
+        def forward(*a, **k):
+            t = time.process_time()
+            try:
+                return real(*a, **k)
+            finally:
+                acc["cpu"] += time.process_time() - t
+
+        model.forward = forward
+        return acc
+
+    def ours(model, ctx, sp):
+        fwd = timed_forwards(model)
+        t = time.process_time()
+        try:
+            outs = decode(model, ctx, stop, sp, [n_new] * len(ctx), generator=torch.Generator().manual_seed(0), pad=0)
+        finally:
+            cpu = time.process_time() - t
+            del model.forward
+        return {"cpu": cpu, "per_step": cpu / n_new, "host": (cpu - fwd["cpu"]) / n_new, "ids": [o.ids for o in outs]}
+
+    def generate(model, ctx):
+        ids = torch.tensor(ctx)
+        fwd = timed_forwards(model)
+        t = time.process_time()
+        try:
+            with torch.no_grad():
+                out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n_new,
+                                     min_new_tokens=n_new, do_sample=False, pad_token_id=0)
+        finally:
+            cpu = time.process_time() - t
+            del model.forward
+        return {"cpu": cpu, "per_step": cpu / n_new, "host": (cpu - fwd["cpu"]) / n_new,
+                "ids": out[:, ids.shape[1]:].tolist()}
+
+    def draw(b, sp):
+        logits = torch.randn(b, vocab, generator=torch.Generator().manual_seed(b))
+        g = torch.Generator().manual_seed(0)
+        t = time.process_time()
+        for _ in range(10):
+            sample_tokens(logits, sp, g)
+        return (time.process_time() - t) / 10
+
+    res: dict = {}
+    for r in range(args.repeats):
+        for name, model in models.items():
+            for b in batches:
+                ctx = torch.randint(3, vocab, (b, 16), generator=torch.Generator().manual_seed(b)).tolist()
+                runs = {"ours greedy": ours(model, ctx, greedy), "generate greedy": generate(model, ctx),
+                        "ours multinomial": ours(model, ctx, multi), "ours inverse_cdf": ours(model, ctx, inv)}
+                if name == "2 layers":
+                    runs["draw multinomial"], runs["draw inverse_cdf"] = draw(b, multi), draw(b, inv)
+                for k, v in runs.items():
+                    res.setdefault((name, b, k), []).append(v)
+                print(f"repeat {r} {name} batch {b}: ours {runs['ours greedy']['per_step'] * 1e3:.2f} ms/step, "
+                      f"generate {runs['generate greedy']['per_step'] * 1e3:.2f} ms/step", flush=True)
+
+    med = statistics.median
+    print(f"\n## Decode host work on CPU (1 thread, vocabulary {vocab}, hidden 64, {n_new} new tokens, CPU time, "
+          f"median of {args.repeats} interleaved repeats)\n")
+    print("| model | batch | ours greedy ms/step | generate ms/step | ours / generate (median of per-repeat ratios) "
+          "| greedy ids identical | host ms/step outside the forward: generate greedy | ours greedy | ours multinomial "
+          "| ours inverse_cdf |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for name in models:
+        for b in batches:
+            o, g = res[(name, b, "ours greedy")], res[(name, b, "generate greedy")]
+            same = all(x["ids"] == y["ids"] for x, y in zip(o, g))
+            ratio = med(x["cpu"] / y["cpu"] for x, y in zip(o, g))
+            hosts = [med(x["host"] for x in res[(name, b, k)]) * 1e3
+                     for k in ("generate greedy", "ours greedy", "ours multinomial", "ours inverse_cdf")]
+            print(f"| {name} | {b} | {med(x['per_step'] for x in o) * 1e3:.2f} | {med(x['per_step'] for x in g) * 1e3:.2f} "
+                  f"| {ratio:.2f} | {'yes' if same else 'NO'} | " + " | ".join(f"{h:.2f}" for h in hosts) + " |")
+    print(f"\n## One draw of sample_tokens on [batch, {vocab}] logits (T = 1, CPU ms, median)\n")
+    print("| batch | multinomial | inverse_cdf | multinomial / inverse_cdf (median of per-repeat ratios) |")
+    print("|---|---|---|---|")
+    for b in batches:
+        m, i = res[("2 layers", b, "draw multinomial")], res[("2 layers", b, "draw inverse_cdf")]
+        print(f"| {b} | {med(m) * 1e3:.2f} | {med(i) * 1e3:.2f} | {med(x / y for x, y in zip(m, i)):.2f} |")
 
 
 def evaluation(args, model, tok, retriever, splits) -> None:

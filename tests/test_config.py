@@ -231,6 +231,10 @@ def test_choices_are_declared_once_and_read_by_code():
     assert set(losses.AGGREGATIONS) == set(losses.AGG_MODES)
     assert set(losses.GATE_FNS) == set(losses.GATES)
     assert set(losses.DIVERGENCES) == set(choices_of(HindSearchConfig, "divergence"))
+    from hindsearch.config import RolloutConfig
+    from hindsearch.core.sampling import DRAWS
+
+    assert DRAWS == choices_of(RolloutConfig, "sampler")  # rollout.sampler names a draw sample_tokens has
     for mode in losses.AGG_MODES:  # every declared value is one the code accepts
         losses.agg(torch.ones(2, 3), torch.ones(2, 3), mode)
     for kind in losses.GATES:

@@ -315,3 +315,55 @@ def test_per_row_scheduling_greedy_equals_turn_synchronous(model, tok, retriever
     eng = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=3)
     one, two = eng.rollout(recs, num_generations=2, seed=5), eng.rollout(recs, num_generations=2, seed=5)
     assert [t.completion_ids for t in one] == [t.completion_ids for t in two]
+
+
+def test_a_decode_step_reads_the_device_once(model, tok, monkeypatch):
+    """The sampled ids and log-probs of a step come back in one ``tolist``, never one read per row (on a GPU each
+    read waits for the device): at batch 8, one host read per sampled step, one in the prefill, one at the end."""
+    reads = {"n": 0}
+    for name in ("tolist", "item", "__int__", "__float__", "__index__"):
+        real = getattr(torch.Tensor, name)
+
+        def counted(self, *a, _real=real, **k):
+            reads["n"] += 1
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    contexts = [[5 + i, 6, 7] for i in range(8)]
+    stats: dict[str, float] = {}
+    core_decode.decode(model, contexts, core_decode.Stop(tok, set()), SamplingParams(temperature=1.0), [6] * 8,
+                       generator=torch.Generator().manual_seed(0), stats=stats, pad=tok.pad_token_id)
+    monkeypatch.undo()
+    assert stats["decode_steps"] == 5 and reads["n"] <= stats["decode_steps"] + 3, reads  # + the prefill count, the stats
+
+
+def test_inverse_cdf_draws_the_same_distribution_once_per_row():
+    probs = torch.tensor([0.1, 0.0, 0.6, 0.3, 0.0]).repeat(40_000, 1)
+    g = torch.Generator().manual_seed(0)
+    from hindsearch.core.sampling import draw_inverse_cdf
+
+    tok_ = draw_inverse_cdf(probs, g)
+    freq = torch.bincount(tok_, minlength=5).float() / len(tok_)
+    assert freq[1] == 0 and freq[4] == 0 and torch.allclose(freq, probs[0], atol=0.01)
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    assert draw_inverse_cdf(probs[:7], g1).tolist() == draw_inverse_cdf(probs[:7], g2).tolist()
+    assert g1.get_state().equal(g2.get_state())  # one uniform per row: 7 draws consumed
+    logits = torch.tensor([[2.0, 1.0, 0.0, -1.0]]).repeat(4, 1)
+    sp = SamplingParams(temperature=1.0, top_p=0.7, draw="inverse_cdf")
+    toks = sample_tokens(logits, sp, torch.Generator().manual_seed(0))[0].tolist()
+    assert set(toks) <= {0, 1}
+    with pytest.raises(ValueError, match="sampling draw 'gumbel'"):
+        sample_tokens(logits, SamplingParams(draw="gumbel"), None)
+
+
+def test_rollout_sampler_option_reaches_the_decode(model, tok, retriever):
+    """``rollout.sampler = inverse_cdf``: seeded and reproducible, another stream than multinomial, greedy unchanged."""
+    base = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=1)
+    inv = make_engine(model, tok, retriever, max_new_tokens_per_turn=12, max_turns=1, sampler="inverse_cdf")
+    assert inv.sampling(False).draw == "inverse_cdf" and base.sampling(False).draw == "multinomial"
+    a, b = (inv.rollout([Q1, Q2], num_generations=2, seed=7) for _ in range(2))
+    m = base.rollout([Q1, Q2], num_generations=2, seed=7)
+    assert [t.completion_ids for t in a] == [t.completion_ids for t in b]
+    assert [t.completion_ids for t in a] != [t.completion_ids for t in m]
+    assert ([t.completion_ids for t in inv.rollout([Q1, Q2], greedy=True)]
+            == [t.completion_ids for t in base.rollout([Q1, Q2], greedy=True)])

@@ -114,7 +114,7 @@ class RolloutEngine:
         return protocol.encode_prompt(self.tokenizer, question, hint)
 
     def sampling(self, greedy: bool) -> SamplingParams:
-        return SamplingParams(self.cfg.temperature, self.cfg.top_p, greedy)
+        return SamplingParams(self.cfg.temperature, self.cfg.top_p, greedy, draw=self.cfg.sampler)
 
     def _retrieve(self, queries: list[str]) -> tuple[list[list[Passage]], str | None]:
         """One batched retrieve with bounded retries -> (docs per query, error or None)."""

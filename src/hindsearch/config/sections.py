@@ -124,6 +124,10 @@ class RolloutConfig:
     """Sampling temperature for training rollouts (0 = greedy)."""
     top_p: float = bounded(1.0, gt=0.0, le=1.0)
     """Nucleus sampling for training rollouts."""
+    sampler: str = choice("multinomial", ("multinomial", "inverse_cdf"))
+    """How the HF backend draws a sampled id: ``multinomial`` (``torch.multinomial``, one random number per
+    vocabulary entry; every seeded result so far) or ``inverse_cdf`` (one random number per row: the same
+    distribution, a different random stream, several times less CPU at a real vocabulary). vLLM samples its own way."""
     num_generations: int = bounded(4, gt=0)
     """Rollouts per question (GRPO group size G; paper: 5)."""
 

@@ -35,7 +35,7 @@ import torch
 
 from hindsearch.core.model import (KV, Step, cache_of, cat_steps, forward, group_chunks, left_pad, mergeable, pad_id,
                                    region, resume, save_row, shared_prefix_len, suffix_forward)
-from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, Stop, sample_tokens, stop_reason
+from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams, Stop, read_back, sample_tokens, stop_reason
 
 OnStop = Callable[[list[int], list[GenOutput]], list[tuple[list[int], int] | None]]
 """``on_stop(rows, outs)``: the rows (caller indices) that stopped at one step and the segments they generated ->
@@ -72,6 +72,7 @@ class _Loop:
         for k in STAT_KEYS:
             self.stats.setdefault(k, 0)
         self.merge: bool | None = None  # rows that go on rejoin the running batch (decided at the first prefill)
+        self.pad_positions: torch.Tensor | None = None  # decode_pad_positions not yet added to stats
 
     def run(self, waiting: list[_Row], max_rows: int = 0, step: Step | None = None,
             live: list[_Row] | None = None) -> None:
@@ -91,6 +92,9 @@ class _Loop:
                 live, join = live + join, []
             step, live, rejoin = self._step(step, live)
             join += rejoin
+        if self.pad_positions is not None:
+            self.stats["decode_pad_positions"] += int(self.pad_positions)
+            self.pad_positions = None
 
     def _prefill(self, rows: list[_Row]) -> Step:
         """Feed every row's queue (its context beyond its saved keys/values) in one forward."""
@@ -114,10 +118,11 @@ class _Loop:
         if self.hook is not None:
             logits = self.hook([r.index for r in live], [r.out.ids for r in live], logits)
         tok, logp = sample_tokens(logits, self.sampling, self.generator)
+        ids, lps = read_back(tok, logp)
         keep, ended, fed = [], [], {}
         for j, r in enumerate(live):
-            r.out.ids.append(int(tok[j]))
-            r.out.logprobs.append(float(logp[j]))
+            r.out.ids.append(ids[j])
+            r.out.logprobs.append(lps[j])
             why = stop_reason(self.stop, r.ctx[-1:], r.out.ids, r.budget)
             if why is None:
                 keep.append(j)
@@ -151,7 +156,8 @@ class _Loop:
         st["decode_steps"] += 1
         st["forwards"] += 1
         st["decode_positions"] += step.mask.numel()
-        st["decode_pad_positions"] += int((step.mask == 0).sum())
+        pad = (step.mask == 0).sum()  # read once, at the end of the decode (a read here would wait for the device)
+        self.pad_positions = pad if self.pad_positions is None else self.pad_positions + pad
         return step, [live[j] for j in keep], rejoin
 
     def _call_back(self, ended: list[_Row]) -> list[_Row]:

@@ -1,6 +1,7 @@
 """Sampling and the stop rule of the decode loop: what picks the next id of a row and what ends the row.
 
-- ``SamplingParams``: greedy, or temperature + top-p (``top_p_filter``); ``sample_tokens`` picks one id per row.
+- ``SamplingParams``: greedy, or temperature + top-p (``top_p_filter``); ``sample_tokens`` picks one id per row,
+  drawn with ``torch.multinomial`` or by inverse CDF (``DRAWS``).
   Log-probs: ``log softmax(logits / T)`` of the picked id (T = 1 when greedy), before top-p filtering, i.e. what a
   trainer recomputes from the same logits.
 - ``GenOutput``: what a row generated (ids, their log-probs, why it stopped).
@@ -29,13 +30,21 @@ STOP_WINDOW = 16
 characters spans at most n ids, and ours (``</search>``, ``</answer>``) have 9."""
 
 
+DRAWS = ("multinomial", "inverse_cdf")
+"""How a sampled id is drawn from a row's probabilities: ``multinomial`` (``torch.multinomial``: one random number
+per vocabulary entry, the default and the random stream every seeded result so far was made with) or
+``inverse_cdf`` (one uniform number per row against the cumulative probabilities: the same distribution, another
+random stream, several times less work at a real vocabulary; ``draw_inverse_cdf``)."""
+
+
 @dataclass
 class SamplingParams:
-    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``."""
+    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``; ``draw`` one of ``DRAWS``."""
 
     temperature: float = 1.0
     top_p: float = 1.0
     greedy: bool = False
+    draw: str = "multinomial"
 
     @property
     def is_greedy(self) -> bool:
@@ -74,8 +83,30 @@ def sample_tokens(logits: Tensor, sampling: SamplingParams, generator: torch.Gen
         scaled = logits / sampling.temperature
         logp = scaled.log_softmax(-1)
         probs = top_p_filter(scaled, sampling.top_p).softmax(-1)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        if sampling.draw == "inverse_cdf":
+            tok = draw_inverse_cdf(probs, generator)
+        elif sampling.draw == "multinomial":
+            tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        else:
+            raise ValueError(f"sampling draw {sampling.draw!r}: choose one of {', '.join(DRAWS)}")
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def draw_inverse_cdf(probs: Tensor, generator: torch.Generator | None) -> Tensor:
+    """One id per row of ``probs [B, V]`` (rows summing to ~1, zeros allowed) from one uniform number per row:
+    the first id whose cumulative probability (float64) passes ``u * total``. An id of probability 0 is never
+    drawn. -> ``[B]`` int64."""
+    cdf = probs.to(torch.float64).cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
+    return tok.clamp_(max=probs.shape[-1] - 1)
+
+
+def read_back(tok: Tensor, logp: Tensor) -> tuple[list[int], list[float]]:
+    """A step's sampled ids and log-probs as Python lists, in one device-to-host read (one ``tolist``): per-row
+    reads would each wait for the device. Ids travel as float64, exact for any vocabulary below 2^53."""
+    both = torch.stack((tok.to(torch.float64), logp.to(torch.float64))).tolist()
+    return [int(x) for x in both[0]], both[1]
 
 
 def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
