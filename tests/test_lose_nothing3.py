@@ -46,3 +46,46 @@ def test_index_rebuild_keeps_a_file_the_user_put_in_the_folder(tmp_path, capsys)
     (out / "MY-NOTES.md").unlink()
     assert main(["index", "--corpus", str(corpus), "--out", str(out)]) == 0
     assert "MY-NOTES.md" not in json.loads((out / "index.json").read_text())["files"]
+
+
+# ---------------------------------------------------------------- 3: silent acceptances refused before any write
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(tmp_path / "cache"))
+    return tmp_path
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("sets, needles", [
+    (["train.steps=100000000000000000000"], ["train.steps", "100000000000000000000"]),
+    (["train.steps=10000000000"], ["train.steps must be", "<= 1000000000"]),
+    (["train.seed=100000000000000000000"], ["train.seed", "64 bits"]),
+    (['retrieval.kind="remote"', 'retrieval.url="ftp://x"'], ["retrieval.url = 'ftp://x'", "http://"]),
+    (['retrieval.url="ftp://x"'], ["retrieval.url = 'ftp://x'"]),
+    (['train.trl.output_dir="/"'], ["train.trl.output_dir = '/'", "set out instead"]),
+    (['out=""'], ["out = ''", "pass --out"]),
+])
+def test_silent_acceptances_are_refused_before_anything_is_written(workdir, capsys, sets, needles):
+    (workdir / "mine.txt").write_text("keep\n")
+    before = snapshot(workdir)
+    argv = [a for s in sets for a in ("--set", s)]
+    assert main(["train", "--config", "tiny-cpu", *argv, "--out", "run"] if 'out=""' not in sets
+                else ["train", "--config", "tiny-cpu", *argv]) == 1
+    one_line_error(capsys, "hindsearch train: error:", *needles)
+    assert snapshot(workdir) == before and not (workdir / "run").exists() and not (workdir / ".hindsearch").exists()
+
+
+def test_an_empty_out_flag_and_a_bad_url_in_eval_are_refused(workdir, capsys):
+    assert main(["train", "--config", "tiny-cpu", "--out", ""]) == 1
+    one_line_error(capsys, "hindsearch train: error:", "out = ''")
+    assert not (workdir / "runs").exists()
+    (workdir / "qa.jsonl").write_text(json.dumps({"id": "1", "question": "q?", "golden_answers": ["a"]}) + "\n")
+    (workdir / "remote.toml").write_text('[retrieval]\nkind = "remote"\nurl = "ftp://x"\n')
+    assert main(["eval", "--config", "remote.toml", "--model", "tiny-random", "--data", "d=qa.jsonl",
+                 "--out", "ev", "--no-progress"]) == 1
+    one_line_error(capsys, "hindsearch eval: error:", "retrieval.url = 'ftp://x'")
+    assert not (workdir / "ev").exists()

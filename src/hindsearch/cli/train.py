@@ -114,10 +114,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"train.threads={args.threads}"] if args.threads else [])
     if args.method:
         overrides.append(f'method="{args.method}"')
-    cfg = Config.load(find_config(args.config), overrides)
+    cfg = Config.load(find_config(args.config), overrides, out=args.out)
     if args.plugin:
         cfg.use_plugins([*cfg.plugins, *(p for p in args.plugin if p not in cfg.plugins)], "--plugin")
-    if args.out:
-        cfg.out = args.out
     run_train(cfg)
     return 0

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, RENAMED, TEACHERS, ConfigError, _assign,
-                                      _check_declared, _drop_none, bounded, choice, choices_of)
+                                      _check_declared, _drop_none, bounded, choice, choices_of, url_problem)
 from hindsearch.config.registry import METHODS, load_plugins
 from hindsearch.config.sections import (DataConfig, EvalConfig, LoRAConfig, ModelConfig, RetrievalConfig,
                                         RolloutConfig, TrainConfig, WarmupConfig)
@@ -177,9 +177,11 @@ class Config:
         return cfg
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "Config":
+    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None, *,
+             out: str | None = None) -> "Config":
         """Load a TOML preset (None = defaults; its ``base`` chain resolved: ``read_preset``), apply
-        ``section.key=value`` overrides, fill ``{method}`` in ``out``, validate."""
+        ``section.key=value`` overrides, fill ``{method}`` in ``out``, replace ``out`` by ``out`` when given
+        (a command's ``--out``, taken as it is), validate."""
         d: dict[str, Any] = {}
         src = "<defaults>"
         if path is not None:
@@ -192,6 +194,8 @@ class Config:
         for ov in overrides or []:
             cfg.set(ov)
         cfg.out = cfg.out.replace("{method}", cfg.method)
+        if out is not None:
+            cfg.out = out
         cfg.validate()
         return cfg
 
@@ -225,8 +229,13 @@ class Config:
         _check_declared(self, "")
         for name, sec in self.sections.items():
             _check_declared(sec, name + ".")
+        if not self.out.strip():
+            raise ConfigError(f"out = {self.out!r}: no run folder given (it would write into the current folder); "
+                              f"set out in the config or pass --out")
         if self.retrieval.kind == "remote" and not self.retrieval.url:
             raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
+        if self.retrieval.url is not None and (why := url_problem(self.retrieval.url)) is not None:
+            raise ConfigError(f"retrieval.url = {self.retrieval.url!r} {why}")
         if not self.warmup.feedback_kinds:
             raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of {', '.join(FEEDBACK_KINDS)}")
         if self.rollout.num_generations < 2 and self.train.steps > 0:
@@ -264,6 +273,8 @@ class Config:
 
         known = {f.name for f in dc_fields(GRPOConfig)}
         for k in self.train.trl:
+            if k in REDIRECTING_TRL_FIELDS:
+                raise ConfigError(f"train.trl.{k} = {self.train.trl[k]!r}: {REDIRECTING_TRL_FIELDS[k]}; remove it")
             if k not in known:
                 import difflib
 
@@ -280,6 +291,10 @@ class Config:
                 need = {"tensorboard": "tensorboard (or tensorboardX)"}.get(target, target)
                 raise ConfigError(f"train.trl.report_to = {report_to!r}: {target!r} needs the {need} package "
                                   f"installed (pip install {target if target != 'tensorboard' else 'tensorboardX'})")
+
+
+REDIRECTING_TRL_FIELDS = {"output_dir": "a run writes its checkpoints into its own folder (out), set out instead"}
+"""Raw TRL fields that would send a run's outputs away from its folder: refused in ``[train.trl]``."""
 
 
 def flat_keys(d: Any, prefix: str = "") -> dict[str, Any]:
