@@ -67,14 +67,12 @@ def snapshot(folder: Path) -> dict[str, bytes]:
     (['retrieval.kind="remote"', 'retrieval.url="ftp://x"'], ["retrieval.url = 'ftp://x'", "http://"]),
     (['retrieval.url="ftp://x"'], ["retrieval.url = 'ftp://x'"]),
     (['train.trl.output_dir="/"'], ["train.trl.output_dir = '/'", "set out instead"]),
-    (['out=""'], ["out = ''", "pass --out"]),
 ])
 def test_silent_acceptances_are_refused_before_anything_is_written(workdir, capsys, sets, needles):
     (workdir / "mine.txt").write_text("keep\n")
     before = snapshot(workdir)
     argv = [a for s in sets for a in ("--set", s)]
-    assert main(["train", "--config", "tiny-cpu", *argv, "--out", "run"] if 'out=""' not in sets
-                else ["train", "--config", "tiny-cpu", *argv]) == 1
+    assert main(["train", "--config", "tiny-cpu", *argv, "--out", "run"]) == 1
     one_line_error(capsys, "hindsearch train: error:", *needles)
     assert snapshot(workdir) == before and not (workdir / "run").exists() and not (workdir / ".hindsearch").exists()
 
@@ -89,3 +87,243 @@ def test_an_empty_out_flag_and_a_bad_url_in_eval_are_refused(workdir, capsys):
                  "--out", "ev", "--no-progress"]) == 1
     one_line_error(capsys, "hindsearch eval: error:", "retrieval.url = 'ftp://x'")
     assert not (workdir / "ev").exists()
+
+
+# ---------------------------------------------------------------- 4: a byte-order mark is read past
+BOM = "\ufeff"
+
+
+def test_a_utf8_bom_in_a_corpus_a_qa_file_and_a_preset_is_accepted(tmp_path, capsys):
+    from hindsearch.config import Config
+    from hindsearch.data.corpus import iter_corpus
+    from hindsearch.data.qa import load_qa
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(BOM + "".join(json.dumps(r) + "\n" for r in CORPUS), encoding="utf-8")
+    assert [p.id for p in iter_corpus(corpus)] == [r["id"] for r in CORPUS]
+    as_list = tmp_path / "c.json"
+    as_list.write_text(BOM + json.dumps(CORPUS), encoding="utf-8")
+    assert len(list(iter_corpus(as_list))) == len(CORPUS)
+    assert main(["index", "--corpus", str(corpus), "--out", str(tmp_path / "idx")]) == 0
+    rows = [{"id": f"q{i}", "question": f"question {i}?", "golden_answers": ["a"]} for i in range(3)]
+    for name, text in (("qa.jsonl", "".join(json.dumps(r) + "\n" for r in rows)), ("qa.json", json.dumps(rows))):
+        (tmp_path / name).write_text(BOM + text, encoding="utf-8")
+        assert [r.id for r in load_qa(tmp_path / name)] == ["q0", "q1", "q2"], name
+    preset = tmp_path / "p.toml"
+    preset.write_text(BOM + 'method = "grpo"\n[train]\nsteps = 2\n', encoding="utf-8")
+    assert Config.load(preset).train.steps == 2
+
+
+# ---------------------------------------------------------------- 5: messages name the file and line
+def test_a_duplicate_question_id_names_the_file_and_both_lines(tmp_path, capsys):
+    from hindsearch.data.qa import QAError, load_qa
+
+    qa = tmp_path / "d.jsonl"
+    qa.write_text("".join(json.dumps({"id": i, "question": f"q {n}?", "golden_answers": ["a"]}) + "\n"
+                          for n, i in enumerate(["dev_0", "dev_1", "dev_0"])))
+    with pytest.raises(QAError, match=r"d\.jsonl: line 3: .*duplicate question id 'dev_0' \(first at line 1"):
+        load_qa(qa)
+    assert [r.id for r in load_qa(qa, skip_bad=True)] == ["dev_0", "dev_1"]
+    assert main(["eval", "--model", "tiny-random", "--retrieval-url", "http://127.0.0.1:9", "--data", f"d={qa}",
+                 "--out", str(tmp_path / "ev"), "--no-progress"]) == 1
+    one_line_error(capsys, "hindsearch eval: error:", f"{qa}: line 3", "duplicate question id 'dev_0'", "line 1")
+
+
+# ---------------------------------------------------------------- 6: plugins, one line each
+@pytest.fixture(scope="module")
+def registries():
+    """Registrations made by this module's plugins are undone after it (registries, imported plugins)."""
+    import sys
+
+    from hindsearch.config import METHODS, registry
+    from hindsearch.config.registry import RETRIEVERS, REWARDS
+
+    regs = (METHODS, RETRIEVERS, REWARDS)
+    for r in regs:
+        r.load()
+    saved = [(dict(r._entries), dict(r._rank), dict(r._module)) for r in regs]
+    plugins, modules = dict(registry._PLUGINS), set(sys.modules)
+    yield
+    for r, (entries, rank, module) in zip(regs, saved):
+        r._entries, r._rank, r._module = entries, rank, module
+    registry._PLUGINS.clear()
+    registry._PLUGINS.update(plugins)
+    for name in set(sys.modules) - modules:
+        if name.startswith("hindsearch_plugin_"):
+            del sys.modules[name]
+
+
+BAD_PLUGINS = {
+    "raises.py": ('raise RuntimeError("not configured")\n', "line 1: RuntimeError", "not configured"),
+    "syntax.py": ("def f(:\n    pass\n", "syntax error", "line 1"),
+    "divides.py": ("x = 1\ny = x / 0\n", "line 2: ZeroDivisionError", "division by zero"),
+    "em.py": ("from hindsearch.train.reward_funcs import register_reward\n"
+              "register_reward('em')(lambda completions, **kw: [0.0] * len(completions))\n",
+              "line 2", "reward function 'em' is already registered"),
+    "bm25.py": ("from hindsearch.retrieval.base import register_retriever\n"
+                "register_retriever('bm25')(lambda cfg, index_dir, corpus: None)\n",
+                "line 2", "retrieval.kind 'bm25' is already registered"),
+    "grpo.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('grpo')(None)\n",
+                "line 2", "method 'grpo' is already registered"),
+    "hindsearch.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('hindsearch')(None)\n",
+                      "line 2", "method 'hindsearch' is already registered"),
+    "plus.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('a+b')(None)\n",
+                "line 2", "'a+b'"),
+    "exits.py": ("import sys\nsys.exit(0)\n", "called sys.exit(0)", "must not exit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_PLUGINS))
+def test_every_plugin_error_is_one_line_naming_the_file(name, tmp_path, monkeypatch, capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    source, *needles = BAD_PLUGINS[name]
+    plugin = tmp_path / name
+    plugin.write_text(source)
+    assert main(["train", "--plugin", str(plugin), "--out", "run"]) == 1
+    one_line_error(capsys, "hindsearch train: error: plugin", str(plugin), *needles)
+    # the same plugin named by a config's plugins = [...]
+    (tmp_path / "p.toml").write_text(f'plugins = ["{plugin.as_posix()}"]\n')
+    assert main(["train", "--config", "p.toml", "--out", "run"]) == 1
+    one_line_error(capsys, "hindsearch train: error:", "p.toml", str(plugin), *needles)
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_folder_as_plugin_is_refused(tmp_path, monkeypatch, capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "myplugins").mkdir()
+    for spec in ("myplugins", str(tmp_path / "myplugins"), "myplugins/"):
+        assert main(["train", "--plugin", spec, "--out", "run"]) == 1, spec
+        one_line_error(capsys, "hindsearch train: error: plugin", "myplugins", "folder")
+    assert not (tmp_path / "run").exists()
+
+
+TERM_PLUGIN = '''
+import torch
+from dataclasses import dataclass
+from hindsearch.config.fields import bounded
+from hindsearch.hindsight import losses
+from hindsearch.hindsight.contract import AuxBatch, at, mask_positions
+from hindsearch.hindsight.registry import Metrics, register_method
+
+
+@dataclass
+class BadConfig:
+    lam: float = bounded(0.5, ge=0.0)
+
+
+@register_method("{name}", config=BadConfig)
+class BadTerm:
+    name = "{name}"
+    aggregation = "token-mean"
+    ema_decay = None
+    metrics = Metrics(reductions={{"L": "mean"}}, loss="L", panels={{}})
+
+    def __init__(self, cfg, seed=0):
+        self.cfg, self.lam = cfg, cfg.lam
+
+    def prepare(self, trajectories, completion_len, ctx):
+        mask = torch.zeros(len(trajectories), completion_len)
+        for i, t in enumerate(trajectories):
+            g = t.gen_mask[:completion_len]
+            mask[i, : len(g)] = torch.tensor(g, dtype=torch.float)
+        return AuxBatch({{"m": mask}}, {{}})
+
+    def positions(self, inputs, completion_len):
+        pos = mask_positions(inputs["m"], completion_len)
+        return {positions}
+
+    def loss(self, logits, idx, completion_ids, inputs):
+        lS = losses.token_logprobs(logits, at(completion_ids, idx).to(logits.device))
+        L = -lS.mean() if lS.numel() else logits.sum() * 0
+        return {loss}, {{"L": float(L.detach())}}
+'''
+
+
+def run_config(path: Path, world: Path, plugin: Path, method: str = "grpo", rewards: str = '["em"]') -> Path:
+    path.write_text(f"""
+method = "{method}"
+plugins = ["{plugin.as_posix()}"]
+[model]
+name = "tiny-random"
+device = "cpu"
+[data]
+world_dir = "{world.as_posix()}"
+world_entities = 60
+[rollout]
+max_turns = 1
+max_new_tokens_per_turn = 8
+max_total_tokens = 300
+num_generations = 2
+[warmup]
+enabled = false
+[train]
+steps = 1
+questions_per_step = 2
+save_steps = 1
+eval_limit = 1
+threads = 1
+reward_funcs = {rewards}
+[eval]
+batch_size = 2
+""")
+    return path
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    from hindsearch.data.world import ensure_world
+
+    return ensure_world(tmp_path_factory.mktemp("world") / "world", seed=0, n_entities=60)
+
+
+@pytest.mark.parametrize("case, positions, loss, needles", [
+    ("float", "pos", "float(L.detach())", ["loss() returned a float loss", "scalar torch tensor"]),
+    ("shape", "pos", "L.repeat(3)", ["loss() returned a loss of shape [3]", "expected a scalar"]),
+    ("positions", "pos[:, :-1]", "L", ["positions() returned a torch.bool tensor of shape", "expected torch.bool"]),
+])
+def test_a_term_returning_the_wrong_thing_is_named(case, positions, loss, needles, world, tmp_path, monkeypatch,
+                                                    capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    name = f"bad_{case}"
+    plugin = tmp_path / f"{name}.py"
+    plugin.write_text(TERM_PLUGIN.format(name=name, positions=positions, loss=loss))
+    config = run_config(tmp_path / "c.toml", world, plugin, method=name)
+    assert main(["train", "--config", str(config), "--out", "run"]) == 1
+    one_line_error(capsys, "hindsearch train: error:", f"term '{name}' (BadTerm in {plugin})", *needles)
+
+
+# ---------------------------------------------------------------- 7: rewards checked once per call
+REWARDS_PLUGIN = '''
+def infinite(completions, **kw):
+    return [float("inf")] * len(completions)
+
+def words(completions, **kw):
+    return ["1.0"] * len(completions)
+
+def raises(completions, **kw):
+    return {}["no such column"]
+
+def one(completions, **kw):
+    return 0.5
+
+def nested(completions, **kw):
+    return [[1.0]] * len(completions)
+'''
+
+
+@pytest.mark.parametrize("func, needles", [
+    ("infinite", ["returned inf for completion 0", "must be finite"]),
+    ("words", ["returned str '1.0' for completion 0", "expected a number or None"]),
+    ("raises", ["raised KeyError", "no such column"]),
+    ("one", ["returned float 0.5", "expected a list of 4 numbers"]),
+    ("nested", ["returned list [1.0] for completion 0"]),
+])
+def test_a_reward_returning_the_wrong_thing_is_named(func, needles, world, tmp_path, monkeypatch, capsys, registries):
+    monkeypatch.chdir(tmp_path)
+    plugin = tmp_path / "my_rewards.py"
+    plugin.write_text(REWARDS_PLUGIN)
+    config = run_config(tmp_path / "c.toml", world, plugin, rewards=f'["em", "{plugin.as_posix()}:{func}"]')
+    assert main(["train", "--config", str(config), "--out", "run"]) == 1
+    one_line_error(capsys, "hindsearch train: error: reward", f"{plugin}:{func}", *needles)
+    assert not list((tmp_path / "run").glob("metrics.jsonl")) or "Infinity" not in (
+        tmp_path / "run" / "metrics.jsonl").read_text()

@@ -32,7 +32,7 @@ from typing import Any
 
 from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, RENAMED, TEACHERS, ConfigError, _assign,
                                       _check_declared, _drop_none, bounded, choice, choices_of, url_problem)
-from hindsearch.config.registry import METHODS, load_plugins
+from hindsearch.config.registry import METHODS, PluginError, load_plugins
 from hindsearch.config.sections import (DataConfig, EvalConfig, LoRAConfig, ModelConfig, RetrievalConfig,
                                         RolloutConfig, TrainConfig, WarmupConfig)
 
@@ -45,13 +45,13 @@ __all__ = [
 
 def read_toml(p: Path) -> dict[str, Any]:
     """A TOML file as a dict; a file that cannot be read, is not UTF-8 or is not TOML raises ``ConfigError``
-    naming it (and the line of a byte that is not UTF-8)."""
+    naming it (and the line of a byte that is not UTF-8). A byte-order mark at its start is read past."""
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror or type(e).__name__})") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM, as Windows editors write one, is not part of the TOML
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{p}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x}); a config is UTF-8 TOML") from None
@@ -143,7 +143,7 @@ class Config:
         self.plugins = [str(Path(p).expanduser().resolve()) if p.endswith(".py") else p for p in self.plugins]
         try:
             load_plugins(self.plugins)
-        except (ImportError, OSError) as e:
+        except (ImportError, OSError, PluginError) as e:
             raise ConfigError(f"{source}: plugins = {self.plugins!r}: {e}") from e
         self.add_sections()
 
