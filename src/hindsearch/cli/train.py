@@ -37,15 +37,13 @@ def find_config(name: str | None) -> Path:
 
 class PluginAction(argparse.Action):
     """``--plugin SPEC``: imported as soon as it is parsed (its methods become valid ``--method`` values), and
-    appended to the run's ``plugins``."""
+    appended to the run's ``plugins``. A plugin that fails raises out of the parsing (``PluginError``, naming the
+    plugin), which ``hindsearch.cli.main`` reports in one line."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         from hindsearch.config.registry import load_plugin
 
-        try:
-            load_plugin(values)
-        except (ImportError, OSError) as e:
-            parser.error(f"--plugin {values}: {e}")
+        load_plugin(values)
         setattr(namespace, self.dest, [*getattr(namespace, self.dest), values])
 
 
