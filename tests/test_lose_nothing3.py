@@ -327,3 +327,84 @@ def test_a_reward_returning_the_wrong_thing_is_named(func, needles, world, tmp_p
     one_line_error(capsys, "hindsearch train: error: reward", f"{plugin}:{func}", *needles)
     assert not list((tmp_path / "run").glob("metrics.jsonl")) or "Infinity" not in (
         tmp_path / "run" / "metrics.jsonl").read_text()
+
+
+# ---------------------------------------------------------------- 2: SIGTERM and SIGINT during training
+TINY = ['model.name="tiny-random"', 'model.device="cpu"', "train.questions_per_step=2", "rollout.num_generations=2",
+        "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=600", "train.lr=0.01",
+        "warmup.enabled=false", "train.samples_per_step=2", "train.eval_limit=2", "train.threads=1"]
+
+
+def start_run(tmp_path: Path, world: Path, steps: int, *extra: str):
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "hindsearch.cli", "train", "--out", str(run), "--set", f"train.steps={steps}",
+            "--set", "train.save_steps=100", "--set", f'data.world_dir="{world}"', "--set", "data.world_entities=60",
+            *(a for s in TINY for a in ("--set", s)), *extra]
+    env = {**os.environ, "HINDSEARCH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    return run, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                                 cwd=tmp_path)
+
+
+def steps_of(path: Path) -> list[int]:
+    return [json.loads(x)["step"] for x in path.read_text().splitlines()]
+
+
+def wait_for(cond, proc, timeout: float = 240.0) -> None:
+    import time
+
+    t0 = time.time()
+    while not cond():
+        assert proc.poll() is None, proc.communicate()
+        assert time.time() - t0 < timeout, "timed out"
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_training_saves_a_checkpoint_and_resume_writes_no_step_twice(sig, world, tmp_path, capsys):
+    import signal
+
+    from hindsearch.fsutil import LOCK_NAME, checkpoint_problem
+
+    signum = getattr(signal, sig)
+    run, proc = start_run(tmp_path, world, 8)
+    try:
+        metrics = run / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, proc)  # step 1 is done
+        proc.send_signal(signum)
+        out, err = proc.communicate(timeout=240)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signum, (proc.returncode, err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and last.startswith(f"hindsearch train: stopped by {sig} after step "), err[-3000:]
+    step = int(last.split("after step ")[1].split()[0])
+    assert 1 <= step < 8 and f"checkpoint-{step} is saved" in last and f"--resume {run}" in last, last
+    assert checkpoint_problem(run / "checkpoints" / f"checkpoint-{step}") is None
+    assert not (run / LOCK_NAME).exists()
+    assert steps_of(metrics) == list(range(1, step + 1))
+    # the resume continues from that checkpoint: every step logged exactly once
+    assert main(["train", "--resume", str(run)]) == 0
+    assert f"from checkpoint-{step} ({step}/8 steps done)" in capsys.readouterr().out
+    assert steps_of(metrics) == list(range(1, 9))
+
+
+def test_a_signal_before_training_stops_at_once_and_releases_the_lock(world, tmp_path):
+    import signal
+
+    from hindsearch.fsutil import LOCK_NAME
+
+    run, proc = start_run(tmp_path, world, 2)
+    try:
+        wait_for(lambda: (run / LOCK_NAME).exists() and (run / "config.toml").exists(), proc)
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM, (proc.returncode, err[-3000:])
+    last = err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "stopped by SIGTERM before training" in last and "--resume" in last, err[-3000:]
+    assert not (run / LOCK_NAME).exists()

@@ -148,9 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     expand_output_args(args)
     try:
         rc = args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted; finished work is kept and a rerun resumes it", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a command's own stop (a run's TrainingStopped says what it kept)
+        print(f"hindsearch {args.command}: {e}" if str(e) else "interrupted; finished work is kept and a rerun "
+              "resumes it", file=sys.stderr)
+        return int(getattr(e, "exit_code", 130))
     except Exception as e:  # one line, never a traceback, unless --debug
         if getattr(args, "debug", False):
             raise
