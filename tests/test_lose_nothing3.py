@@ -331,8 +331,8 @@ def test_a_reward_returning_the_wrong_thing_is_named(func, needles, world, tmp_p
 
 # ---------------------------------------------------------------- 2: SIGTERM and SIGINT during training
 TINY = ['model.name="tiny-random"', 'model.device="cpu"', "train.questions_per_step=2", "rollout.num_generations=2",
-        "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=16", "rollout.max_total_tokens=600", "train.lr=0.01",
-        "warmup.enabled=false", "train.samples_per_step=2", "train.eval_limit=2", "train.threads=1"]
+        "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=8", "rollout.max_total_tokens=300", "train.lr=0.01",
+        "warmup.enabled=false", "train.samples_per_step=2", "train.eval_limit=1", "train.threads=1"]
 
 
 def start_run(tmp_path: Path, world: Path, steps: int, *extra: str):
@@ -370,7 +370,7 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_writes_no_step_t
     from hindsearch.fsutil import LOCK_NAME, checkpoint_problem
 
     signum = getattr(signal, sig)
-    run, proc = start_run(tmp_path, world, 8)
+    run, proc = start_run(tmp_path, world, 4)
     try:
         metrics = run / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and metrics.read_text().count("\n") >= 1, proc)  # step 1 is done
@@ -382,14 +382,14 @@ def test_a_signal_during_training_saves_a_checkpoint_and_resume_writes_no_step_t
     last = err.strip().splitlines()[-1]
     assert "Traceback" not in err and last.startswith(f"hindsearch train: stopped by {sig} after step "), err[-3000:]
     step = int(last.split("after step ")[1].split()[0])
-    assert 1 <= step < 8 and f"checkpoint-{step} is saved" in last and f"--resume {run}" in last, last
+    assert 1 <= step < 4 and f"checkpoint-{step} is saved" in last and f"--resume {run}" in last, last
     assert checkpoint_problem(run / "checkpoints" / f"checkpoint-{step}") is None
     assert not (run / LOCK_NAME).exists()
     assert steps_of(metrics) == list(range(1, step + 1))
     # the resume continues from that checkpoint: every step logged exactly once
     assert main(["train", "--resume", str(run)]) == 0
-    assert f"from checkpoint-{step} ({step}/8 steps done)" in capsys.readouterr().out
-    assert steps_of(metrics) == list(range(1, 9))
+    assert f"from checkpoint-{step} ({step}/4 steps done)" in capsys.readouterr().out
+    assert steps_of(metrics) == list(range(1, 5))
 
 
 def test_a_signal_before_training_stops_at_once_and_releases_the_lock(world, tmp_path):
