@@ -165,8 +165,8 @@ BAD_PLUGINS = {
                 "line 2", "retrieval.kind 'bm25' is already registered"),
     "grpo.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('grpo')(None)\n",
                 "line 2", "method 'grpo' is already registered"),
-    "hindsearch.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('hindsearch')(None)\n",
-                      "line 2", "method 'hindsearch' is already registered"),
+    "hindsearch.py": ("from hindsearch.hindsight.registry import register_method\n"
+                      "register_method('hindsearch')(None)\n", "line 2", "method 'hindsearch' is already registered"),
     "plus.py": ("from hindsearch.hindsight.registry import register_method\nregister_method('a+b')(None)\n",
                 "line 2", "'a+b'"),
     "exits.py": ("import sys\nsys.exit(0)\n", "called sys.exit(0)", "must not exit"),
@@ -277,7 +277,7 @@ def world(tmp_path_factory):
 
 
 @pytest.mark.parametrize("case, positions, loss, needles", [
-    ("float", "pos", "float(L.detach())", ["loss() returned a float loss", "scalar torch tensor"]),
+    ("float", "pos", "float(L.detach())", ["loss() returned a float loss", "expected a scalar torch tensor"]),
     ("shape", "pos", "L.repeat(3)", ["loss() returned a loss of shape [3]", "expected a scalar"]),
     ("positions", "pos[:, :-1]", "L", ["positions() returned a torch.bool tensor of shape", "expected torch.bool"]),
 ])
@@ -318,7 +318,8 @@ def nested(completions, **kw):
     ("one", ["returned float 0.5", "expected a list of 4 numbers"]),
     ("nested", ["returned list [1.0] for completion 0"]),
 ])
-def test_a_reward_returning_the_wrong_thing_is_named(func, needles, world, tmp_path, monkeypatch, capsys, registries):
+def test_a_reward_returning_the_wrong_thing_is_named(func, needles, world, tmp_path, monkeypatch, capsys,
+                                                     registries):
     monkeypatch.chdir(tmp_path)
     plugin = tmp_path / "my_rewards.py"
     plugin.write_text(REWARDS_PLUGIN)
@@ -343,8 +344,8 @@ def start_run(tmp_path: Path, world: Path, steps: int, *extra: str):
     argv = [sys.executable, "-m", "hindsearch.cli", "train", "--out", str(run), "--set", f"train.steps={steps}",
             "--set", "train.save_steps=100", "--set", f'data.world_dir="{world}"', "--set", "data.world_entities=60",
             *(a for s in TINY for a in ("--set", s)), *extra]
-    env = {**os.environ, "HINDSEARCH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-           "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
+    env = {**os.environ, "HINDSEARCH_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1", "PYTHONPATH": str(Path(__file__).resolve().parents[1] / "src")}
     return run, subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                  cwd=tmp_path)
 

@@ -141,7 +141,8 @@ def load_plugin(spec: str) -> Any:
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module
             try:
-                _run_plugin(str(path), path, lambda: loader_spec.loader.exec_module(module))  # type: ignore[union-attr]
+                loader = loader_spec.loader
+                _run_plugin(str(path), path, lambda: loader.exec_module(module))
             except BaseException:
                 del sys.modules[name]
                 raise
@@ -151,7 +152,8 @@ def load_plugin(spec: str) -> Any:
                               f"name (package.module)")
         found = importlib.util.find_spec(spec) if "." not in spec else None
         origin = Path(found.origin) if found is not None and found.origin else None
-        module = _run_plugin(f"{spec} ({origin})" if origin else spec, origin, lambda: importlib.import_module(spec))
+        label = f"{spec} ({origin})" if origin else spec
+        module = _run_plugin(label, origin, lambda: importlib.import_module(spec))
         if getattr(module, "__file__", None) is None:
             raise PluginError(f"plugin {spec}: is a folder without __init__.py (a namespace package), which "
                               f"registers nothing; give a .py file or a module name (package.module)")

@@ -73,7 +73,8 @@ def register_method(name: str, config: type | None = None) -> Callable[[Any], An
             if not isinstance(getattr(term, "name", None), str):
                 raise TypeError(f"method {name!r}: {term.__qualname__}.name must be a str (its metrics' prefix)")
         origin = term if term is not None else config
-        METHODS.register(name, MethodSpec(name, config, term, metrics), getattr(origin, "__module__", None) or caller)
+        module = getattr(origin, "__module__", None) or caller
+        METHODS.register(name, MethodSpec(name, config, term, metrics), module)
         return term
 
     return deco

@@ -52,8 +52,8 @@ from typing import Any
 import numpy as np
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import (INDEX_VERSION, Hits, IndexedRetriever, PassageStore, index_strays, is_index_dir,
-                                       register_index_kind)
+from hindsearch.retrieval.base import (INDEX_VERSION, Hits, IndexedRetriever, PassageStore, index_strays,
+                                       is_index_dir, register_index_kind)
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 FLAT = "Flat"

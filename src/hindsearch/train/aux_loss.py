@@ -48,13 +48,14 @@ def checked_loss(term: Any, answer: Any) -> tuple[torch.Tensor, dict[str, Any]]:
         raise TermError(f"{term_label(term)}: loss() returned {type(answer).__name__}, expected (loss, metrics)")
     loss, metrics = answer
     if not isinstance(loss, torch.Tensor):
-        raise TermError(f"{term_label(term)}: loss() returned a {type(loss).__name__} loss ({loss!r:.40}), expected a "
-                        f"scalar torch tensor computed from the logits (a Python number carries no gradient)")
+        raise TermError(f"{term_label(term)}: loss() returned a {type(loss).__name__} loss ({loss!r:.40}), "
+                        f"expected a scalar torch tensor computed from the logits (a number carries no gradient)")
     if loss.dim() != 0:
         raise TermError(f"{term_label(term)}: loss() returned a loss of shape {list(loss.shape)}, expected a scalar "
                         f"(reduce it over its positions: hindsearch.hindsight.losses.agg)")
     if not isinstance(metrics, dict):
-        raise TermError(f"{term_label(term)}: loss() returned metrics of type {type(metrics).__name__}, expected a dict")
+        raise TermError(f"{term_label(term)}: loss() returned metrics of type {type(metrics).__name__}, "
+                        f"expected a dict")
     return loss, metrics
 
 
