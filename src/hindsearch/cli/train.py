@@ -103,7 +103,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from hindsearch.train.run import run_train
 
     if args.resume:
-        if args.config or args.method or args.set or args.out or args.plugin:
+        if args.config or args.method or args.set or args.out is not None or args.plugin:
             raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out/--plugin")
         run_train(resume=args.resume, allow_config_change=args.allow_config_change, threads=args.threads)
         return 0
