@@ -5,6 +5,9 @@
 * ``check_replaceable(out, is_ours)`` refuses an ``--out`` that is a file, the current folder (or
   one above it), or a non-empty folder hindsearch did not write (``is_ours`` looks for the
   folder's marker file: ``index.json`` for an index, ``world.json`` for a world).
+  A folder that is ours is still refused when it holds a file its maker did not write (``strays``: not among the
+  files its marker lists, or, for a marker without the list, written after the marker), since replacing the
+  folder would delete it.
   ``guard_output(out, kind)`` is the same check for the commands that write into their folder
   (train, eval, data mini): the folder is ours when its marker ``.hindsearch-output.json`` names
   ``kind``; ``claim_output`` writes that marker before anything else is written.
@@ -159,9 +162,31 @@ def _has_content(folder: Path) -> bool:
     return any(p.name != LOCK_NAME for p in folder.iterdir())
 
 
+def written_files(folder: str | Path) -> list[str]:
+    """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote, for its marker."""
+    folder = Path(folder)
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+
+
+def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
+    """The files of ``folder`` that a replace would delete and its maker did not write: those not in ``listed`` (the
+    files its marker records), or, when the marker records none, those modified after the ``marker`` file."""
+    if listed is not None:
+        known = set(listed)
+        return [f for f in written_files(folder) if f not in known and f != LOCK_NAME]
+    try:
+        since = (folder / marker).stat().st_mtime
+    except OSError:
+        return []
+    return [f for f in written_files(folder) if f not in (marker, LOCK_NAME)
+            and (folder / f).lstat().st_mtime > since + 1.0]
+
+
 def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str, flag: str = "--out",
-                      protect: tuple[str | Path, ...] = ()) -> Path:
-    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours`` accepts.
+                      protect: tuple[str | Path, ...] = (),
+                      stray: Callable[[Path], list[str]] | None = None) -> Path:
+    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours`` accepts that
+    holds no file ``stray`` names (files its maker did not write: replacing the folder would delete them).
 
     ``protect`` lists inputs (e.g. the corpus being indexed) that must not lie inside ``out``.
     Returns ``out`` with ``~`` expanded (``expand_out``).
@@ -185,6 +210,10 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
                                f"choose a new or empty folder")
         raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write (it is not {_a(what)}); "
                            f"refusing to replace it; choose a new or empty folder")
+    if stray is not None and out.is_dir() and (extra := stray(out)):
+        more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+        raise UnsafeOutput(f"{flag} {out}: holds {extra[0]}{more}, which hindsearch did not write; rebuilding the "
+                           f"{what} would delete it; move it out or choose another folder")
     return out
 
 

@@ -133,16 +133,25 @@ def main(argv: list[str] | None = None) -> int:
 
     upstream_warnings.install()  # known upstream deprecation notices once each, with a note; others untouched
     parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    try:  # an action runs while parsing (--plugin imports its plugin): its error is one line too
+        args = parser.parse_args(words)
+    except Exception as e:
+        if "--debug" in words:
+            raise
+        command = next((w for w in words if not w.startswith("-")), "")
+        print(f"hindsearch{' ' + command if command else ''}: error: {describe(e)}", file=sys.stderr)
+        return 1
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
     expand_output_args(args)
     try:
         rc = args.func(args)
-    except KeyboardInterrupt:
-        print("interrupted; finished work is kept and a rerun resumes it", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or a command's own stop (a run's TrainingStopped says what it kept)
+        print(f"hindsearch {args.command}: {e}" if str(e) else "interrupted; finished work is kept and a rerun "
+              "resumes it", file=sys.stderr)
+        return int(getattr(e, "exit_code", 130))
     except Exception as e:  # one line, never a traceback, unless --debug
         if getattr(args, "debug", False):
             raise

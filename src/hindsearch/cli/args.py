@@ -53,16 +53,11 @@ def port_number(text: str) -> int:
 
 
 def http_url(text: str) -> str:
-    """An ``http://`` or ``https://`` URL with a host."""
-    from urllib.parse import urlsplit
+    """An ``http://`` or ``https://`` URL with a host (the rule of the config's ``retrieval.url``)."""
+    from hindsearch.config.fields import url_problem
 
-    try:
-        u = urlsplit(text)
-        u.port  # noqa: B018 - raises ValueError on a bad port
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a valid URL ({e})") from None
-    if u.scheme not in ("http", "https") or not u.hostname:
-        raise argparse.ArgumentTypeError(f"{text!r} must be an http:// or https:// URL with a host")
+    if (why := url_problem(text)) is not None:
+        raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
 
 

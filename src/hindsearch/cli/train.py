@@ -15,15 +15,13 @@ from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: 
 
 class PluginAction(argparse.Action):
     """``--plugin SPEC``: imported as soon as it is parsed (its methods become valid ``--method`` values), and
-    appended to the run's ``plugins``."""
+    appended to the run's ``plugins``. A plugin that fails raises out of the parsing (``PluginError``, naming the
+    plugin), which ``hindsearch.cli.main`` reports in one line."""
 
     def __call__(self, parser, namespace, values, option_string=None):
         from hindsearch.config.registry import load_plugin
 
-        try:
-            load_plugin(values)
-        except (ImportError, OSError) as e:
-            parser.error(f"--plugin {values}: {e}")
+        load_plugin(values)
         setattr(namespace, self.dest, [*getattr(namespace, self.dest), values])
 
 
@@ -84,7 +82,7 @@ def _cmd_train(args: argparse.Namespace) -> int:
     from hindsearch.train.run import run_train
 
     if args.resume:
-        if args.config or args.method or args.set or args.out or args.plugin:
+        if args.config or args.method or args.set or args.out is not None or args.plugin:
             raise ValueError("--resume uses the run's saved config.toml; drop --config/--method/--set/--out/--plugin")
         run_train(resume=args.resume, allow_config_change=args.allow_config_change, threads=args.threads)
         return 0
@@ -93,10 +91,8 @@ def _cmd_train(args: argparse.Namespace) -> int:
     overrides = list(args.set) + ([f"train.threads={args.threads}"] if args.threads else [])
     if args.method:
         overrides.append(f'method="{args.method}"')
-    cfg = Config.load(find_config(args.config), overrides)
+    cfg = Config.load(find_config(args.config), overrides, out=args.out)
     if args.plugin:
         cfg.use_plugins([*cfg.plugins, *(p for p in args.plugin if p not in cfg.plugins)], "--plugin")
-    if args.out:
-        cfg.use_out(args.out)  # '{method}' replaced as in a preset's out
     run_train(cfg)
     return 0

@@ -32,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, RENAMED, TEACHERS, ConfigError, _assign,
-                                      _check_declared, _drop_none, bounded, choice, choices_of)
-from hindsearch.config.registry import METHODS, load_plugins
+                                      _check_declared, _drop_none, bounded, choice, choices_of, url_problem)
+from hindsearch.config.registry import METHODS, PluginError, load_plugins
 from hindsearch.config.sections import (DataConfig, EvalConfig, LoRAConfig, ModelConfig, RetrievalConfig,
                                         RolloutConfig, TrainConfig, WarmupConfig)
 
@@ -46,13 +46,13 @@ __all__ = [
 
 def read_toml(p: Path) -> dict[str, Any]:
     """A TOML file as a dict; a file that cannot be read, is not UTF-8 or is not TOML raises ``ConfigError``
-    naming it (and the line of a byte that is not UTF-8)."""
+    naming it (and the line of a byte that is not UTF-8). A byte-order mark at its start is read past."""
     try:
         raw = p.read_bytes()
     except OSError as e:
         raise ConfigError(f"{p}: cannot read it ({e.strerror or type(e).__name__})") from None
     try:
-        text = raw.decode("utf-8")
+        text = raw.decode("utf-8-sig")  # a BOM, as Windows editors write one, is not part of the TOML
     except UnicodeDecodeError as e:
         line = raw.count(b"\n", 0, e.start) + 1
         raise ConfigError(f"{p}:{line}: not UTF-8 (byte 0x{raw[e.start]:02x}); a config is UTF-8 TOML") from None
@@ -188,7 +188,7 @@ class Config:
         self.plugins = [str(Path(p).expanduser().resolve()) if p.endswith(".py") else p for p in self.plugins]
         try:
             load_plugins(self.plugins)
-        except (ImportError, OSError) as e:
+        except (ImportError, OSError, PluginError) as e:
             raise ConfigError(f"{source}: plugins = {self.plugins!r}: {e}") from e
         self.add_sections()
 
@@ -222,10 +222,12 @@ class Config:
         return cfg
 
     @classmethod
-    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None) -> "Config":
+    def load(cls, path: str | Path | None = None, overrides: list[str] | None = None, *,
+             out: str | None = None) -> "Config":
         """Load a TOML file or a shipped preset by name (``"tiny-cpu"``, as ``--config`` takes it; None = the
         built-in defaults; its ``base`` chain resolved: ``read_preset``), apply ``section.key=value`` overrides,
-        fill ``{method}`` in ``out``, validate."""
+        fill ``{method}`` in ``out``, replace ``out`` by ``out`` when given (a command's ``--out``, ``{method}``
+        filled the same way), validate."""
         d: dict[str, Any] = {}
         src = "<defaults>"
         if path is not None:
@@ -243,6 +245,8 @@ class Config:
         for ov in overrides or []:
             cfg.set(ov)
         cfg.use_out(cfg.out)
+        if out is not None:
+            cfg.use_out(out)
         cfg.validate()
         return cfg
 
@@ -287,8 +291,13 @@ class Config:
         self._check_out()
         for name, sec in self.sections.items():
             _check_declared(sec, name + ".")
+        if not self.out.strip():
+            raise ConfigError(f"out = {self.out!r}: no run folder given (it would write into the current folder); "
+                              f"set out in the config or pass --out")
         if self.retrieval.kind == "remote" and not self.retrieval.url:
             raise ConfigError("retrieval.url is required when retrieval.kind = 'remote'")
+        if self.retrieval.url is not None and (why := url_problem(self.retrieval.url)) is not None:
+            raise ConfigError(f"retrieval.url = {self.retrieval.url!r} {why}")
         if not self.warmup.feedback_kinds:
             raise ConfigError(f"warmup.feedback_kinds must be a non-empty list of {', '.join(FEEDBACK_KINDS)}")
         if self.rollout.num_generations < 2 and self.train.steps > 0:
@@ -326,6 +335,8 @@ class Config:
 
         known = {f.name for f in dc_fields(GRPOConfig)}
         for k in self.train.trl:
+            if k in REDIRECTING_TRL_FIELDS:
+                raise ConfigError(f"train.trl.{k} = {self.train.trl[k]!r}: {REDIRECTING_TRL_FIELDS[k]}; remove it")
             if k not in known:
                 import difflib
 
@@ -342,6 +353,10 @@ class Config:
                 need = {"tensorboard": "tensorboard (or tensorboardX)"}.get(target, target)
                 raise ConfigError(f"train.trl.report_to = {report_to!r}: {target!r} needs the {need} package "
                                   f"installed (pip install {target if target != 'tensorboard' else 'tensorboardX'})")
+
+
+REDIRECTING_TRL_FIELDS = {"output_dir": "a run writes its checkpoints into its own folder (out), set out instead"}
+"""Raw TRL fields that would send a run's outputs away from its folder: refused in ``[train.trl]``."""
 
 
 def flat_keys(d: Any, prefix: str = "") -> dict[str, Any]:

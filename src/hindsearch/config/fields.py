@@ -58,6 +58,24 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the key and what is allowed."""
 
 
+INT64_MAX = 2**63 - 1
+"""The largest integer a config value may hold: every one ends up in a 64-bit integer (torch, numpy, TRL)."""
+
+
+def url_problem(text: str) -> str | None:
+    """Why ``text`` is not an ``http://`` or ``https://`` URL with a host (and a valid port); None when it is one."""
+    from urllib.parse import urlsplit
+
+    try:
+        u = urlsplit(text)
+        u.port  # noqa: B018 - raises ValueError on a bad port
+    except ValueError as e:
+        return f"is not a valid URL ({e})"
+    if u.scheme not in ("http", "https") or not u.hostname:
+        return "must be an http:// or https:// URL with a host"
+    return None
+
+
 def _drop_none(d: Any) -> Any:
     if isinstance(d, dict):
         return {k: _drop_none(v) for k, v in d.items() if v is not None}
@@ -111,6 +129,8 @@ def _check_annotation(key: str, annotation: Any, value: Any, source: str) -> Any
 def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):  # nan/inf pass every < and > check
         raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
+        raise ConfigError(f"{source}: {key} = {value} does not fit in 64 bits (at most {INT64_MAX})")
     if current is None or value is None:
         return value
     if isinstance(current, bool):

@@ -83,13 +83,53 @@ class Registry:
 _PLUGINS: dict[str, Any] = {}
 
 
+class PluginError(ValueError):
+    """A plugin that failed while being imported: the message is one line naming the plugin (its file) and what
+    it did (raised, a syntax error, registered a taken or malformed name, exited)."""
+
+
+def _line_in(tb: Any, path: Path | None) -> int | None:
+    """The line of ``path`` (the plugin file) that the traceback ``tb`` last passed through, if any."""
+    import traceback
+
+    line = None
+    for frame, lineno in traceback.walk_tb(tb):
+        if path is not None and Path(frame.f_code.co_filename) == path:
+            line = lineno
+    return line
+
+
+def _run_plugin(label: str, path: Path | None, run: Any) -> Any:
+    """``run()`` (a plugin's import), with whatever it raises turned into a one-line ``PluginError``."""
+    try:
+        return run()
+    except SyntaxError as e:
+        where = f"{e.filename}, " if e.filename and path is not None and Path(e.filename) != path else ""
+        raise PluginError(f"plugin {label}: syntax error ({where}line {e.lineno}): {e.msg}") from None
+    except SystemExit as e:  # a plugin's sys.exit() would end the command, silently and often with status 0
+        raise PluginError(f"plugin {label}: called sys.exit({e.code!r}) while being imported; a plugin registers "
+                          f"methods, retriever kinds or rewards and must not exit") from None
+    except RecursionError as e:
+        raise PluginError(f"plugin {label}: RecursionError while being imported: {e}") from None
+    except Exception as e:
+        line = _line_in(e.__traceback__, path)
+        at = f", line {line}" if line else ""
+        msg = " ".join(str(e).split()) or "(no message)"
+        raise PluginError(f"plugin {label}{at}: {type(e).__name__} while being imported: {msg}") from e
+
+
 def load_plugin(spec: str) -> Any:
     """Import one plugin: ``package.module`` or a ``.py`` file (relative to the current folder); returns the
-    module. A file is imported once under a name derived from its resolved path."""
+    module. A file is imported once under a name derived from its resolved path. Whatever the import raises
+    (or a ``sys.exit``) becomes a ``PluginError`` naming the plugin; a folder is refused."""
     if spec in _PLUGINS:
         return _PLUGINS[spec]
+    if not isinstance(spec, str) or not spec.strip():
+        raise PluginError(f"plugin {spec!r}: give a module name (package.module) or a .py file")
     if spec.endswith(".py"):
         path = Path(spec).expanduser().resolve()
+        if path.is_dir():
+            raise PluginError(f"plugin {spec}: is a folder; give a .py file or a module name (package.module)")
         if not path.is_file():
             raise FileNotFoundError(f"plugin {spec!r}: no such file")
         name = f"hindsearch_plugin_{path.stem}_{hashlib.sha256(str(path).encode()).hexdigest()[:8]}"
@@ -101,12 +141,22 @@ def load_plugin(spec: str) -> Any:
             module = importlib.util.module_from_spec(loader_spec)
             sys.modules[name] = module
             try:
-                loader_spec.loader.exec_module(module)
+                loader = loader_spec.loader
+                _run_plugin(str(path), path, lambda: loader.exec_module(module))
             except BaseException:
                 del sys.modules[name]
                 raise
     else:
-        module = importlib.import_module(spec)
+        if Path(spec).expanduser().is_dir() or "/" in spec or "\\" in spec:
+            raise PluginError(f"plugin {spec}: is a folder or a path, not a module; give a .py file or a module "
+                              f"name (package.module)")
+        found = importlib.util.find_spec(spec) if "." not in spec else None
+        origin = Path(found.origin) if found is not None and found.origin else None
+        label = f"{spec} ({origin})" if origin else spec
+        module = _run_plugin(label, origin, lambda: importlib.import_module(spec))
+        if getattr(module, "__file__", None) is None:
+            raise PluginError(f"plugin {spec}: is a folder without __init__.py (a namespace package), which "
+                              f"registers nothing; give a .py file or a module name (package.module)")
     _PLUGINS[spec] = module
     return module
 

@@ -170,7 +170,7 @@ class WarmupConfig:
 
 @dataclass
 class TrainConfig:
-    steps: int = bounded(8, ge=0)
+    steps: int = bounded(8, ge=0, le=10**9)
     """Optimizer steps of RL."""
     questions_per_step: int = bounded(4, gt=0)
     """Distinct questions per step (each gets ``rollout.num_generations`` rollouts)."""

@@ -90,12 +90,12 @@ def _is_json_list(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> Any:
-    """The file as UTF-8 text, decompressing ``.gz`` on the fly."""
+    """The file as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start is read past."""
     if path.suffix == ".gz":
         import gzip
 
-        return gzip.open(path, "rt", encoding="utf-8")
-    return path.open("r", encoding="utf-8")
+        return gzip.open(path, "rt", encoding="utf-8-sig")
+    return path.open("r", encoding="utf-8-sig")
 
 
 def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:

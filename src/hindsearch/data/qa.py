@@ -25,6 +25,7 @@ a Hugging Face dataset through ``datasets`` for users with network.
 
 from __future__ import annotations
 
+import codecs
 import json
 import logging
 import math
@@ -94,7 +95,8 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
     """Yield ``(where, parse error or None, row)`` for every row of a QA file.
 
     ``where`` is ``"line N"`` (JSON Lines), ``"item N"`` (JSON list) or ``"row N"`` (parquet),
-    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines.
+    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines. A byte-order mark at the
+    start of the file is read past.
     """
     path = Path(path)
     if not path.is_file():
@@ -110,6 +112,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
             yield f"row {i}", None, row
         return
     raw = path.read_bytes()
+    raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw  # a byte-order mark (Windows editors) is no row
     if path.suffix == ".json":
         try:
             text = raw.decode("utf-8")
@@ -277,12 +280,14 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             stats: QAStats | None = None) -> list[QARecord]:
     """All (or the first ``limit``) questions of a QA file as ``QARecord``s, in file order.
 
-    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). Skipped rows are
+    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). A question id read twice is a
+    bad row (the error names both lines). Skipped rows are
     logged as a warning, unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
     """
     path = Path(path)
     quiet, stats = stats is not None, stats if stats is not None else QAStats()  # a caller's stats: it reports
     out: list[QARecord] = []
+    first: dict[str, str] = {}  # question id -> where it was first read
     for where, err, row in read_rows(path):
         if limit is not None and len(out) >= limit:
             break
@@ -290,6 +295,9 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             if err is not None:
                 raise ValueError(err)
             rec = row_to_record(row, default_id=f"{path.stem}_{len(out) + stats.skipped}", name=name)
+            if rec.id in first:
+                raise ValueError(f"duplicate question id {rec.id!r} (first at {first[rec.id]}; ids key an "
+                                 f"evaluation's resume)")
         except ROW_ERRORS as e:
             why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {str(e)[:200]}"
             msg = f"{path}: {where}: bad QA row: {why}"
@@ -298,6 +306,7 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             stats.skip(msg)
             continue
         stats.rows += 1
+        first[rec.id] = where
         out.append(rec)
     if stats.skipped and not quiet:
         log.warning("%s: skipped %d bad rows (first: %s)", path, stats.skipped, stats.errors[0])

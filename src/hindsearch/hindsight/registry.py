@@ -57,6 +57,9 @@ def register_method(name: str, config: type | None = None) -> Callable[[Any], An
     optional ``check()`` runs the section's cross-field rules). The class declares ``name`` (its metrics' and tensors'
     prefix, ``hind``) and ``metrics: Metrics``. Decorating ``None`` (``register_method("grpo")(None)``) registers a method that adds
     no term."""
+    import sys
+
+    caller = sys._getframe(1).f_globals.get("__name__")  # who registers: a term-less method has no class to ask
 
     def deco(term: Any) -> Any:
         if config is not None and not dataclasses.is_dataclass(config):
@@ -70,7 +73,8 @@ def register_method(name: str, config: type | None = None) -> Callable[[Any], An
             if not isinstance(getattr(term, "name", None), str):
                 raise TypeError(f"method {name!r}: {term.__qualname__}.name must be a str (its metrics' prefix)")
         origin = term if term is not None else config
-        METHODS.register(name, MethodSpec(name, config, term, metrics), getattr(origin, "__module__", None))
+        module = getattr(origin, "__module__", None) or caller
+        METHODS.register(name, MethodSpec(name, config, term, metrics), module)
         return term
 
     return deco

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 
 from hindsearch.config.registry import RETRIEVERS
+from hindsearch.fsutil import strays
 from hindsearch.records import Passage
 
 if TYPE_CHECKING:
@@ -221,3 +222,13 @@ def is_index_dir(path: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(meta, dict) and meta.get("kind") in index_kinds() and "version" in meta
+
+
+def index_strays(path: Path) -> list[str]:
+    """The files of an index folder its build did not write (``index.json``'s ``files``; for an index built before
+    that list, the files changed after ``index.json``): a user's, which a rebuild must not delete."""
+    try:
+        files = json.loads((Path(path) / "index.json").read_text()).get("files")
+    except (OSError, ValueError, AttributeError):
+        return []
+    return strays(Path(path), files if isinstance(files, list) else None, "index.json")

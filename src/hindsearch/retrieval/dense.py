@@ -52,7 +52,8 @@ from typing import Any
 import numpy as np
 
 from hindsearch.records import Passage
-from hindsearch.retrieval.base import INDEX_VERSION, Hits, IndexedRetriever, PassageStore, is_index_dir, register_index_kind
+from hindsearch.retrieval.base import (INDEX_VERSION, Hits, IndexedRetriever, PassageStore, index_strays,
+                                       is_index_dir, register_index_kind)
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 FLAT = "Flat"
@@ -306,7 +307,7 @@ def import_faiss(
     into a new ``factory`` index in the folder (``convert_flat``) instead of being linked.
     """
     from hindsearch.data.corpus import file_sha256, iter_corpus
-    from hindsearch.fsutil import check_replaceable, publish, staging
+    from hindsearch.fsutil import check_replaceable, publish, staging, written_files
 
     faiss_file, corpus, out = Path(faiss_file), Path(corpus), Path(out_dir)
     for flag, path in (("--faiss-index", faiss_file), ("--corpus", corpus)):
@@ -319,7 +320,7 @@ def import_faiss(
         new_faiss_index(d, factory)  # a bad string fails before the long passes
     enc = encoder if isinstance(encoder, Encoder) else Encoder(encoder, device=device, max_length=max_length)
     check_faiss_fits(faiss_file, ntotal, d, ntotal, enc.name, enc.dim, str(corpus))  # the size, before the long pass
-    check_replaceable(out, is_index_dir, "index folder", protect=(corpus, faiss_file))
+    check_replaceable(out, is_index_dir, "index folder", protect=(corpus, faiss_file), stray=index_strays)
     prefixes = (enc.prefixes[0] if query_prefix is None else query_prefix, enc.prefixes[1])
     with staging(out) as tmp:
         n = write_store_streaming(iter_corpus(corpus), tmp)
@@ -334,6 +335,7 @@ def import_faiss(
                 "corpus_stamp": _stamp(corpus), "faiss_source": str(faiss_file.resolve()), "faiss_link": link,
                 "faiss_stamp": _stamp(faiss_file), "n_docs": n, "skipped_rows": 0,
                 "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        meta["files"] = sorted([*written_files(tmp), "index.json"])  # a rebuild deletes only these
         (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish(tmp, out)
     return meta

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hindsearch.data.corpus import CorpusStats, file_sha256, iter_corpus
-from hindsearch.fsutil import check_replaceable, publish, staging
+from hindsearch.fsutil import check_replaceable, publish, staging, written_files
 from hindsearch.records import Passage
 from hindsearch.config.registry import RETRIEVERS
-from hindsearch.retrieval.base import INDEX_VERSION, IndexKind, Retriever, index_kinds, is_index_dir, read_meta, write_store
+from hindsearch.retrieval.base import (INDEX_VERSION, IndexKind, Retriever, index_kinds, index_strays, is_index_dir,
+                                       read_meta, write_store)
 
 if TYPE_CHECKING:
     from hindsearch.config import RetrievalConfig
@@ -49,7 +50,8 @@ def build_index(
     Built into a temporary sibling folder (removed if the build fails) and renamed into place, so
     an interrupted build leaves no half-written index behind. An existing ``out_dir`` is replaced
     only when it is an index folder (it has ``index.json``) or empty; a file, the current folder,
-    a folder holding the corpus, or any other folder is refused (``UnsafeOutput``).
+    a folder holding the corpus, any other folder, or an index folder holding a file its build did not write
+    (``index.json`` lists the files) is refused (``UnsafeOutput``).
     """
     spec = index_kind(kind)
     if spec is None:
@@ -63,7 +65,8 @@ def build_index(
             raise IsADirectoryError(f"--corpus {corpus_path}: is a folder; give the corpus file (.jsonl, .jsonl.gz or .json)")
         if not corpus_path.exists():
             raise FileNotFoundError(f"--corpus {corpus_path}: file not found")
-    check_replaceable(out, is_index_dir, "index folder", protect=(corpus_path,) if corpus_path else ())
+    check_replaceable(out, is_index_dir, "index folder", protect=(corpus_path,) if corpus_path else (),
+                      stray=index_strays)
     stats = CorpusStats()
     meta: dict = {"version": INDEX_VERSION, "kind": kind}
     with staging(out) as tmp:
@@ -77,6 +80,7 @@ def build_index(
             raise ValueError(f"corpus {corpus_path or '<passages>'} has no passages")
         meta.update(spec.build(texts, tmp, show_progress=show_progress, **options))
         meta.update(n_docs=len(texts), skipped_rows=stats.skipped, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        meta["files"] = sorted([*written_files(tmp), "index.json"])  # a rebuild deletes only these
         (tmp / "index.json").write_text(json.dumps(meta, indent=2) + "\n")
         publish(tmp, out)
     return meta

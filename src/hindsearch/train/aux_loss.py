@@ -1,6 +1,6 @@
 """The trainer's side of the hindsight terms, as pure functions: tensor keys of the terms' inputs, the LM head
-applied only at the positions the terms need, each term's share of the update, the non-finite-loss error and the
-sharded-training check."""
+applied only at the positions the terms need, each term's share of the update, the checks of what a term returns,
+the non-finite-loss error and the sharded-training check."""
 
 from __future__ import annotations
 
@@ -14,6 +14,49 @@ AUX_PREFIX = "aux:"
 
 class NonFiniteLoss(RuntimeError):
     """The training loss became NaN/inf; raised before backward so the weights are still the last good ones."""
+
+
+class TermError(ValueError):
+    """A term (a method's, often a plugin's) returned something the trainer cannot use; the message names it."""
+
+
+def term_label(term: Any) -> str:
+    """A term as messages name it: its method name, class and file."""
+    import inspect
+
+    try:
+        where = f" in {inspect.getsourcefile(type(term))}"
+    except TypeError:
+        where = ""
+    return f"term {getattr(term, 'name', '?')!r} ({type(term).__qualname__}{where})"
+
+
+def checked_positions(term: Any, positions: Any, shape: tuple[int, int]) -> torch.Tensor:
+    """A term's ``positions(...)`` answer: a bool tensor of ``shape`` ``[B, C]``, else a ``TermError`` naming it."""
+    if not isinstance(positions, torch.Tensor):
+        raise TermError(f"{term_label(term)}: positions() returned {type(positions).__name__}, expected a bool "
+                        f"tensor of shape [B, C] = {list(shape)}")
+    if tuple(positions.shape) != tuple(shape) or positions.dtype != torch.bool:
+        raise TermError(f"{term_label(term)}: positions() returned a {positions.dtype} tensor of shape "
+                        f"{list(positions.shape)}, expected torch.bool of shape [B, C] = {list(shape)}")
+    return positions
+
+
+def checked_loss(term: Any, answer: Any) -> tuple[torch.Tensor, dict[str, Any]]:
+    """A term's ``loss(...)`` answer: ``(scalar tensor, metrics dict)``, else a ``TermError`` naming the term."""
+    if not (isinstance(answer, tuple) and len(answer) == 2):
+        raise TermError(f"{term_label(term)}: loss() returned {type(answer).__name__}, expected (loss, metrics)")
+    loss, metrics = answer
+    if not isinstance(loss, torch.Tensor):
+        raise TermError(f"{term_label(term)}: loss() returned a {type(loss).__name__} loss ({loss!r:.40}), "
+                        f"expected a scalar torch tensor computed from the logits (a number carries no gradient)")
+    if loss.dim() != 0:
+        raise TermError(f"{term_label(term)}: loss() returned a loss of shape {list(loss.shape)}, expected a scalar "
+                        f"(reduce it over its positions: hindsearch.hindsight.losses.agg)")
+    if not isinstance(metrics, dict):
+        raise TermError(f"{term_label(term)}: loss() returned metrics of type {type(metrics).__name__}, "
+                        f"expected a dict")
+    return loss, metrics
 
 
 def aux_key(term: str, key: str) -> str:

@@ -5,6 +5,8 @@
 - ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
 - ``EMAUpdate``: the EMA teacher after each optimizer step;
 - ``FiniteWeights``: every weight finite after each optimizer step, before the step is logged or saved;
+- ``StopAtStepEnd``: a requested stop (SIGTERM, SIGINT: ``hindsearch.train.run.stop_on_signals``) saves a
+  checkpoint at the end of the step in progress and ends training there;
 - ``gather_metrics``: a process's step metrics reduced over all processes (summed where the caller says so: a
   term's declared reductions, ``hindsight.registry.Metrics``; the rest averaged) before they go into TRL's
   ``_metrics``.
@@ -136,6 +138,20 @@ class EMAUpdate(TrainerCallback):
 
     def on_step_end(self, args, state, control, **kwargs):
         self.trainer.optimizer_step_done()
+
+
+class StopAtStepEnd(TrainerCallback):
+    """Once ``requested()`` is true, the step that ends saves a checkpoint and training stops there (the Trainer's
+    own save and stop at a step boundary: ``control.should_save``, ``control.should_training_stop``)."""
+
+    def __init__(self, requested: Callable[[], bool]) -> None:
+        self.requested = requested
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.requested():
+            control.should_save = True
+            control.should_training_stop = True
+        return control
 
 
 def _jsonable(v: Any) -> bool:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hindsearch.agent.protocol import extract_answer
-from hindsearch.config.registry import REWARDS, load_plugin
+from hindsearch.config.registry import REWARDS, PluginError, load_plugin
 from hindsearch.rewards import exact_match, f1_score
 
 RewardFn = Callable[..., list[float]]
@@ -73,11 +73,81 @@ def resolve_reward(spec: str | RewardFn) -> RewardFn:
         REWARDS.get(spec)  # raises naming the registered ones
     try:
         fn = getattr(load_plugin(module), func)  # a module name or a .py file
-    except (ImportError, OSError, AttributeError) as e:
+    except (ImportError, OSError, AttributeError, PluginError) as e:
         raise ValueError(f"train.reward_funcs: {spec!r} cannot be loaded: {e}") from e
     if not callable(fn):
         raise ValueError(f"train.reward_funcs: {spec!r} is not a function")
     return fn
+
+
+class RewardError(ValueError):
+    """A reward function that raised or returned something other than one finite number (or None) per
+    completion; the message names the function."""
+
+
+def reward_name(fn: Any) -> str:
+    """A reward function as messages name it: ``module:function`` (a ``.py`` plugin's module by its file)."""
+    import sys
+
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or type(fn).__name__
+    module = getattr(fn, "__module__", None) or "?"
+    if module.startswith("hindsearch_plugin_"):  # a .py file imported by load_plugin
+        module = getattr(sys.modules.get(module), "__file__", None) or module
+    return f"{module}:{name}"
+
+
+def checked_rewards(name: str, out: Any, n: int) -> list[float | None]:
+    """``out``, one reward function's answer for ``n`` completions, as a list of floats (None kept: TRL reads it as
+    "no reward"); a ``RewardError`` naming the function ``name`` unless it is a list, tuple or 1-D array of ``n``
+    finite numbers or None."""
+    import math
+    from numbers import Real
+
+    if hasattr(out, "tolist") and getattr(out, "ndim", 1) == 1:  # a numpy array or a torch tensor
+        out = out.tolist()
+    if not isinstance(out, (list, tuple)):
+        shown = repr(out) if len(repr(out)) <= 60 else repr(out)[:57] + "..."
+        raise RewardError(f"reward {name} returned {type(out).__name__} {shown}, expected a list of {n} numbers "
+                          f"(one per completion; None for no reward)")
+    if len(out) != n:
+        raise RewardError(f"reward {name} returned {len(out)} values for {n} completions (one per completion)")
+    values: list[float | None] = []
+    for i, v in enumerate(out):
+        if v is None:
+            values.append(None)
+            continue
+        if not isinstance(v, Real):
+            shown = repr(v) if len(repr(v)) <= 40 else repr(v)[:37] + "..."
+            raise RewardError(f"reward {name} returned {type(v).__name__} {shown} for completion {i}, expected a "
+                              f"number or None")
+        f = float(v)
+        if not math.isfinite(f):
+            raise RewardError(f"reward {name} returned {f} for completion {i}; a reward must be finite (None for no "
+                              f"reward)")
+        values.append(f)
+    return values
+
+
+def checked_reward(fn: RewardFn) -> RewardFn:
+    """``fn`` as TRL calls it (its name kept: TRL logs rewards by it), its answer checked once per call
+    (``checked_rewards``) and an error inside it named: a ``RewardError`` instead of a message from torch."""
+    import functools
+
+    name = reward_name(fn)
+
+    @functools.wraps(fn)
+    def checked(*args: Any, **kwargs: Any) -> list[float | None]:
+        completions = kwargs["completions"] if "completions" in kwargs else (args[0] if args else ())
+        try:
+            out = fn(*args, **kwargs)
+        except RewardError:
+            raise
+        except Exception as e:
+            msg = " ".join(str(e).split())[:300] or "(no message)"
+            raise RewardError(f"reward {name} raised {type(e).__name__}: {msg}") from e
+        return checked_rewards(name, out, len(completions))
+
+    return checked
 
 
 def reward_funcs_of(train_cfg: Any, funcs: Sequence[str | RewardFn] | None = None

@@ -28,6 +28,12 @@ saves a checkpoint of the last good weights and stops with an error; a checkpoin
 non-finite weight, a resume first checks its checkpoint's torch files against their CRC-32s, and a
 resume whose first step makes a weight non-finite sets that checkpoint aside and falls back to the one
 before it.
+
+SIGTERM (a scheduler's preemption) and SIGINT (Ctrl-C) stop a run cleanly (``stop_on_signals``): during
+training, the step in progress ends, a checkpoint of it is saved and the run stops; before training (data,
+evaluations, warm-up), it stops at once (finished evaluation rows are kept). Either way the lock is released and
+one line says what was kept and how to continue (``--resume``, which writes no step twice); the exit status is
+128 + the signal. A second signal stops at once, keeping the newest complete checkpoint.
 """
 
 from __future__ import annotations
@@ -317,6 +323,66 @@ def tensorboard_to(trainer: Any, path: Path) -> bool:
     return done
 
 
+# ---------------------------------------------------------------- signals
+class TrainingStopped(KeyboardInterrupt):
+    """A run stopped by SIGTERM or SIGINT: the message says what was kept and how to continue; ``exit_code`` is
+    128 + the signal (the CLI exits with it). A ``KeyboardInterrupt``, so no ``except Exception`` swallows it."""
+
+    def __init__(self, message: str, signum: int) -> None:
+        super().__init__(message)
+        self.exit_code = 128 + signum
+
+
+class StopRequest:
+    """What ``stop_on_signals`` shares with the training loop: the signal received (None: none yet) and whether a
+    stop now waits for the end of the step in progress (``at_step_end``, set while the trainer runs)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self.signum: int | None = None
+        self.at_step_end = False
+
+    def stopped(self, how: str, signum: int) -> TrainingStopped:
+        import signal
+
+        name = signal.Signals(signum).name
+        return TrainingStopped(f"stopped by {name} {how}; the lock is released; continue with: hindsearch train "
+                               f"--resume {self.run_dir}", signum)
+
+
+@contextlib.contextmanager
+def stop_on_signals(run_dir: Path, log: Any = print) -> Any:
+    """SIGTERM and SIGINT while the block runs: during training (``StopRequest.at_step_end``) the first one asks
+    for a checkpoint at the end of the step in progress (``callbacks.StopAtStepEnd``, the caller raises
+    ``TrainingStopped`` after it); otherwise, or on a second signal, ``TrainingStopped`` is raised at once.
+    Yields the ``StopRequest``; the previous handlers are restored after the block. Off the main thread signals
+    cannot be caught: the block runs with the handlers as they are."""
+    import signal
+    import threading
+
+    req = StopRequest(run_dir)
+
+    def handler(signum: int, frame: Any) -> None:
+        if req.signum is not None:
+            raise req.stopped("again, at once (the newest complete checkpoint is kept)", signum)
+        if not req.at_step_end:
+            raise req.stopped("before training (finished evaluations are kept)", signum)
+        req.signum = signum
+        log(f"{signal.Signals(signum).name}: stopping at the end of the step in progress, with a checkpoint "
+            f"(a second signal stops at once)")
+
+    if threading.current_thread() is not threading.main_thread():
+        yield req
+        return
+    sigs = (signal.SIGTERM, signal.SIGINT)
+    prev = {s: signal.signal(s, handler) for s in sigs}
+    try:
+        yield req
+    finally:
+        for s, h in prev.items():
+            signal.signal(s, h)
+
+
 # ---------------------------------------------------------------- main job
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
               allow_config_change: bool = False, threads: int | None = None, retriever: Any = None,
@@ -372,12 +438,13 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
             cfg.out = str(run_dir)  # '~' expanded: config.toml names the folder the run is in
     rank0 = int(os.environ.get("RANK", "0")) == 0  # distributed: the first process holds the lock for all
     with FolderLock(run_dir, "run folder", log=log) if rank0 else contextlib.nullcontext():  # one trainer per folder
-        marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
-        if resume is not None:
-            ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
-        job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs)
-        job.threads = {"count": used_threads[0], "why": used_threads[1]}
-        return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
+        with stop_on_signals(run_dir, log) as stop:  # SIGTERM/SIGINT: a checkpoint, the lock released, one line
+            marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
+            if resume is not None:
+                ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
+            job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs, stop=stop)
+            job.threads = {"count": used_threads[0], "why": used_threads[1]}
+            return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
 
 
 def _run_locked(job: "_Job", resume: str | Path | None, ckpt: Path | None, t_start: float,
@@ -435,8 +502,10 @@ class _Job:
     """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Any, retriever: Any = None,
-                 reward_funcs: list[Any] | None = None) -> None:
+                 reward_funcs: list[Any] | None = None, stop: StopRequest | None = None) -> None:
         from hindsearch.memory import StageMemory
+
+        self.stop = stop  # set by stop_on_signals: a SIGTERM/SIGINT during training stops at a step's end
 
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
         self.retriever, self.reward_funcs = retriever, reward_funcs  # from Python (run_train), else the config's
@@ -581,12 +650,25 @@ class _Job:
         trainer.add_callback(release_memory_callback())
         if cfg.train.eval_steps > 0 and not self.distributed:
             trainer.add_callback(dev_curve_callback(cfg, trainer, self.make_engine, setup.dev, run_dir))
+        stop = self.stop
+        if stop is not None:
+            from hindsearch.train.callbacks import StopAtStepEnd
+
+            trainer.add_callback(StopAtStepEnd(lambda: stop.signum is not None))
+            stop.at_step_end = True
         try:
             trainer.train(resume_from_checkpoint=str(ckpt) if ckpt else None)
         except NonFiniteLoss as e:
             trainer._save_checkpoint(trainer.model, trial=None)
             raise RuntimeError(f"{e}; the last good weights are saved in {run_dir / 'checkpoints'} "
                                f"(lower train.lr or check the data)") from e
+        finally:
+            if stop is not None:
+                stop.at_step_end = False
+        if stop is not None and stop.signum is not None:
+            step = trainer.state.global_step
+            raise stop.stopped(f"after step {step} of {cfg.train.steps}: checkpoint-{step} is saved in "
+                               f"{run_dir / 'checkpoints'}", stop.signum)
         trainer.save_model(str(run_dir / "final"))
         model = trainer.accelerator.unwrap_model(trainer.model)
         del trainer  # its optimizer state (2x the trainable weights) is not needed by the last evaluation

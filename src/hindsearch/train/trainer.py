@@ -74,7 +74,7 @@ from hindsearch.fsutil import AtomicCheckpoints
 from hindsearch.hindsight.registry import reduction_of
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
-from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, selected_logits,
+from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, checked_loss, checked_positions, selected_logits,
                                        sharded_training, term_inputs, update_shares)
 from hindsearch.train import vllm_glue as vg
 from hindsearch.train.callbacks import (
@@ -104,13 +104,18 @@ class KeepWeights(TrainerCallback):
 
 
 def _timed(timer: StepTimer, part: str, func: Callable[..., Any]) -> Callable[..., Any]:
-    """A TRL reward function whose calls add to ``timer``'s ``part`` (its name kept: TRL logs rewards by it)."""
+    """A TRL reward function whose calls add to ``timer``'s ``part`` (its name kept: TRL logs rewards by it), its
+    answer checked (``reward_funcs.checked_reward``: one finite number or None per completion, errors naming it)."""
     import functools
+
+    from hindsearch.train.reward_funcs import checked_reward
+
+    check = checked_reward(func)
 
     @functools.wraps(func)
     def timed(*args: Any, **kwargs: Any) -> Any:
         with timer.part(part):
-            return func(*args, **kwargs)
+            return check(*args, **kwargs)
 
     return timed
 
@@ -361,7 +366,8 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         C = completion_ids.size(1)
         need = torch.zeros(completion_ids.shape, dtype=torch.bool, device=completion_ids.device)
         for term in self.terms:
-            need |= term.positions(term_inputs(inputs, term.name), C).to(need.device)
+            pos = term.positions(term_inputs(inputs, term.name), C)
+            need |= checked_positions(term, pos, tuple(need.shape)).to(need.device)
         return need
 
     def _loss_with_terms(self, model: Any, inputs: dict[str, Any], need: torch.Tensor, return_outputs: bool,
@@ -397,7 +403,8 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         logs of it (``<term>/loss`` and the term's own)."""
         out, metrics = [], {}
         for term in self.terms:
-            term_loss, term_metrics = term.loss(logits, idx, inputs["completion_ids"], term_inputs(inputs, term.name))
+            term_loss, term_metrics = checked_loss(term, term.loss(logits, idx, inputs["completion_ids"],
+                                                                   term_inputs(inputs, term.name)))
             out.append((term, term_loss))
             metrics[f"{term.name}/loss"] = float(term_loss.detach())
             metrics.update({f"{term.name}/{k}": float(v) for k, v in term_metrics.items() if reduction_of(term, k)})
