@@ -187,7 +187,8 @@ def test_unreadable_files_in_the_folder_are_named(tmp_path):
     (run / "config.toml").mkdir()
     (run / "probe.json").write_bytes(b'{"student": {"rerun": {"em": NaN}}}')
     text, _ = page_of(run)
-    assert "samples.jsonl: unreadable (IsADirectoryError" in text and "config.toml: unreadable" in text
+    assert "samples.jsonl: a folder, not a regular file; not read" in text
+    assert "config.toml: a folder, not a regular file; not read" in text
     assert "probe.json unreadable" in text
 
 

@@ -208,7 +208,8 @@ def test_two_hindsearch_steps_with_critiques_from_the_server_then_resume(world, 
     cfg = Config.load(None, OVERRIDES + [
         'method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="openai"',
         f'hindsearch.judge_url="{srv.url}"', 'hindsearch.judge_model="tiny-judge"', "hindsearch.critique_max_tokens=12",
-        "hindsearch.judge_concurrency=1", "hindsearch.judge_retries=1", "hindsearch.judge_backoff_s=0.05"])
+        "hindsearch.judge_concurrency=1", "hindsearch.judge_retries=1", "hindsearch.judge_backoff_s=0.05",
+        "train.samples_per_step=64"])  # every rollout in samples.jsonl (by default a share of each kind)
     run, records = tmp_path / "run", w.splits["train"][:4]
     srv.faults.extend(["500", "500"])
     n0, a0 = srv.requests, len(srv.answers)
