@@ -253,7 +253,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
     trs = [make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow painter"),
            make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow", reward=1.0)]
     T = max(len(t.completion_ids) for t in trs)
-    term = IGSDTerm(IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
+    term = IGSDTerm(IGSDConfig(proposals="any", hindsight="answer", positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
     ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
                      complete=engine.backend, topk=engine.topk, step=3)
     batch = term.prepare(trs, T, ctx)

@@ -538,7 +538,7 @@ def test_micro_batches_do_not_change_the_hindsight_weight(method, world, tok, tm
                         "train.grad_share_steps=0",
                         # the tiny model's proposals are random tokens: verify and weigh them all (the weighting is
                         # what is tested, not the proposal filter or the gate)
-                        'igsd.proposals="any"', 'igsd.gate="none"']
+                        'igsd.proposals="any"', 'igsd.gate="none"', 'igsd.hindsight="answer"']
     deltas = {}
     for mb in ("none", "1"):
         extra = [] if mb == "none" else [f"train.micro_batch_size={mb}"]

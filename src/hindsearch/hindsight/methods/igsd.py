@@ -62,11 +62,13 @@ class IGSDConfig:
     occurs in its prompt or in its completion before the position, retrieved text included), and a pair whose
     completed teacher query contains a gold answer string is dropped before execution. ``any``: every proposal
     (the paper's form)."""
-    hindsight: str = choice("answer", ("answer", "critique", "group"))
-    """What the teacher reads in its prompt. ``answer``: ``(The correct answer is: {A[0]}.)`` (the paper);
-    ``critique``: the judge's critique of the failed rollout with gold strings redacted (the HindSearch judge,
-    ``judge_kind``); ``group``: a summary of the other rollouts of the same question in the step (their queries and
-    whether each succeeded), gold strings redacted."""
+    hindsight: str = choice("group", ("group", "answer", "critique"))
+    """What the teacher reads in its prompt. ``group`` (default): a summary of the other rollouts of the same
+    question in the step (their queries and whether each succeeded), gold strings redacted; ``answer``: ``(The
+    correct answer is: {A[0]}.)`` (the paper); ``critique``: the judge's critique of the failed rollout with gold
+    strings redacted (the HindSearch judge, ``judge_kind``). Chosen by ``hindsearch probe --igsd``: the answer
+    line's proposals are mostly answer tokens the student never saw, and only the group's gate separated the
+    proposals that found evidence from those that did not with more than a few pairs (docs/methods.md)."""
     judge_kind: str = choice("lm", ("lm", "oracle"))
     """The judge of ``hindsight = critique``: ``lm`` (the frozen initial policy with HindSearch's judge prompt) or
     ``oracle`` (fictional world only)."""
