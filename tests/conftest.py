@@ -1,5 +1,6 @@
 """Test-wide settings: offline, quiet TRL experimental warnings, fewer threads fighting on 2 cores."""
 
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -52,3 +53,27 @@ def one_line_error(capsys, *needles: str) -> str:
     for n in needles:
         assert n in last, (n, err)
     return last
+
+
+@contextlib.contextmanager
+def registries_restored(modules: tuple[str, ...] = ()):
+    """Registrations made inside the block are undone after it: the method, retriever and reward registries, the
+    loaded plugins, and the plugin modules (``hindsearch_plugin_*`` and ``modules``) imported meanwhile."""
+    from hindsearch.config import registry
+    from hindsearch.config.registry import METHODS, RETRIEVERS, REWARDS
+
+    regs = (METHODS, RETRIEVERS, REWARDS)
+    for r in regs:
+        r.load()
+    saved = [(dict(r._entries), dict(r._rank), dict(r._module)) for r in regs]
+    plugins, before = dict(registry._PLUGINS), set(sys.modules)
+    try:
+        yield
+    finally:
+        for r, (entries, rank, module) in zip(regs, saved):
+            r._entries, r._rank, r._module = entries, rank, module
+        registry._PLUGINS.clear()
+        registry._PLUGINS.update(plugins)
+        for name in set(sys.modules) - before:
+            if name.startswith("hindsearch_plugin_") or name in modules:
+                del sys.modules[name]

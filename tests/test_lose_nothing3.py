@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from conftest import one_line_error  # the shared CLI-error check
+from conftest import one_line_error, registries_restored  # the shared CLI-error check, plugin clean-up
 from hindsearch.cli import main
+from test_faults import CORPUS, write_corpus  # noqa: F401  (the fault suite's small corpus)
 
 pytestmark = pytest.mark.timeout(300)
 
-CORPUS = [{"id": str(i), "contents": f'"Title {i}"\nword{i} common text number {i}'} for i in range(12)]
-
-
-def write_corpus(path: Path, rows=CORPUS) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 # ---------------------------------------------------------------- 1: a user's file in an index folder
@@ -133,24 +127,8 @@ def test_a_duplicate_question_id_names_the_file_and_both_lines(tmp_path, capsys)
 @pytest.fixture(scope="module")
 def registries():
     """Registrations made by this module's plugins are undone after it (registries, imported plugins)."""
-    import sys
-
-    from hindsearch.config import METHODS, registry
-    from hindsearch.config.registry import RETRIEVERS, REWARDS
-
-    regs = (METHODS, RETRIEVERS, REWARDS)
-    for r in regs:
-        r.load()
-    saved = [(dict(r._entries), dict(r._rank), dict(r._module)) for r in regs]
-    plugins, modules = dict(registry._PLUGINS), set(sys.modules)
-    yield
-    for r, (entries, rank, module) in zip(regs, saved):
-        r._entries, r._rank, r._module = entries, rank, module
-    registry._PLUGINS.clear()
-    registry._PLUGINS.update(plugins)
-    for name in set(sys.modules) - modules:
-        if name.startswith("hindsearch_plugin_"):
-            del sys.modules[name]
+    with registries_restored():
+        yield
 
 
 BAD_PLUGINS = {

@@ -15,6 +15,7 @@ import pytest
 from hindsearch.cli import main
 from hindsearch.config import METHODS, Config, ConfigError
 from hindsearch.config.registry import RETRIEVERS
+from conftest import registries_restored  # the registries and plugins undone after the module
 
 PLUGIN = Path(__file__).with_name("toy_plugin.py")
 INDEX_PLUGIN = Path(__file__).with_name("toy_index.py")
@@ -24,24 +25,8 @@ SRC = Path(__file__).resolve().parents[1] / "src"
 @pytest.fixture(scope="module", autouse=True)
 def registries():
     """The plugin's registrations stay in this module: the registries and imported plugins are restored after it."""
-    import sys
-
-    from hindsearch.config import registry
-    from hindsearch.config.registry import REWARDS
-
-    regs = (METHODS, RETRIEVERS, REWARDS)
-    for r in regs:
-        r.load()
-    saved = [(dict(r._entries), dict(r._rank), dict(r._module)) for r in regs]
-    plugins, modules = dict(registry._PLUGINS), set(sys.modules)
-    yield
-    for r, (entries, rank, module) in zip(regs, saved):
-        r._entries, r._rank, r._module = entries, rank, module
-    registry._PLUGINS.clear()
-    registry._PLUGINS.update(plugins)
-    for name in set(sys.modules) - modules:
-        if name.startswith("hindsearch_plugin_") or name == "toy_reward":
-            del sys.modules[name]
+    with registries_restored(("toy_reward",)):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -104,19 +104,15 @@ READY_CRITIQUE = "The retrieved passages already contain the answer; read them a
 
 def ready_decision_mask(traj: Any, tokenizer: Any, golds: Sequence[str]) -> list[int]:
     """1 on the decision tokens (``protocol.decision_mask``) of each post-information turn whose preceding
-    completion (the retrieved text included) already contains a gold answer string (SQuAD-normalised, whole word
-    run), else 0; length ``len(completion_ids)``. At such a state searching again can only cost the answer."""
-    from hindsearch.rewards import normalize_answer
+    completion (the retrieved text included) already contains a gold answer string (``rewards.answer_in_text``),
+    else 0; length ``len(completion_ids)``. At such a state searching again can only cost the answer."""
+    from hindsearch.rewards import answer_in_text
 
     n = len(traj.completion_ids)
     out = [0] * n
-    names = [x for x in (normalize_answer(g) for g in golds if g and g.strip()) if x]
-    if not names:
-        return out
     dec = protocol.decision_mask(traj, tokenizer)
     for s, e in protocol.post_information_turns(traj, n):
-        seen = f" {normalize_answer(tokenizer.decode(list(traj.completion_ids[:s])))} "
-        if any(f" {x} " in seen for x in names):
+        if answer_in_text(golds, tokenizer.decode(list(traj.completion_ids[:s]))):
             out[s:e] = dec[s:e]
     return out
 

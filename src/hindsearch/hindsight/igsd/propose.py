@@ -48,30 +48,11 @@ def answer_token_ids(tokenizer: Any, golds: Sequence[str]) -> set[int]:
     return ids
 
 
-def unseen_answer_positions(
-    completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int], prompt_ids: Sequence[int],
-    answer_ids: set[int],
-) -> set[int]:
-    """Query positions ``t`` whose proposed teacher token ``proposed[t]`` is one of ``answer_ids`` and occurs
-    neither in ``prompt_ids`` nor in ``completion[:t]``: tokens only the hindsight can supply.
-
-    All sequences are per rollout; ``completion``, ``proposed`` and ``query_mask`` have length n (the scored
-    completion)."""
-    seen = set(prompt_ids)
-    out: set[int] = set()
-    for t, (tok, b) in enumerate(zip(completion, proposed)):
-        if query_mask[t] and b in answer_ids and b not in seen:
-            out.add(t)
-        seen.add(tok)
-    return out
-
-
-
 def unreachable_positions(completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int],
                           prompt_ids: Sequence[int]) -> set[int]:
     """Query positions ``t`` whose proposed token occurs neither in ``prompt_ids`` nor in ``completion[:t]`` (the
-    retrieved text included): tokens the student cannot produce from what it has seen. Sequences as in
-    ``unseen_answer_positions``."""
+    retrieved text included): tokens the student cannot produce from what it has seen. All sequences are per
+    rollout; ``completion``, ``proposed`` and ``query_mask`` have length n (the scored completion)."""
     seen = set(prompt_ids)
     out: set[int] = set()
     for t, (tok, b) in enumerate(zip(completion, proposed)):
@@ -79,6 +60,16 @@ def unreachable_positions(completion: Sequence[int], proposed: Sequence[int], qu
             out.add(t)
         seen.add(tok)
     return out
+
+
+def unseen_answer_positions(
+    completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int], prompt_ids: Sequence[int],
+    answer_ids: set[int],
+) -> set[int]:
+    """Query positions ``t`` whose proposed teacher token ``proposed[t]`` is one of ``answer_ids`` and occurs
+    neither in ``prompt_ids`` nor in ``completion[:t]``: tokens only the hindsight can supply
+    (``unreachable_positions`` restricted to answer tokens)."""
+    return {t for t in unreachable_positions(completion, proposed, query_mask, prompt_ids) if proposed[t] in answer_ids}
 
 
 def teacher_prompts(trajs: Sequence[Trajectory], rows: Sequence[int], tokenizer: Any,
@@ -111,15 +102,16 @@ def propose_pairs(
         qm = list(tr.query_mask[:n])
         m["positions_considered"] += sum(qm)
         m["teacher_agree"] += sum(1 for t in range(n) if qm[t] and a[t] == b[t])
-        gold = unseen_answer_positions(a, b, qm, tr.prompt_ids, answer_token_ids(tokenizer, tr.golden_answers))
+        off = unreachable_positions(a, b, qm, tr.prompt_ids)
+        ans = answer_token_ids(tokenizer, tr.golden_answers)
+        gold = {t for t in off if b[t] in ans}  # unseen_answer_positions, from the same scan
         m["proposals"] += sum(1 for t in range(n) if qm[t] and a[t] != b[t])
         m["proposals_gold"] += sum(1 for t in gold if a[t] != b[t])
         if cfg.proposals == "reachable":  # tokens the student cannot produce: not verified
-            off = unreachable_positions(a, b, qm, tr.prompt_ids)
             m["positions_unreachable"] += sum(1 for t in off if a[t] != b[t])
             qm = [0 if t in off else q for t, q in enumerate(qm)]
         if cfg.answer_tokens == "drop":  # tokens only the hindsight can supply: not verified, not distilled
-            drop = unseen_answer_positions(a, b, qm, tr.prompt_ids, answer_token_ids(tokenizer, tr.golden_answers))
+            drop = {t for t in gold if qm[t]}
             m["answer_tokens_dropped"] += len(drop)
             qm = [0 if t in drop else q for t, q in enumerate(qm)]
         for t in select_positions(qm, a, b, pref, cfg.positions, cfg.max_positions_per_rollout, rng):

@@ -17,6 +17,7 @@ from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.igsd.types import (SIDES, Completion, Metrics, Pair, Scored, Side)
 from hindsearch.records import Passage, Trajectory
+from hindsearch.rewards import answer_in_text
 
 
 class QueryCache:
@@ -152,14 +153,6 @@ def shared_state(traj: Trajectory, q_start: int, close: Sequence[int]) -> list[i
     return list(traj.prompt_ids) + list(traj.completion_ids[:q_end]) + list(close)
 
 
-def names_gold(query: str, golds: Sequence[str]) -> bool:
-    """Whether ``query`` contains a gold answer string (SQuAD-normalised, as a whole word run)."""
-    from hindsearch.rewards import normalize_answer
-
-    q = f" {normalize_answer(query)} "
-    return any(n and f" {n} " in q for n in (normalize_answer(g) for g in golds if g and g.strip()))
-
-
 def score_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], comps: Sequence[dict[Side, Completion]],
     got: Sequence[dict[Side, list[Passage] | None]], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
@@ -263,7 +256,7 @@ def verify_pairs(
             p.queries[s], p.states[s], p.closed[s] = c[s].query, c[s].state, c[s].closed
     keep = list(range(len(pairs)))
     if cfg.proposals == "reachable":  # a teacher query that names the answer verifies nothing the student can reach
-        keep = [k for k in keep if not names_gold(comps[k]["T"].query, trajs[pairs[k].row].golden_answers)]
+        keep = [k for k in keep if not answer_in_text(trajs[pairs[k].row].golden_answers, comps[k]["T"].query)]
         m["alias_queries_dropped"] = m.get("alias_queries_dropped", 0.0) + len(pairs) - len(keep)
     kp, kc = [pairs[k] for k in keep], [comps[k] for k in keep]
     got, me = execute_stage(kc, retriever, topk)

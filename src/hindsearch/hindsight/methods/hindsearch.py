@@ -316,8 +316,10 @@ class HindSearchTerm:
         judge = self.judge(ctx)
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
         masks = {i: distill_weights(trajectories[i], ctx.tokenizer, c.distill_on, c.action_weight)[:T] for i in failed}
-        ready = {i: self._ready(trajectories[i], ctx.tokenizer, masks[i], T) for i in failed} \
-            if c.ready_states == "answer_now" else {}
+        ready: dict[int, list[int]] = {}
+        if c.ready_states == "answer_now":  # the ready decisions; their turns' query tokens leave masks[i]
+            for i in failed:
+                ready[i] = self._ready(trajectories[i], ctx.tokenizer, masks[i], T)
         elig = [i for i in failed if any(masks[i])]
         met = _hind_metrics(B, failed, elig, judge, c.neutral_control)
         if c.critique_source == "shuffled":
