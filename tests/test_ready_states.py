@@ -43,10 +43,11 @@ def test_ready_mask_marks_the_decisions_after_the_gold_was_retrieved(world, tok)
     assert not any(T.ready_decision_mask(d, tok, ["", "  "]))  # no usable gold: nothing is ready
 
 
-@pytest.mark.parametrize("topk", [0, 8])
-def test_answer_now_teacher_at_ready_decisions(world, tok, topk):
-    """The term's teacher log-probs at ready decisions are those of the READY_CRITIQUE prompt, elsewhere the
-    critique's; the ready turns' query tokens leave the mask; ``critique`` (the default) changes nothing."""
+@pytest.mark.parametrize("topk,ready_states", [(0, "answer_now"), (8, "answer_now"), (8, "answer_line")])
+def test_answer_now_teacher_at_ready_decisions(world, tok, topk, ready_states):
+    """The term's teacher log-probs at ready decisions are those of the READY_CRITIQUE prompt (``answer_now``) or
+    of the answer line (``answer_line``), elsewhere the critique's; the ready turns' query tokens leave the mask;
+    ``critique`` (the default) changes nothing."""
     demos = [d for d in _demos(world, tok, n=12) if any(T.ready_decision_mask(d, tok, d.golden_answers))][:3]
     for d in demos:
         d.reward, d.em = 0.0, 0.0  # failed: the term acts on failed rollouts only
@@ -56,14 +57,15 @@ def test_answer_now_teacher_at_ready_decisions(world, tok, topk):
     div = "reverse_kl" if topk else "clamped_sampled"
     base = dict(judge_kind="oracle", distill_on="decision_query", divergence=div, topk=max(topk, 1))
     plain = HindSearchTerm(HindSearchConfig(**base)).prepare(demos, Tn, ctx)
-    now = HindSearchTerm(HindSearchConfig(**base, ready_states="answer_now")).prepare(demos, Tn, ctx)
+    now = HindSearchTerm(HindSearchConfig(**base, ready_states=ready_states)).prepare(demos, Tn, ctx)
     assert "ready_decisions" not in plain.metrics and now.metrics["ready_decisions"] > 0
     for i, d in enumerate(demos):
         n = len(d.completion_ids)
         r = T.ready_decision_mask(d, tok, d.golden_answers)
         spans = T.ready_turn_spans(d, r)
         comp = T.through_last_query(d.completion_ids, [int(x > 0) for x in now.tensors["hind_mask"][i, :n]], Tn)
-        prompt = T.hindsearch_prompt_ids(tok, d.question, T.READY_CRITIQUE)
+        prompt = (T.igsd_prompt_ids(tok, d.question, d.golden_answers) if ready_states == "answer_line"
+                  else T.hindsearch_prompt_ids(tok, d.question, T.READY_CRITIQUE))
         want, _, _ = T.teacher_token_logprobs(model, [prompt], [comp])
         on = [t for t in range(len(comp)) if r[t]]
         assert on

@@ -8,7 +8,13 @@ probability of it under the critique and its log-ratio to the neutral prompt, gr
 kind (``ready``: the retrieved text held the gold, "read them again and answer from them"; ``missing``:
 "the searches never retrieved the passage about ..."), and by a window of steps.
 
-    python recipes/micro/ready_fork.py runs/cmpA/hindsearch-ready-s0 [more run folders] [--split 50]
+``--model DIR`` (repeatable) also rescores the ready forks where the student searched again: the model's
+probability of `` point`` (search again) there under each prompt a teacher could read (none, the neutral
+line, HindSearch's ready critique, the oracle's own critique, IGSD's answer line), the prompt that a
+candidate ``ready_states`` setting would give the teacher.
+
+    python recipes/micro/ready_fork.py runs/cmpA/hindsearch-ready-s0 [more run folders] [--split 50] \
+        [--model .hindsearch/cache/warmup/warmup-93ca5a81a463cac2]
 """
 
 from __future__ import annotations
@@ -65,10 +71,62 @@ def table(rows: list[dict], split: int) -> str:
     return "\n".join(lines)
 
 
+PROMPTS = ("student (no line)", "neutral", "ready critique", "oracle critique", "answer line")
+"""The hint lines ``rescore`` compares, in its table's order."""
+
+
+def ready_prefixes(samples: Path) -> list[dict]:
+    """The ready rollouts whose first post-information thought took `` point``: question, golds, the oracle's
+    critique and the completion text through `` The passages`` of that thought (the fork comes next)."""
+    out = []
+    for line in samples.read_text(encoding="utf-8").splitlines():
+        row = json.loads(line)
+        crit = (row.get("hind") or {}).get("critique") or ""
+        if KINDS["ready"] not in crit:
+            continue
+        text = row["completion"]
+        info = text.find("</information>")
+        fork = text.find(" passages", info) if info >= 0 else -1
+        if fork < 0 or not text.startswith(" point", fork + len(" passages")):
+            continue
+        out.append({"question": row["question"], "golds": row["golden_answers"], "critique": crit,
+                    "prefix": text[: fork + len(" passages")]})
+    return out
+
+
+def rescore(model_dir: str, rows: list[dict]) -> dict[str, float]:
+    """Mean probability of `` point`` as the next token at each ready fork, per prompt in ``PROMPTS``."""
+    import torch  # the table above needs no torch; the rescoring does
+
+    from hindsearch.agent import protocol
+    from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE, READY_CRITIQUE
+    from hindsearch.models import load_tokenizer_from
+    from transformers import AutoModelForCausalLM
+
+    tok = load_tokenizer_from(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    point = tok.encode(" point", add_special_tokens=False)
+    if len(point) != 1:
+        sys.exit(f"{model_dir}: ' point' is {len(point)} tokens here; the fork reading needs the micro tokenizer")
+    fb = protocol.FEEDBACK_TEMPLATE.format
+    probs: dict[str, list[float]] = {k: [] for k in PROMPTS}
+    with torch.no_grad():
+        for r in rows:
+            hints = (None, fb(critique=NEUTRAL_CRITIQUE), fb(critique=READY_CRITIQUE), fb(critique=r["critique"]),
+                     protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=r["golds"][0]))
+            cont = tok.encode(r["prefix"], add_special_tokens=False)
+            for name, hint in zip(PROMPTS, hints):
+                ids = protocol.encode_prompt(tok, r["question"], hint) + cont
+                logits = model(torch.tensor([ids])).logits[0, -1].float()
+                probs[name].append(torch.softmax(logits, -1)[point[0]].item())
+    return {k: statistics.mean(v) for k, v in probs.items()}
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", type=Path, help="HindSearch run folders (each holds samples.jsonl)")
     ap.add_argument("--split", type=int, default=50, help="last step of the first window (default 50)")
+    ap.add_argument("--model", action="append", default=[], help="model folder to rescore the ready forks with")
     args = ap.parse_args(argv)
     rows = []
     for run in args.runs:
@@ -79,6 +137,13 @@ def main(argv: list[str] | None = None) -> None:
     if not rows:
         sys.exit("no distilled fork tokens found (a HindSearch run on the micro model with the oracle judge?)")
     print(table(rows, args.split))
+    if args.model:
+        ready = [r for run in args.runs for r in ready_prefixes(run / "samples.jsonl")]
+        print(f"\nP(' point', search again) at {len(ready)} ready forks where the student searched again:\n")
+        print("| model | " + " | ".join(PROMPTS) + " |\n|---|" + "---|" * len(PROMPTS))
+        for m in args.model:
+            got = rescore(m, ready)
+            print(f"| {m} | " + " | ".join(f"{got[k]:.3f}" for k in PROMPTS) + " |")
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ lowers a failed token where the teacher likes it less (``hindsearch.divergence =
 (``hindsearch.distill_on = answer_decision``): it can only lower "answer now" where the teacher would search again;
 ``hindsearch-ready`` (and its control ``-shuffled``) = ``hindsearch`` whose teacher reads "answer now from them" at a
 failed decision whose retrieved text already holds the gold string (``hindsearch.ready_states = answer_now``);
+``hindsearch-ready-line`` = the same states, where the teacher reads the answer line (``answer_line``);
 ``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``; ``igsd-paper`` = IGSD as DESIGN first read the paper (the
 query-state utility, any proposal, ``positive_sigmoid``); ``igsd-group`` / ``igsd-critique`` = ``igsd`` whose teacher
 reads the group summary / the judge's critique instead of the answer.
@@ -61,6 +62,8 @@ METHOD_ALIASES: dict[str, list[str]] = {
     "hindsearch-onesided-answer-nogold": ["method=hindsearch", "hindsearch.judge_sees_gold=false",
                                           "hindsearch.divergence=one_sided", "hindsearch.distill_on=answer_decision"],
     "hindsearch-ready": ["method=hindsearch", "hindsearch.judge_sees_gold=true", "hindsearch.ready_states=answer_now"],
+    "hindsearch-ready-line": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
+                              "hindsearch.ready_states=answer_line"],
     "hindsearch-ready-shuffled": ["method=hindsearch", "hindsearch.judge_sees_gold=true",
                                   "hindsearch.ready_states=answer_now", "hindsearch.critique_source=shuffled"],
     "igsd": ["method=igsd"],

@@ -93,6 +93,7 @@ CONTROLS: dict[str, tuple[str, ...]] = {"hindsearch": ("hindsearch-nogold", "hin
                                         "hindsearch-onesided": ("hindsearch-onesided-nogold", "hindsearch-onesided-shuffled"),
                                         "hindsearch-onesided-answer": ("hindsearch-onesided-answer-nogold",),
                                         "hindsearch-ready": ("hindsearch", "hindsearch-ready-shuffled"),
+                                        "hindsearch-ready-line": ("hindsearch-ready", "hindsearch"),
                                         "igsd": ("igsd-nogate", "igsd-paper"),
                                         "igsd-group": ("igsd-nogate", "igsd"),
                                         "igsd-critique": ("igsd-nogate", "igsd")}

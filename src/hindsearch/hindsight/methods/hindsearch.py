@@ -38,6 +38,7 @@ from hindsearch.hindsight.teacher import (
     ready_turn_spans,
     distill_weights,
     hindsearch_prompt_ids,
+    igsd_prompt_ids,
     select_teacher,
     teacher_token_logprobs,
     through_last_query,
@@ -116,11 +117,13 @@ class HindSearchConfig:
     aggregation: str = choice("token-mean", AGGREGATIONS)
     """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
     this tuple)."""
-    ready_states: str = choice("critique", ("critique", "answer_now"))
+    ready_states: str = choice("critique", ("critique", "answer_now", "answer_line"))
     """What the teacher reads at a failed rollout's search-again-or-answer decision whose retrieved text already
     holds a gold answer string: ``critique`` (the judge's critique of the rollout, like every other distilled
-    token) or ``answer_now`` (``teacher.READY_CRITIQUE``: answer from what was retrieved; that turn's second query
-    is not distilled). The term acts on failed rollouts only, so without it nothing distils "answer now" where
+    token), ``answer_now`` (``teacher.READY_CRITIQUE``: answer from what was retrieved) or ``answer_line``
+    (IGSD's ``(The correct answer is: {A[0]}.)``: the gold is already in the student's context there, so the
+    line adds no unseen token, and a teacher whose warm-up never paired a critique with answering may still
+    answer on it). With either of the last two, that turn's second query is not distilled. The term acts on failed rollouts only, so without it nothing distils "answer now" where
     the answer is already in the context, and a critique that says "search for X" teaches searching again
     there too (one-hop over-search)."""
     neutral_control: bool = False
@@ -317,7 +320,7 @@ class HindSearchTerm:
         failed = [i for i, tr in enumerate(trajectories) if tr.failed]
         masks = {i: distill_weights(trajectories[i], ctx.tokenizer, c.distill_on, c.action_weight)[:T] for i in failed}
         ready: dict[int, list[int]] = {}
-        if c.ready_states == "answer_now":  # the ready decisions; their turns' query tokens leave masks[i]
+        if c.ready_states != "critique":  # the ready decisions; their turns' query tokens leave masks[i]
             for i in failed:
                 ready[i] = self._ready(trajectories[i], ctx.tokenizer, masks[i], T)
         elig = [i for i in failed if any(masks[i])]
@@ -342,7 +345,7 @@ class HindSearchTerm:
             lN = teacher_token_logprobs(teacher, neutral, comps)[0]
         if use:
             met["teacher_time"] = time.perf_counter() - t0
-        if c.ready_states == "answer_now":
+        if c.ready_states != "critique":
             met["ready_decisions"] = 0.0
             self._answer_now(trajectories, use, comps, ready, teacher, ctx.tokenizer, k, lT, top_ids, top_lp, met)
         rows = _TeacherRows(use, comps, lT, top_ids if k else None, top_lp if k else None, lN)
@@ -361,12 +364,17 @@ class HindSearchTerm:
     def _answer_now(self, trajectories: list[Trajectory], use: list[int], comps: list[list[int]],
                     ready: dict[int, list[int]], teacher: Any, tokenizer: Any, k: int, lT: torch.Tensor,
                     top_ids: torch.Tensor, top_lp: torch.Tensor, met: dict[str, float]) -> None:
-        """At ready decisions the teacher reads ``READY_CRITIQUE``: its log-probs there replace the critique
-        teacher's in ``lT`` / ``top_ids`` / ``top_lp`` (rows of ``use``, in place)."""
+        """At ready decisions the teacher reads ``READY_CRITIQUE`` (``answer_now``) or the answer line
+        (``answer_line``): its log-probs there replace the critique teacher's in ``lT`` / ``top_ids`` / ``top_lp``
+        (rows of ``use``, in place)."""
         rows = [j for j, i in enumerate(use) if any(ready[i][: len(comps[j])])]
         if not rows:
             return
-        prompts = [hindsearch_prompt_ids(tokenizer, trajectories[use[j]].question, READY_CRITIQUE) for j in rows]
+        if self.cfg.ready_states == "answer_line":
+            prompts = [igsd_prompt_ids(tokenizer, trajectories[use[j]].question, trajectories[use[j]].golden_answers)
+                       for j in rows]
+        else:
+            prompts = [hindsearch_prompt_ids(tokenizer, trajectories[use[j]].question, READY_CRITIQUE) for j in rows]
         rT, r_ids, r_lp = teacher_token_logprobs(teacher, prompts, [comps[j] for j in rows], topk=k)
         for r, j in enumerate(rows):
             n = len(comps[j])
