@@ -1,6 +1,6 @@
 """``hindsearch report DIR``: one static HTML page per training run, evaluation, folder of runs or comparison.
 
-The page is rendered by jinja2 (autoescape on) from the templates in ``hindsearch/templates``;
+The page is rendered by jinja2 (autoescape on) from the templates in ``study/report/templates``;
 every value read from a run folder is escaped, so markup in a question, critique or metric name
 shows as text. It needs no server and no network (a Content-Security-Policy forbids scripts and
 any fetch): plots are matplotlib PNGs inlined as base64 and styles are inline. A run's page holds
@@ -38,8 +38,8 @@ its turns (action, query or answer, retrieved ids and titles), so nothing is par
 text. Whatever is missing is reported as "not recorded" rather than failing: runs from before samples
 carried their turns show "turns not recorded" for each rollout.
 
-The ``report`` command is ``hindsearch.cli.report``. A comparison's numbers come from ``hindsearch.results``;
-this module never imports ``hindsearch.compare``.
+The ``report`` command is ``hindsearch.cli.report``. A comparison's numbers come from ``hindsearch.study.results``;
+this module never imports ``hindsearch.study.compare``.
 """
 
 from __future__ import annotations
@@ -47,12 +47,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hindsearch.report.env import environment
-from hindsearch.report.evals import eval_view
-from hindsearch.report.overlay import overlay_view
-from hindsearch.report.runs import Run, is_compare_dir, is_eval_dir, load_run, sub_runs
-from hindsearch.report.views import (MAX_SAMPLES_COMPARED, compare_view, run_view, shade_css, token_spans,
-                                    turns_of)
+from hindsearch.study.report.env import environment
+from hindsearch.study.report.evals import eval_view
+from hindsearch.study.report.overlay import overlay_view
+from hindsearch.study.report.runs import Run, is_compare_dir, is_eval_dir, load_run, sub_runs
+from hindsearch.study.report.views import (MAX_SAMPLES_COMPARED, compare_view, run_view, shade_css,
+                                           token_spans, turns_of)
 
 __all__ = ["Run", "load_run", "render", "shade_css", "token_spans", "turns_of", "write_report"]
 

@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.isolated import run_isolated, stopped_on_exit
-from hindsearch.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs,
-                                zero_advantage_share)
+from hindsearch.study.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name,
+                                      write_outputs, zero_advantage_share)
 
 METHOD_ALIASES: dict[str, list[str]] = {
     "grpo": ["method=grpo"],
@@ -249,11 +249,11 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
         init = shared_warmup(base_cfg, out_dir, log)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
-        from hindsearch.train.probe import probe_checkpoint
+        from hindsearch.study.probe import probe_checkpoint
 
         probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
     if states > 0 and not (out_dir / STATES_NAME).exists():
-        from hindsearch.sampled import save_states
+        from hindsearch.study.sampled import save_states
 
         save_states(base_cfg, init, eval_sets(base_cfg, None, None, None)[0], out_dir / STATES_NAME, states, log)
     return init
@@ -293,7 +293,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results), and
     each run's final checkpoint after its evaluation (``RUN/probe.json``, summarised in the results).
     ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
-    run on that many held-out failed states of the start (``hindsearch.sampled``; the paired tables against GRPO
+    run on that many held-out failed states of the start (``hindsearch.study.sampled``; the paired tables against GRPO
     and the matching controls). ``eval_at`` also evaluates each run greedily on the world test split after those
     steps (``train.keep_steps``): EM along the way, for sample efficiency.
     """
@@ -460,7 +460,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     final = load_policy(replace(cfg.model, name=str(rd / "final"), gguf_file=None))  # once, for every measurement
     numbers = evaluate_run(rd, cfg, sets, loaded=final)
     if sampled > 0 or (rd.parent / STATES_NAME).exists():
-        from hindsearch.sampled import measure_run
+        from hindsearch.study.sampled import measure_run
 
         measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME, loaded=final)
     curve = {str(n): evaluate_run(rd, cfg, sets[:1], rd / "steps" / f"step-{n}", f"-step-{n}")[WORLD]
@@ -468,7 +468,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     if eval_at and WORLD in numbers:
         curve[str(cfg.train.steps)] = numbers[WORLD]
     if probe > 0 and not (rd / "probe.json").exists():
-        from hindsearch.train.probe import probe_checkpoint
+        from hindsearch.study.probe import probe_checkpoint
 
         probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None, loaded=final)
     from hindsearch.provenance import provenance

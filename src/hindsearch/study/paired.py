@@ -105,13 +105,13 @@ def _greedy(run_dir: Path) -> dict[str, dict[str, float]]:
 
 
 def _sampled(run_dir: Path) -> dict[str, dict[str, Any]]:
-    from hindsearch.sampled import SAMPLED_FILE, read_rows
+    from hindsearch.study.sampled import SAMPLED_FILE, read_rows
 
     return read_rows(run_dir / SAMPLED_FILE)
 
 
 def _states(run_dir: Path) -> dict[str, dict[str, Any]]:
-    from hindsearch.sampled import STATES_FILE, read_rows
+    from hindsearch.study.sampled import STATES_FILE, read_rows
 
     return read_rows(run_dir / STATES_FILE)
 

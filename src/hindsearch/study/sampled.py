@@ -6,12 +6,12 @@ comparison: 1.00 searches per question in all 12 greedy runs while the sampled P
 
 * ``sampled_rows``: per question, ``K`` samples at the rollout temperature: ``em`` (their mean EM), ``pass_k``
   (any of them right), ``recall`` (mean gold-evidence recall of their searches) and ``hops``;
-* ``hindsearch.hindsight.probe.state_measures`` on the held-out failed states of the starting checkpoint
+* ``hindsearch.study.probe.state_measures`` on the held-out failed states of the starting checkpoint
   (``probe.held_out_states``, saved once in the comparison folder): the sampled P(search again), and the
   greedy continuation's search-again, bridge-query hit and EM, per state.
 
 Rows are written to ``<run>/eval/sampled-world/per_question.jsonl`` and ``<run>/eval/states/per_state.jsonl``
-(``id`` keys them, so ``hindsearch.paired`` can pair two runs item by item).
+(``id`` keys them, so ``hindsearch.study.paired`` can pair two runs item by item).
 """
 
 from __future__ import annotations
@@ -140,7 +140,7 @@ def save_states(cfg: Any, init: str | None, test: tuple[str, list, Any], path: P
     ``test = (name, records, index_dir)``) into ``path``, with the start's weight digest."""
     import torch
 
-    from hindsearch.hindsight.probe import held_out_states
+    from hindsearch.study.probe import held_out_states
     from hindsearch.models import weights_digest
 
     name = init or cfg.model.name
@@ -157,7 +157,7 @@ def measure_run(run_dir: Path, cfg: Any, test: tuple[str, list, Any], k: int, se
     (``loaded``: its model and tokenizer, when the caller has them); rows already written are kept."""
     import torch
 
-    from hindsearch.hindsight.probe import HeldOutStates, state_measures
+    from hindsearch.study.probe import HeldOutStates, state_measures
 
     _, records, index_dir = test
     engine = load_engine(cfg, run_dir / "final", index_dir, loaded)

@@ -1,8 +1,8 @@
 """The results of a comparison folder (``hindsearch compare --out DIR``): read, aggregate, tabulate, plot.
 
 Pure functions over the files the runs wrote (``<method>-s<seed>/results.json``, ``metrics.jsonl``,
-``summary.json``, ``dev_curve.jsonl``). ``hindsearch.compare`` (which trains and evaluates the runs) and
-``hindsearch.report`` (which renders them) both read them from here; neither imports the other's command.
+``summary.json``, ``dev_curve.jsonl``). ``hindsearch.study.compare`` (which trains and evaluates the runs) and
+``hindsearch.study.report`` (which renders them) both read them from here; neither imports the other's command.
 """
 
 from __future__ import annotations
@@ -293,7 +293,7 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
 def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
     """The probes of the start (``DIR/probe.json``) and of each run's final checkpoint (``RUN/probe.json``): per
     method the mean over seeds of ``probe.PROBE_SUMMARY``, rates in % ('' when no run was probed)."""
-    from hindsearch.hindsight.probe import PROBE_SUMMARY, probe_summary
+    from hindsearch.study.probe import PROBE_SUMMARY, probe_summary
 
     rows: list[tuple[str, int, dict[str, float | None]]] = []
 
@@ -328,7 +328,7 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
     results = load_results(out_dir, methods, seeds)
     md = results_markdown(aggregate(results, methods), bench_names(results), title)
-    from hindsearch.paired import bootstrap_markdown
+    from hindsearch.study.paired import bootstrap_markdown
 
     boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
     if boot:
@@ -336,8 +336,9 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     curve = curve_markdown(results, methods)
     if curve:
         md += "\n" + curve
-    from hindsearch.paired import curve_pairs_markdown, pairs_markdown, seed_level_markdown, seeds_markdown
-    from hindsearch.sampled import summary_markdown
+    from hindsearch.study.paired import (curve_pairs_markdown, pairs_markdown, seed_level_markdown,
+                                         seeds_markdown)
+    from hindsearch.study.sampled import summary_markdown
 
     for section in (seed_level_markdown, summary_markdown, pairs_markdown, curve_pairs_markdown, seeds_markdown):
         text = section(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
@@ -347,7 +348,7 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     if probes:
         md += "\n" + probes
     if (out_dir / "probe.json").exists():
-        from hindsearch.hindsight.probe import format_probe
+        from hindsearch.study.probe import format_probe
 
         md += "\n### Teacher probes of the starting checkpoint\n\n" + format_probe(json.loads((out_dir / "probe.json").read_text())) + "\n"
     (out_dir / "results.md").write_text(md)
