@@ -19,7 +19,7 @@ SRC = ROOT / "src" / "hindsearch"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config, records", ("config", "records", "rewards", "progress", "memory", "fsutil", "provenance",
-                         "upstream_warnings", "isolated")),
+                         "upstream_warnings", "isolated", "tables")),
     ("data", ("data",)),
     ("retrieval", ("retrieval",)),
     ("model core", ("core", "models")),

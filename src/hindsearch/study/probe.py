@@ -49,6 +49,7 @@ from hindsearch.agent import protocol
 from hindsearch.core.scoring import score_continuations
 from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE
 from hindsearch.records import QARecord, Trajectory, title_key
+from hindsearch.tables import markdown_table
 
 HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
 
@@ -351,19 +352,16 @@ def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, set
 
 def format_igsd_settings(res: dict[str, dict[str, float]]) -> str:
     """One markdown table of ``igsd_settings_probe``: a row per setting."""
-    head = ("| setting | proposals | gold-token share | verified | open: T hit, S missed (n) | open: identical (n) | "
-            "open: both missed (n) | open: S hit, T missed (n) | T-hit-S-miss share, open / shut | Fisher p |")
-    lines = [head, "|" + "---|" * 10]
+    head = ["setting", "proposals", "gold-token share", "verified", "open: T hit, S missed (n)", "open: identical (n)",
+            "open: both missed (n)", "open: S hit, T missed (n)", "T-hit-S-miss share, open / shut", "Fisher p"]
 
     def cell(g: dict[str, float], k: str) -> str:
         return f"{g['open_' + k]:.2f} ({g['n_' + k]:.0f})"
 
-    for name, g in res.items():
-        lines.append(f"| {name} | {g['proposals']:.0f} | {100 * g['gold_share']:.1f}% | {g['verified']:.0f} | "
-                     f"{cell(g, 't_hit_s_miss')} | {cell(g, 'identical')} | {cell(g, 'both_miss')} | "
-                     f"{cell(g, 's_hit_t_miss')} | {g['precision_open']:.2f} / {g['precision_shut']:.2f} | "
-                     f"{g['fisher_p']:.3g} |")
-    return "\n".join(lines)
+    return markdown_table(head, [
+        [name, f"{g['proposals']:.0f}", f"{100 * g['gold_share']:.1f}%", f"{g['verified']:.0f}",
+         cell(g, "t_hit_s_miss"), cell(g, "identical"), cell(g, "both_miss"), cell(g, "s_hit_t_miss"),
+         f"{g['precision_open']:.2f} / {g['precision_shut']:.2f}", f"{g['fisher_p']:.3g}"] for name, g in res.items()])
 
 
 def format_igsd_probe(g: dict[str, float]) -> str:
@@ -385,23 +383,22 @@ def _replace_gold(hcfg: Any, gold: bool) -> Any:
 
 def format_probe(res: dict[str, Any]) -> str:
     """One markdown table of a ``run_probe`` result (rows: student and each hint)."""
-    head = ("| context | usable | rerun EM | evidence recall | searches/q | search again | hit missed | u(D) | "
-            "EM from state | P(search) 2-hop | query lT-lS | query lT-lN | action lT-lS | action lT-lN |")
-    lines = [f"Teacher probes on {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
-             f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.", "",
-             head, "|" + "---|" * (head.count("|") - 1)]
+    head = ["context", "usable", "rerun EM", "evidence recall", "searches/q", "search again", "hit missed", "u(D)",
+            "EM from state", "P(search) 2-hop", "query lT-lS", "query lT-lN", "action lT-lS", "action lT-lN"]
 
-    def row(name: str, e: dict[str, Any], usable: Any) -> str:
+    def row(name: str, e: dict[str, Any], usable: Any) -> list[Any]:
         r, s, g = e["rerun"], e["state"], e.get("gap", {})
         gap = [f"{g[k]:+.3f}" if k in g else "-" for k in ("query_lT_minus_lS", "query_lT_minus_neutral",
                                                             "action_lT_minus_lS", "action_lT_minus_neutral")]
-        return (f"| {name} | {usable} | {100 * r['em']:.1f} | {100 * r['evidence_recall']:.1f} | {r['searches']:.2f} | "
-                f"{100 * s['search_again']:.1f} | {100 * s['hit_missed']:.1f} | {s['u_D']:.2f} | {100 * s['em_from_state']:.1f} | "
-                f"{100 * e['p_search_two_hop']:.1f} | " + " | ".join(gap) + " |")
+        return [name, usable, f"{100 * r['em']:.1f}", f"{100 * r['evidence_recall']:.1f}", f"{r['searches']:.2f}",
+                f"{100 * s['search_again']:.1f}", f"{100 * s['hit_missed']:.1f}", f"{s['u_D']:.2f}",
+                f"{100 * s['em_from_state']:.1f}", f"{100 * e['p_search_two_hop']:.1f}", *gap]
 
-    lines.append(row("student (no hint)", res["student"], res["n_failed"]))
-    for name, e in res["hints"].items():
-        lines.append(row(name, e, e["usable"]))
+    rows = [row("student (no hint)", res["student"], res["n_failed"])]
+    rows += [row(name, e, e["usable"]) for name, e in res["hints"].items()]
+    lines = [f"Teacher probes on {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
+             f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.", "",
+             markdown_table(head, rows)]
     if res.get("igsd"):
         lines += ["", format_igsd_probe(res["igsd"])]
     return "\n".join(lines)

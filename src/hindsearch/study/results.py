@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hindsearch.fsutil import open_regular
+from hindsearch.fsutil import open_regular, read_jsonl
+from hindsearch.tables import markdown_table
 
 MINI_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 WORLD = "world"
@@ -44,13 +45,10 @@ def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict
 def metric_values(run_dir: Path, key: str) -> list[float]:
     """The numeric values of ``key`` over the run's metrics rows, in order (rows without it skipped)."""
     vals = []
-    p = run_dir / "metrics.jsonl"
-    if p.exists():
-        for line in p.read_text().splitlines():
-            if line.strip():
-                v = json.loads(line).get(key)
-                if isinstance(v, (int, float)):
-                    vals.append(float(v))
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        v = row.get(key)
+        if isinstance(v, (int, float)):
+            vals.append(float(v))
     return vals
 
 
@@ -157,8 +155,7 @@ RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives 
 def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
     """The results table (``results_rows``) as markdown."""
     heads, rows = results_rows(agg, benches)
-    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    lines = ([f"# {title}", ""] if title else []) + [markdown_table(heads, rows)]
     return "\n".join(lines + ["", RESULTS_NOTE]) + "\n"
 
 
@@ -216,12 +213,9 @@ def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
     dev = d.get("dev", {})
     if (dev.get("base") or {}).get("em") is not None:
         pts[0] = float(dev["base"]["em"])
-    cur = run_dir / "dev_curve.jsonl"
-    for line in cur.read_text().splitlines() if cur.exists() else []:
-        if line.strip():
-            row = json.loads(line)
-            if row.get("em") is not None:
-                pts[int(row["step"])] = float(row["em"])
+    for row in read_jsonl(run_dir / "dev_curve.jsonl"):
+        if row.get("em") is not None:
+            pts[int(row["step"])] = float(row["em"])
     if (dev.get("rl") or {}).get("em") is not None and d.get("steps") is not None:
         pts[int(d["steps"])] = float(dev["rl"]["em"])
     return sorted(pts.items())
@@ -240,9 +234,7 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
         per_seed, curves = [], []
         for s in seeds:
             rd = out_dir / run_name(m, s)
-            rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-                if (rd / "metrics.jsonl").exists() else []
-            rew = [float(pick_reward(r)) for r in rows]
+            rew = [float(pick_reward(r)) for r in read_jsonl(rd / "metrics.jsonl")]
             if rew:
                 per_seed.append(rew)
             c = dict(dev_curve(rd))
@@ -272,8 +264,7 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
     steps = sorted({int(k) for r in results for k in (r.get("curve") or {})})
     if not steps:
         return ""
-    lines = ["### EM along the way (world test split, greedy; EM / two-hop EM, mean ± sd over seeds)", "",
-             "| method | " + " | ".join(f"step {n}" for n in steps) + " |", "|---|" + "---|" * len(steps)]
+    body = []
     for m in methods:
         runs = [r for r in results if r.get("method") == m and r.get("curve")]
         if not runs:
@@ -286,8 +277,9 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
                 continue
             em, e2 = (mean_spread([100 * float(g.get(k, 0.0)) for g in got]) for k in ("em", "em_2hop"))
             cells.append(f"{em[0]:.1f} ± {em[1]:.1f} / {e2[0]:.1f} ± {e2[1]:.1f} (n={len(got)})")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append([m, *cells])
+    return ("### EM along the way (world test split, greedy; EM / two-hop EM, mean ± sd over seeds)\n\n"
+            + markdown_table(["method", *(f"step {n}" for n in steps)], body) + "\n")
 
 
 def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
@@ -312,16 +304,12 @@ def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int])
     if not rows:
         return ""
     labels = [k for k, _ in PROBE_SUMMARY]
-    lines = ["### Probes of the start and of the final checkpoints (failed greedy training rollouts; %, mean over seeds)",
-             "", "| checkpoint | seeds | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    def cells(d: dict[str, float | None]) -> list[str]:
+        return ["-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels]
 
-    def cells(d: dict[str, float | None]) -> str:
-        return " | ".join("-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels)
-
-    if start is not None:
-        lines.append(f"| start | - | {cells(start)} |")
-    lines += [f"| {m} | {n} | {cells(d)} |" for m, n, d in rows]
-    return "\n".join(lines) + "\n"
+    body = ([["start", "-", *cells(start)]] if start is not None else []) + [[m, n, *cells(d)] for m, n, d in rows]
+    return ("### Probes of the start and of the final checkpoints (failed greedy training rollouts; %, mean over "
+            "seeds)\n\n" + markdown_table(["checkpoint", "seeds", *labels], body) + "\n")
 
 
 def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:

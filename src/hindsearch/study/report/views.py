@@ -15,7 +15,7 @@ from hindsearch.study.report.env import environment
 from hindsearch.study.report.header import run_header
 from hindsearch.study.report.plots import bar_plot, plot_lines, time_plot
 from hindsearch.study.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number,
-                                          is_value, left_out, metric_groups, plottable, read_json, read_jsonl,
+                                          is_value, left_out, metric_groups, plottable, read_json, run_rows,
                                           scaled, series, show_number, sub_runs, summary_rows, text,
                                           time_keys)
 
@@ -67,7 +67,7 @@ def dev_points(run: Run) -> tuple[list[tuple[float, float]], list[str]]:
     base, rl = dev.get("base"), dev.get("rl")
     if isinstance(base, dict):
         add(0, base.get("em"))
-    for row in read_jsonl(run.path / "dev_curve.jsonl", run.bad_lines):
+    for row in run_rows(run.path / "dev_curve.jsonl", run.bad_lines):
         add(row.get("step"), row.get("em"))
     if isinstance(rl, dict) and run.summary.get("steps") is not None:
         add(run.summary.get("steps"), rl.get("em"))
