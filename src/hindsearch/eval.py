@@ -1,38 +1,9 @@
 """Evaluation: batched (greedy by default) rollouts over QA sets, EM/F1 per benchmark, resumable.
 
-``evaluate(engine, datasets, out_dir)`` rolls out every question once, in batches, and
-returns (and writes to ``summary.json``) per benchmark: ``n``, ``em``, ``em_ci95`` (95% Wilson
-score interval of the EM, a share of questions), ``f1``, ``searches_per_question``,
-``invalid_rate`` (invalid turns / all model turns: a share of turns, not of questions),
-``gen_tokens_per_question`` (tokens the model produced), ``validity_rate`` (fraction of
-questions whose trajectory has at least one well-formed search or answer), ``errors``
-(trajectories with a recorded retrieval error), ``stop_reasons`` and, when records have ``hops``,
-``em_by_hops``, ``n_by_hops``, ``searches_by_hops`` (searches per question) and ``multi_search_by_hops``
-(the share of questions searched at least twice); plus the macro average of EM/F1 over benchmarks (``avg``, with
-``n_benchmarks`` and ``em_ci95``: the benchmarks' Wilson intervals combined by MOVER, see
-``macro_interval``), ``data`` (per
-benchmark: the QA file, its row count, the questions evaluated, and whether it is a mini-wiki
-subset, see ``describe_data``) and a markdown table in the papers' column order (NQ, TriviaQA,
-PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then other names in the given order, then
-"Avg of K").
-
-Resume: each finished batch is appended to ``trajectories.jsonl`` (one row per question, with
-its ``benchmark``); a rerun skips every (benchmark, question id) already there, except rows that
-recorded an error (e.g. the retrieval server was down): those are removed from the file and
-redone, and the rerun says how many (``redo_errors=False``, ``hindsearch eval --keep-errors``,
-keeps them). A torn last line (a crash mid-write) is dropped and redone; any other bad line is an
-error naming it. One writer per folder: ``OUT/.hindsearch.lock`` holds the evaluating process'
-PID and a second evaluation into the same folder is refused (a stale lock is taken over).
-``OUT/results.md`` holds the markdown table, a note on what its rows measure, the data (each QA file, its
-row count, the questions evaluated, whether it is a mini-wiki subset) and the overall counts.
-
-What produced the rows: ``OUT/.hindsearch-output.json`` (kind ``eval``) records the model (name or
-folder, with the size and time of its weight files), the decoding (greedy or sampled, and the seed),
-the config (its hash and the keys that shape a rollout), the retriever and each QA file's SHA-256.
-Rows are reused only when all of these are the same, and each reused row's question and golds match
-the question of that id; otherwise the rerun is refused with one line naming what changed
-(``fresh=True``, ``hindsearch eval --fresh``, starts the folder anew). The folder must be new, empty or
-an evaluation folder (``fsutil.guard_output``): a user's folder or a run folder is refused.
+``evaluate`` writes ``summary.json``, ``results.md`` and ``trajectories.jsonl`` into a marked, locked folder; a
+rerun reuses the finished rows only when the model, decoding, config, retriever and QA files are the same, and
+redoes rows that recorded an error and a torn last line. The numbers and the resume rules: docs/runs.md, "An
+evaluation folder".
 """
 
 from __future__ import annotations

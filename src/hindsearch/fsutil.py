@@ -149,7 +149,7 @@ def _json_problem(e: BaseException) -> str:
         return f"invalid JSON: {e.msg} (column {e.colno})"
     if isinstance(e, RecursionError):
         return "nested too deep to read"
-    return _clean(str(e))[:200]
+    return f"not valid JSON ({_clean(str(e))[:200]})"  # an integer past Python's digit limit, say
 
 
 def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,

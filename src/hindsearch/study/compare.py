@@ -1,34 +1,8 @@
-"""``hindsearch compare``: GRPO vs HindSearch (with / without gold) vs IGSD, side by side.
+"""``hindsearch compare``: GRPO vs HindSearch vs IGSD (and their controls) from one start, side by side.
 
-Protocol (only the method differs between runs):
-
-1. one protocol warm-up of the preset's model (``warmup.ensure_warmup`` with the warm-up seed,
-   cached), whose checkpoint is the **same initial model** of every (method, seed) run;
-2. each (method, seed) trains ``train.steps`` RL steps with ``train.seed = seed`` (same questions in
-   the same order for every method of a seed) into ``DIR/<method>-s<seed>/`` via ``run_train``;
-3. each trained model is evaluated greedily on the world's test split (EM overall and by hop
-   count) and, with ``--mini DIR``, on the seven mini benchmarks (their own BM25 index over the
-   mini-wiki); the numbers go to ``<run>/results.json`` and a ``<run>/done.json`` marks it finished;
-4. ``DIR/results.md``: method x benchmark, mean ± std over seeds (n seeds), the median step time
-   and its ratio to GRPO; ``DIR/curves.png``: training reward (moving average) and dev EM (before
-   and after RL) against steps, one line per method (mean over seeds).
-
-Resumable: finished runs (``done.json``) are skipped; an interrupted run resumes from its last
-checkpoint (``run_train(resume=...)``); a run trained but not yet evaluated is only evaluated.
-
-Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``;
-``hindsearch-shuffled`` = ``hindsearch`` whose teacher reads the critique of another question
-(``hindsearch.critique_source = shuffled``); ``hindsearch-live`` and ``hindsearch-ema`` = ``hindsearch`` whose
-teacher is the current policy or its moving average (``hindsearch.teacher``), not the frozen start;
-``hindsearch-onesided`` (and its control ``hindsearch-onesided-nogold``) = ``hindsearch`` with the loss that only
-lowers a failed token where the teacher likes it less (``hindsearch.divergence = one_sided``);
-``hindsearch-onesided-answer`` (and ``-nogold``) = the same loss on the decisions to answer only
-(``hindsearch.distill_on = answer_decision``): it can only lower "answer now" where the teacher would search again;
-``hindsearch-ready`` (and its control ``-shuffled``) = ``hindsearch`` whose teacher reads "answer now from them" at a
-failed decision whose retrieved text already holds the gold string (``hindsearch.ready_states = answer_now``);
-``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``; ``igsd-paper`` = IGSD as DESIGN first read the paper (the
-query-state utility, any proposal, ``positive_sigmoid``); ``igsd-group`` / ``igsd-critique`` = ``igsd`` whose teacher
-reads the group summary / the judge's critique instead of the answer.
+Every (method, seed) run trains from the same warm-up checkpoint on the same questions, is evaluated on the
+world's test split (and the mini benchmarks), and is marked done; ``results.md`` and ``curves.png`` aggregate the
+finished runs. Resumable run by run. The protocol and the method names: docs/runs.md, "A comparison".
 """
 
 from __future__ import annotations

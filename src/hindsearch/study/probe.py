@@ -1,36 +1,10 @@
-"""Teacher probes: is the hindsight teacher better than the student, and where?
+"""Teacher probes (``hindsearch probe``, ``compare --probe``): is a checkpoint's hindsight teacher better than its
+student, and where?
 
-Distillation can only transfer what the teacher does better. ``run_probe`` answers that on ``n``
-failed (greedy) training rollouts of one checkpoint, for every hindsight line a method uses:
-
-* ``neutral``  – ``Feedback on a previous attempt: none.`` (the prompt shape, no information: the control);
-* ``critique`` – HindSearch's critique of the failed rollout, with gold (``critique_gold``) and without
-  (``critique_nogold``), from the configured judge (``hindsearch.judge_kind``: oracle, LM or an endpoint);
-* ``answer``   – IGSD's ``(The correct answer is: {A[0]}.)``.
-
-Four probes per hint:
-
-1. **hint gain** – greedy reruns of the failed questions with the hint in the prompt: EM, gold-evidence
-   recall (share of the question's evidence titles that the rerun's searches retrieved) and searches
-   per question; the unhinted rerun is the student (EM 0 by construction: these are its failures).
-2. **failed state** – from the failed rollout's state right after its first information block, the
-   student and the hinted teacher continue greedily (same model, same retriever): the share that search
-   again (the decision; for two-hop failures this is where a critique like "first find B" must act), the
-   share whose next query retrieves an evidence passage the first search missed (``hit_missed``), the
-   answer likelihood ``u(D)`` of what that query retrieved (IGSD's utility, scored by the student) and
-   the EM reached from there.
-3. **sampled decision** – the same state, ``k`` samples at temperature 1: the probability of opening
-   ``<search>`` rather than ``<answer>`` next, two-hop failures only.
-4. **token gap** – teacher-forced log-probs of the student's own failed tokens: ``lT - lS`` (teacher =
-   hinted prompt, student = plain prompt, same weights, temperature 1) and ``lT - lN`` (net of the
-   neutral control), on query tokens and on action tokens (``protocol.action_mask``).
-5. **IGSD's proposal and gate** – IGSD's own driver (``igsd.run_igsd``, as configured in ``[igsd]``, teacher =
-   this checkpoint with the answer line) on the same failures: how often the teacher's top query token differs
-   from the student's, how many pairs were verified, and the gate's precision: among verified pairs with
-   ``delta > 0``, the share whose teacher query retrieved an evidence passage, against the pairs with
-   ``delta <= 0`` (a gate that helps opens where the teacher's query found the evidence).
-
-Everything is written to ``probe.json`` and printed as one table (``format_probe``).
+``run_probe`` measures, on failed greedy training rollouts and for each hindsight line (neutral control,
+critique with and without gold, IGSD's answer line), the hint's gain, the failed state's next search, the sampled
+decision, the token gap and IGSD's proposal and gate; ``probe_checkpoint`` loads a checkpoint, runs it and writes
+``probe.json`` + ``probe.md`` (``format_probe``). What each measure means: docs/methods.md, "Teacher probes".
 """
 
 from __future__ import annotations

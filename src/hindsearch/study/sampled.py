@@ -1,17 +1,9 @@
-"""Evaluation of sampled behaviour: what greedy EM cannot see.
+"""Sampled behaviour (``compare --sampled K --states N``): what greedy EM cannot see.
 
-Greedy decoding turns a shift in a sampled probability into nothing until it crosses one half (the micro-mech
-comparison: 1.00 searches per question in all 12 greedy runs while the sampled P(search again) moved from 5% to
-10%). ``hindsearch compare --sampled K --states N`` therefore also measures, per run, on the test split:
-
-* ``sampled_rows``: per question, ``K`` samples at the rollout temperature: ``em`` (their mean EM), ``pass_k``
-  (any of them right), ``recall`` (mean gold-evidence recall of their searches) and ``hops``;
-* ``hindsearch.study.probe.state_measures`` on the held-out failed states of the starting checkpoint
-  (``probe.held_out_states``, saved once in the comparison folder): the sampled P(search again), and the
-  greedy continuation's search-again, bridge-query hit and EM, per state.
-
-Rows are written to ``<run>/eval/sampled-world/per_question.jsonl`` and ``<run>/eval/states/per_state.jsonl``
-(``id`` keys them, so ``hindsearch.study.paired`` can pair two runs item by item).
+Per run, ``K`` samples per test question (``sampled_rows``: mean EM, pass@K, evidence recall) and the measures of
+``probe.state_measures`` on the start's held-out failed states, written as rows keyed by ``id`` to
+``<run>/eval/sampled-world/per_question.jsonl`` and ``<run>/eval/states/per_state.jsonl``, so that
+``study.paired`` can pair two runs item by item.
 """
 
 from __future__ import annotations

@@ -146,12 +146,16 @@ def _reason(e: BaseException) -> str:
     return text(str(e))[:200]
 
 
+def _parse_row(line: str) -> Any:
+    return json.loads(line, parse_int=_parse_int)  # iter_jsonl names a decode error as parse_json does
+
+
 def run_rows(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
     """The objects of a run folder's JSONL file, one at a time (nothing when absent): ``fsutil.iter_jsonl`` in
     ``skip-bad`` mode (a bad line is named in ``bad`` and skipped, a FIFO is never read), up to
     ``MAX_JSONL_BYTES``, with integers past ``MAX_INT_DIGITS`` read as ``OutOfRange``. ``name``: how the file is
     named in ``bad`` (default: its path)."""
-    for _, row in iter_jsonl(path, "skip-bad", bad, name=name, parse=parse_json, max_bytes=MAX_JSONL_BYTES,
+    for _, row in iter_jsonl(path, "skip-bad", bad, name=name, parse=_parse_row, max_bytes=MAX_JSONL_BYTES,
                              max_line=MAX_LINE_BYTES):
         yield row
 
