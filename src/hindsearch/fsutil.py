@@ -24,6 +24,7 @@
   checkpoints a resume may use, newest first, with the reasons others were skipped. It never saves a
   model holding a NaN or inf weight (``NonFiniteWeights``); ``corrupted_checkpoint`` checks the CRC-32s of
   the torch files a resume is about to read.
+* ``iter_jsonl`` / ``read_jsonl`` are the one JSONL reader (``JSONL_MODES``: strict, skip-bad, drop-torn-tail).
 """
 
 from __future__ import annotations

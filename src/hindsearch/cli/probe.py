@@ -1,5 +1,5 @@
-"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student? (``hindsearch.study.probe``
-runs it and writes ``probe.json`` + ``probe.md``.)"""
+"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student?
+(``hindsearch.study.probe`` runs it and writes ``probe.json`` + ``probe.md``.)"""
 
 from __future__ import annotations
 
