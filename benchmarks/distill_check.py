@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from hindsearch.sampled import load_engine
+from hindsearch.study.sampled import load_engine
 
 ARMS = {
     "gold": ["hindsearch.judge_sees_gold=true", 'hindsearch.critique_source="own"'],
@@ -50,11 +50,11 @@ DEFAULT_SET = ['method="hindsearch"', "train.grpo_scale=0.0", "hindsearch.lam=2.
 
 def states_of_start(cfg: Any, init: str, n: int, out: Path, log: Any) -> tuple[Any, list, Any]:
     """``(held-out states, test two-hop records, index_dir, test records)``: the start's greedy failures on the test split's
-    two-hop questions (``hindsearch.hindsight.probe.held_out_states``), saved to ``out/states.json`` once."""
+    two-hop questions (``hindsearch.study.probe.held_out_states``), saved to ``out/states.json`` once."""
     import torch
 
-    from hindsearch.compare import eval_sets
-    from hindsearch.hindsight.probe import HeldOutStates, held_out_states
+    from hindsearch.study.compare import eval_sets
+    from hindsearch.study.probe import HeldOutStates, held_out_states
 
     _, test, index_dir = eval_sets(cfg, None, None, None)[0]
     two = [r for r in test if r.hops == 2]
@@ -75,7 +75,7 @@ def measure(cfg: Any, checkpoint: str, st: Any, two: list, index_dir: Any, sampl
     greedy EM (``one_hop_em``: does the decision term cost the questions that need no second search?)."""
     import torch
 
-    from hindsearch.hindsight.probe import state_measures, summarize_states
+    from hindsearch.study.probe import state_measures, summarize_states
 
     engine = load_engine(cfg, checkpoint, index_dir)
     with torch.no_grad():
@@ -136,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="do not measure the start (a second worker beside one that does, on the same --out)")
     args = ap.parse_args(argv)
 
-    from hindsearch.compare import shared_warmup
+    from hindsearch.study.compare import shared_warmup
     from hindsearch.config import Config
     from hindsearch.train.run import run_train
 
@@ -147,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if bad:
         ap.error(f"--arms: unknown {bad} (choose from {', '.join(ARMS)})")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    from hindsearch.compare import START_THREADS
+    from hindsearch.study.compare import START_THREADS
     from hindsearch.models import torch_threads
 
     base = Config.load(args.config)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from hindsearch.cli import main
-from hindsearch.report import render, write_report
+from hindsearch.study.report import render, write_report
 from conftest import one_line_error  # noqa: E402  (the shared CLI-error check)
 
 pytestmark = pytest.mark.timeout(300)
@@ -83,7 +83,7 @@ def test_mathtext_metric_names_are_drawn_as_plain_text(tmp_path):
                                           {"step": 2, "loss/$x^$": 0.4, "loss/$\\frac{a}{$": 0.9}))
     text, page = page_of(run)
     assert len(page.imgs) == 1 and "Loss parts" in text  # the loss panel is drawn
-    from hindsearch.report.plots import plain
+    from hindsearch.study.report.plots import plain
 
     assert plain("loss/$x^$") == "loss/$x^$" and plain("a\x00b") == "a\\x00b"
 
@@ -127,7 +127,7 @@ def test_nan_teacher_log_probs_are_shown_uncoloured(tmp_path):
     html = (tmp_path / "run" / "report.html").read_text()
     assert page.titles[-4:] == ["NaN", "+1.000", "inf", "1111111111111… (400-digit integer, out of range)"]
     assert html.count('class="tok nf"') == 3 and 'class="tok g4"' in html
-    from hindsearch.report import token_spans
+    from hindsearch.study.report import token_spans
 
     assert 'class="tok nf" title="NaN"' in token_spans(["a"], [float("nan")])
 

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from hindsearch.compare import METHOD_ALIASES, parse_methods, parse_seeds, run_compare, run_overrides, run_state
-from hindsearch.results import (aggregate, eval_numbers, mean_spread, median_step_time, results_markdown,
-                                write_outputs)
+from hindsearch.study.compare import (METHOD_ALIASES, parse_methods, parse_seeds, run_compare, run_overrides,
+                                      run_state)
+from hindsearch.study.results import (aggregate, eval_numbers, mean_spread, median_step_time,
+                                      results_markdown, write_outputs)
 from hindsearch.config import Config
 
 
@@ -88,7 +89,7 @@ def test_eval_numbers_and_step_time(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, "time/step": t}) + "\n" for i, t in
                                                     enumerate([3.0, 1.0, 2.0])))
     assert median_step_time(tmp_path) == 2.0
-    from hindsearch.results import ZERO_ADV_KEY, zero_advantage_share
+    from hindsearch.study.results import ZERO_ADV_KEY, zero_advantage_share
 
     assert zero_advantage_share(tmp_path) is None  # not logged
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps({"step": i, ZERO_ADV_KEY: v}) + "\n" for i, v in
@@ -121,7 +122,7 @@ def test_write_outputs_from_constructed_runs(tmp_path):
 
 
 def test_dev_curve_joins_base_periodic_and_final_evals(tmp_path):
-    from hindsearch.results import dev_curve
+    from hindsearch.study.results import dev_curve
 
     assert dev_curve(tmp_path) == []
     (tmp_path / "summary.json").write_text(json.dumps({"steps": 30, "dev": {"base": {"em": 0.1}, "rl": {"em": 0.3}}}))
@@ -221,7 +222,7 @@ def _sleep_or_fail(seconds: float, fail: bool, threads: int | None = None) -> No
 def test_parallel_runs_report_each_failure_and_keep_the_others(capsys):
     """``--jobs``: a run that raises is reported by name with its traceback; the others finish and each finished run
     updates the results (``finished``)."""
-    from hindsearch.compare import _run_parallel
+    from hindsearch.study.compare import _run_parallel
 
     logs: list[str] = []
     finished: list[int] = []
@@ -246,7 +247,7 @@ def _sleep_or_die(seconds: float, die: bool, threads: int | None = None) -> None
 
 def test_a_run_killed_from_outside_fails_alone():
     """A worker killed mid-run costs its own run only: the run beside it and the runs queued after it finish."""
-    from hindsearch.compare import _run_parallel
+    from hindsearch.study.compare import _run_parallel
 
     logs: list[str] = []
     finished: list[int] = []
@@ -267,7 +268,7 @@ def test_stopping_compare_stops_its_isolated_run(tmp_path):
     pid_file = tmp_path / "child.pid"
     script = (
         "import time\n"
-        "from hindsearch.compare import run_isolated\n"
+        "from hindsearch.study.compare import run_isolated\n"
         f"run_isolated(time.sleep, (120,), 'sleeper', on_start=lambda pid: open({str(pid_file)!r}, 'w').write(str(pid)))\n"
     )
     parent = subprocess.Popen([sys.executable, "-c", script])
@@ -389,7 +390,7 @@ def test_compare_rejects_counts_below_one(flag, value, capsys):
 
 
 def test_load_results_names_an_unreadable_file(tmp_path):
-    from hindsearch.results import load_results
+    from hindsearch.study.results import load_results
 
     (tmp_path / "grpo-s0").mkdir()
     (tmp_path / "grpo-s0" / "results.json").write_text("[1]")
@@ -402,9 +403,9 @@ def test_load_results_names_an_unreadable_file(tmp_path):
 def test_tiny_compare_sampled_states_and_eval_at(tiny_preset, monkeypatch):
     """--sampled, --states and --eval-at: sampled rows per test question, the start's held-out states (with its
     weight digest) measured on every run, EM after step 1 from the kept step weights, and their tables."""
-    from hindsearch.compare import parse_steps
+    from hindsearch.study.compare import parse_steps
     from hindsearch.models import weights_digest
-    from hindsearch.sampled import SAMPLED_FILE, STATES_FILE, read_rows
+    from hindsearch.study.sampled import SAMPLED_FILE, STATES_FILE, read_rows
 
     monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
     out = tiny_preset / "out-sampled"
@@ -481,7 +482,7 @@ def test_distill_check_runs_its_arms_and_writes_the_curve(tiny_preset, monkeypat
 def test_every_run_trains_with_the_start_thread_count_whatever_jobs(tiny_preset, monkeypatch):
     """``--jobs 1`` passed no thread count, so its runs took torch's default (2 on a 2-core box) while the published
     runs used 1: each run now gets the count recorded with the start in ``init.json``."""
-    import hindsearch.compare as C
+    import hindsearch.study.compare as C
 
     monkeypatch.setenv("HINDSEARCH_CACHE", str(tiny_preset / "cache"))
     seen: list[tuple] = []
@@ -497,7 +498,7 @@ def test_every_run_trains_with_the_start_thread_count_whatever_jobs(tiny_preset,
 
 def test_compare_says_how_to_build_a_preset_model_folder(tmp_path, monkeypatch):
     """A fresh clone has no micro model: compare stops in one line that gives the command that builds it."""
-    from hindsearch.compare import check_model_built
+    from hindsearch.study.compare import check_model_built
 
     root = Path(__file__).resolve().parents[1]
     monkeypatch.chdir(tmp_path)

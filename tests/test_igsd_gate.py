@@ -18,7 +18,7 @@ from hindsearch.hindsight import losses as L
 from hindsearch.hindsight.igsd.hints import group_summary, hint_lines
 from hindsearch.hindsight.judge import OracleJudge
 from hindsearch.hindsight.methods.igsd import IGSDConfig
-from hindsearch.hindsight.probe import gate_separation
+from hindsearch.study.probe import gate_separation
 from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from test_igsd import CORPUS, _prefers, make_traj

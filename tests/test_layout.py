@@ -19,14 +19,14 @@ SRC = ROOT / "src" / "hindsearch"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config, records", ("config", "records", "rewards", "progress", "memory", "fsutil", "provenance",
-                         "upstream_warnings", "isolated")),
+                         "upstream_warnings", "isolated", "tables")),
     ("data", ("data",)),
     ("retrieval", ("retrieval",)),
     ("model core", ("core", "models")),
     ("agent", ("agent", "eval", "setup")),
     ("methods", ("hindsight",)),
     ("train", ("train",)),
-    ("study, report", ("sampled", "paired", "results", "compare", "report")),
+    ("study", ("study",)),  # compare, results, paired, sampled, probe, report: they read run folders
     ("cli", ("cli",)),  # every command's flags; it wires the stages, which never import it
 )
 """The layers, bottom up: (name, its units)."""
@@ -230,9 +230,9 @@ def test_optional_dependencies_are_lazy_and_marked():
         ("retrieval/base.py", "hindsearch.retrieval.dense"),
         ("retrieval/base.py", "hindsearch.retrieval.client"),
         ("config/*.py", "torch"),  # validation runs before any model (or torch) loads
-        ("report/*.py", "hindsearch.compare"),  # compare writes the report; the report reads hindsearch.results
-        ("results.py", "hindsearch.compare"),
-        ("results.py", "hindsearch.report"),
+        ("study/report/*.py", "hindsearch.study.compare"),  # compare writes the report; the report reads results
+        ("study/results.py", "hindsearch.study.compare"),
+        ("study/results.py", "hindsearch.study.report"),
         # the backend interface imports no backend and no engine; the backends never import the engine
         # (engine.make_backend picks one): no rollout <-> vllm_backend cycle
         ("agent/backend.py", "hindsearch.agent.hf_backend"),

@@ -285,7 +285,7 @@ class HintReader(RolloutEngine):
 
 
 def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_thread):
-    from hindsearch.hindsight.probe import format_probe, run_probe
+    from hindsearch.study.probe import format_probe, run_probe
 
     w, retriever = world
     cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
@@ -346,9 +346,9 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
 def test_paired_bootstrap_and_rows(tmp_path):
     import json
 
-    from hindsearch.results import run_name
+    from hindsearch.study.results import run_name
     from hindsearch.records import Trajectory, Turn
-    from hindsearch.paired import bootstrap_markdown, bootstrap_rows, paired_bootstrap
+    from hindsearch.study.paired import bootstrap_markdown, bootstrap_rows, paired_bootstrap
 
     def run_dir(m, s):
         return tmp_path / run_name(m, s)

@@ -301,8 +301,8 @@ def test_a_report_on_a_stopped_run_shows_its_finished_base_evaluation(tmp_path):
     import time
     from pathlib import Path
 
-    from hindsearch.report import render
-    from hindsearch.report.runs import load_run
+    from hindsearch.study.report import render
+    from hindsearch.study.report.runs import load_run
 
     src = str(Path(__file__).resolve().parents[1] / "src")
     env = {**os.environ, "PYTHONPATH": src + os.pathsep + os.environ.get("PYTHONPATH", ""), "OMP_NUM_THREADS": "1"}
@@ -331,7 +331,7 @@ def test_a_report_on_a_stopped_run_shows_its_finished_base_evaluation(tmp_path):
 
 def test_tick_labels_of_a_small_range_differ():
     """The entropy panel printed nine identical labels (``%.3g`` of 0.81201, 0.81202, ...)."""
-    from hindsearch.report import plots
+    from hindsearch.study.report import plots
 
     fig, ax = plots.axes("entropy")
     ax.plot([1, 2, 3, 4], [0.812010, 0.812035, 0.812052, 0.812081])
@@ -344,8 +344,8 @@ def test_tick_labels_of_a_small_range_differ():
 
 
 def test_the_reports_header_names_the_thread_count_a_run_chose(tmp_path):
-    from hindsearch.report.header import run_header
-    from hindsearch.report.runs import Run
+    from hindsearch.study.report.header import run_header
+    from hindsearch.study.report.runs import Run
 
     run = Run(path=tmp_path)
     run.config = {"model": {"name": "tiny-random"}, "train": {"steps": 2}}

@@ -181,7 +181,7 @@ def test_bad_openai_judge_options_fail_in_one_line_naming_the_key(override, need
 
 
 def test_probe_uses_the_openai_judge(srv, tok, trajs):  # noqa: F811
-    from hindsearch.hindsight.probe import _probe_judges, hint_lines
+    from hindsearch.study.probe import _probe_judges, hint_lines
 
     cfg = SimpleNamespace(hindsearch=hcfg(srv.url), model=None)
     judges = _probe_judges(SimpleNamespace(model=None, tokenizer=tok), cfg)

@@ -364,7 +364,7 @@ def test_probe_out_is_guarded(tmp_path):
     """probe writes probe.json / probe.md only into a new or empty folder or a folder a probe belongs in: a user's
     folder and the current folder are refused before anything is probed."""
     from hindsearch.fsutil import UnsafeOutput, claim_output, output_kind
-    from hindsearch.train.probe import guard_probe_out
+    from hindsearch.study.probe import guard_probe_out
 
     user = tmp_path / "notes"
     user.mkdir()

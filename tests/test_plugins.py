@@ -74,7 +74,7 @@ batch_size = 4
 
 
 def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tmp_path, monkeypatch):
-    from hindsearch.compare import run_compare
+    from hindsearch.study.compare import run_compare
     from hindsearch.fsutil import claim_output
 
     from hindsearch.models import cache_dir
@@ -105,7 +105,7 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
     assert main(["report", str(run), "--out", str(tmp_path / "run.html")]) == 0
     page = (tmp_path / "run.html").read_text()
     assert "Toy self-imitation" in page  # the panel (its series are drawn into the plot)
-    from hindsearch.report.runs import metric_groups
+    from hindsearch.study.report.runs import metric_groups
 
     groups = metric_groups(set(rows[0]))
     assert groups["Toy self-imitation"] == ["toy/frac_rows", "toy/gen_tokens"] and "toy/L_toy" in groups["Loss parts"]

@@ -24,7 +24,7 @@ from hindsearch.config import Config
 from hindsearch.data.world import generate_world
 from recipes.micro.build import train_tokenizer
 from hindsearch.models import tiny_random_model
-from hindsearch.report import load_run, render, shade_css, token_spans, turns_of, write_report
+from hindsearch.study.report import load_run, render, shade_css, token_spans, turns_of, write_report
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.train.run import build_trainer, ensure_on_disk
 
@@ -328,7 +328,7 @@ def test_every_recorded_field_is_escaped(tmp_path):
     """step, hops, metric keys, questions and critiques from a run folder can carry markup: all show as text."""
     import json as _json
 
-    from hindsearch.report import render
+    from hindsearch.study.report import render
 
     bad = "<script>alert(1)</script>"
     run = tmp_path / "run"
@@ -414,7 +414,7 @@ def test_run_header_and_training_health(run_dir, tmp_path):
 
 
 def test_plots_have_integer_steps_and_readable_legends(monkeypatch):
-    from hindsearch.report import plots
+    from hindsearch.study.report import plots
 
     figs = []
     monkeypatch.setattr(plots, "fig_to_b64", lambda fig: figs.append(fig) or "png")
@@ -671,8 +671,8 @@ def test_a_resume_records_what_made_it_and_the_header_names_a_change(tmp_path):
 
     from hindsearch.config import Config
     from hindsearch.fsutil import claim_output, read_marker
-    from hindsearch.report.header import run_header
-    from hindsearch.report.runs import Run
+    from hindsearch.study.report.header import run_header
+    from hindsearch.study.report.runs import Run
     from hindsearch.train.run import check_resume_config
 
     run = tmp_path / "run"

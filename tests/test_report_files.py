@@ -69,7 +69,7 @@ def test_a_device_behind_a_run_file_is_not_read(tmp_path, device):
 
 
 def test_an_oversized_json_file_is_named_and_skipped(tmp_path):
-    from hindsearch.report.runs import read_json
+    from hindsearch.study.report.runs import read_json
 
     MAX_DOC_BYTES = 64 << 20  # the cap on a whole-file read (report.runs.MAX_DOC_BYTES)
 

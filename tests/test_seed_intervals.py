@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from hindsearch.paired import seed_level_markdown, seed_level_rows, seed_t_interval, two_level_bootstrap
+from hindsearch.study.paired import seed_level_markdown, seed_level_rows, seed_t_interval, two_level_bootstrap
 from hindsearch.records import Trajectory, Turn
-from hindsearch.results import run_name
+from hindsearch.study.results import run_name
 
 
 def test_t_interval_over_seed_means_hand_numbers():

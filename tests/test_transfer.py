@@ -219,7 +219,7 @@ def test_held_out_states_round_trip_and_measures(world, tok, one_thread):
     greedy), and that query never retrieves the missed evidence."""
     from test_mechanism import HintReader
 
-    from hindsearch.hindsight.probe import HeldOutStates, held_out_states, state_measures, summarize_states
+    from hindsearch.study.probe import HeldOutStates, held_out_states, state_measures, summarize_states
 
     w, retriever = world
     cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
@@ -247,7 +247,7 @@ def test_sampled_rows_roll_out_a_few_questions_at_a_time(world, tok, one_thread)
     bookkeeping (ids, k, hop counts)."""
     from test_mechanism import HintReader
 
-    from hindsearch.sampled import sampled_rows
+    from hindsearch.study.sampled import sampled_rows
 
     w, retriever = world
     cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=8"])
@@ -274,7 +274,7 @@ def test_sampled_rows_roll_out_a_few_questions_at_a_time(world, tok, one_thread)
 # ------------------------------------------------------------------ sampled behaviour in compare's tables
 def _fake_run(d, em2, p_search, seeds_done=True):
     from hindsearch.records import Trajectory
-    from hindsearch.sampled import SAMPLED_FILE, STATES_FILE, write_rows
+    from hindsearch.study.sampled import SAMPLED_FILE, STATES_FILE, write_rows
 
     d.mkdir(parents=True)
     if seeds_done:
@@ -292,8 +292,8 @@ def _fake_run(d, em2, p_search, seeds_done=True):
 
 
 def test_sampled_tables_pair_each_method_with_grpo_and_its_controls(tmp_path):
-    from hindsearch.paired import comparison_pairs, pair_rows, pairs_markdown
-    from hindsearch.sampled import summary, summary_markdown
+    from hindsearch.study.paired import comparison_pairs, pair_rows, pairs_markdown
+    from hindsearch.study.sampled import summary, summary_markdown
 
     methods = ["grpo", "hindsearch", "hindsearch-nogold", "hindsearch-shuffled", "igsd", "igsd-nogate"]
     assert comparison_pairs(methods) == [(m, "grpo") for m in methods[1:]] + [
@@ -336,8 +336,9 @@ def _greedy_evals(d, final, at, steps=200):
 
 
 def test_paired_differences_along_the_way_and_seed_by_seed(tmp_path):
-    from hindsearch.paired import curve_pair_rows, curve_pairs_markdown, evaluated_steps, pair_rows, seeds_markdown
-    from hindsearch.paired import SEED_METRICS
+    from hindsearch.study.paired import (curve_pair_rows, curve_pairs_markdown, evaluated_steps, pair_rows,
+                                         seeds_markdown)
+    from hindsearch.study.paired import SEED_METRICS
 
     n = 20  # questions q0..q19: the odd ones are two-hop
     zeros, ones = [0.0] * n, [1.0] * n
@@ -371,7 +372,7 @@ def test_paired_differences_along_the_way_and_seed_by_seed(tmp_path):
 def test_a_step_is_read_from_each_runs_own_evaluation(tmp_path):
     """Step 100 is a 100-step run's final evaluation and a 200-step run's '-step-100' one: a seed extended with
     shorter runs pools each run's own step 100, never another run's final (step 200) evaluation."""
-    from hindsearch.paired import curve_pair_rows
+    from hindsearch.study.paired import curve_pair_rows
 
     n = 20
     zeros, ones = [0.0] * n, [1.0] * n

@@ -1,38 +1,9 @@
 """Evaluation: batched (greedy by default) rollouts over QA sets, EM/F1 per benchmark, resumable.
 
-``evaluate(engine, datasets, out_dir)`` rolls out every question once, in batches, and
-returns (and writes to ``summary.json``) per benchmark: ``n``, ``em``, ``em_ci95`` (95% Wilson
-score interval of the EM, a share of questions), ``f1``, ``searches_per_question``,
-``invalid_rate`` (invalid turns / all model turns: a share of turns, not of questions),
-``gen_tokens_per_question`` (tokens the model produced), ``validity_rate`` (fraction of
-questions whose trajectory has at least one well-formed search or answer), ``errors``
-(trajectories with a recorded retrieval error), ``stop_reasons`` and, when records have ``hops``,
-``em_by_hops``, ``n_by_hops``, ``searches_by_hops`` (searches per question) and ``multi_search_by_hops``
-(the share of questions searched at least twice); plus the macro average of EM/F1 over benchmarks (``avg``, with
-``n_benchmarks`` and ``em_ci95``: the benchmarks' Wilson intervals combined by MOVER, see
-``macro_interval``), ``data`` (per
-benchmark: the QA file, its row count, the questions evaluated, and whether it is a mini-wiki
-subset, see ``describe_data``) and a markdown table in the papers' column order (NQ, TriviaQA,
-PopQA, HotpotQA, 2Wiki, MuSiQue, Bamboogle, then other names in the given order, then
-"Avg of K").
-
-Resume: each finished batch is appended to ``trajectories.jsonl`` (one row per question, with
-its ``benchmark``); a rerun skips every (benchmark, question id) already there, except rows that
-recorded an error (e.g. the retrieval server was down): those are removed from the file and
-redone, and the rerun says how many (``redo_errors=False``, ``hindsearch eval --keep-errors``,
-keeps them). A torn last line (a crash mid-write) is dropped and redone; any other bad line is an
-error naming it. One writer per folder: ``OUT/.hindsearch.lock`` holds the evaluating process'
-PID and a second evaluation into the same folder is refused (a stale lock is taken over).
-``OUT/results.md`` holds the markdown table, a note on what its rows measure, the data (each QA file, its
-row count, the questions evaluated, whether it is a mini-wiki subset) and the overall counts.
-
-What produced the rows: ``OUT/.hindsearch-output.json`` (kind ``eval``) records the model (name or
-folder, with the size and time of its weight files), the decoding (greedy or sampled, and the seed),
-the config (its hash and the keys that shape a rollout), the retriever and each QA file's SHA-256.
-Rows are reused only when all of these are the same, and each reused row's question and golds match
-the question of that id; otherwise the rerun is refused with one line naming what changed
-(``fresh=True``, ``hindsearch eval --fresh``, starts the folder anew). The folder must be new, empty or
-an evaluation folder (``fsutil.guard_output``): a user's folder or a run folder is refused.
+``evaluate`` writes ``summary.json``, ``results.md`` and ``trajectories.jsonl`` into a marked, locked folder; a
+rerun reuses the finished rows only when the model, decoding, config, retriever and QA files are the same, and
+redoes rows that recorded an error and a torn last line. The numbers and the resume rules: docs/runs.md, "An
+evaluation folder".
 """
 
 from __future__ import annotations
@@ -45,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config import flat_keys
+from hindsearch.fsutil import BadJsonl, drop_torn_tail, iter_jsonl
 from hindsearch.records import QARecord, Trajectory
+from hindsearch.tables import markdown_table
 
 PAPER_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 DISPLAY = {"nq": "NQ", "triviaqa": "TriviaQA", "popqa": "PopQA", "hotpotqa": "HotpotQA", "2wiki": "2Wiki",
@@ -142,25 +115,22 @@ def format_table(benchmarks: dict[str, dict[str, Any]], order: list[str], avg: d
     if avg is None:
         avg = {k: sum(benchmarks[n][k] for n in order) / len(order) for k in ("em", "f1")} if order else {}
 
-    def row(label: str, key: str, scale: float, fmt: str, with_avg: bool) -> str:
+    def row(label: str, key: str, scale: float, fmt: str, with_avg: bool) -> list[str]:
         vals = [format(benchmarks[n].get(key, 0.0) * scale, fmt) for n in order]
-        vals.append(format(avg[key] * scale, fmt) if with_avg and key in avg else "")
-        return f"| {label} | " + " | ".join(vals) + " |"
+        return [label, *vals, format(avg[key] * scale, fmt) if with_avg and key in avg else ""]
 
     def interval(ci: Any) -> str:
         return f"{100 * ci[0]:.1f}-{100 * ci[1]:.1f}" if isinstance(ci, (list, tuple)) and len(ci) == 2 else ""
 
-    lines = ["| metric | " + " | ".join(cols) + " |", "|---" * (len(cols) + 1) + "|"]
-    lines += [row("EM", "em", 100, ".1f", True),
-              "| EM 95% CI | " + " | ".join(interval(benchmarks[n].get("em_ci95")) for n in order)
-              + " | " + interval(avg.get("em_ci95")) + " |",
-              row("F1", "f1", 100, ".1f", True),
-              row("searches/q", "searches_per_question", 1, ".2f", False),
-              row("invalid turns %", "invalid_rate", 100, ".1f", False),
-              row("valid questions %", "validity_rate", 100, ".1f", False),
-              row("gen tokens/q", "gen_tokens_per_question", 1, ".1f", False)]
-    lines.append("| n | " + " | ".join(str(benchmarks[n]["n"]) for n in order) + " | " + str(sum(benchmarks[n]["n"] for n in order)) + " |")
-    return "\n".join(lines)
+    return markdown_table(["metric", *cols], [
+        row("EM", "em", 100, ".1f", True),
+        ["EM 95% CI", *(interval(benchmarks[n].get("em_ci95")) for n in order), interval(avg.get("em_ci95"))],
+        row("F1", "f1", 100, ".1f", True),
+        row("searches/q", "searches_per_question", 1, ".2f", False),
+        row("invalid turns %", "invalid_rate", 100, ".1f", False),
+        row("valid questions %", "validity_rate", 100, ".1f", False),
+        row("gen tokens/q", "gen_tokens_per_question", 1, ".1f", False),
+        ["n", *(benchmarks[n]["n"] for n in order), sum(benchmarks[n]["n"] for n in order)]])
 
 
 def table_note(n_benchmarks: int) -> str:
@@ -255,7 +225,7 @@ def drop_error_rows(path: Path) -> int:
     if not path.exists():
         return 0
     keep, dropped = [], 0
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):  # a torn last line stays torn
         try:
             row = json.loads(line)
         except json.JSONDecodeError:
@@ -267,40 +237,30 @@ def drop_error_rows(path: Path) -> int:
             keep.append(line)
     if dropped:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(ln + "\n" for ln in keep), encoding="utf-8")
+        tmp.write_text("".join(keep), encoding="utf-8")
         tmp.replace(path)
     return dropped
 
 
 def read_done(path: Path) -> dict[tuple[str, str], Trajectory]:
-    """Finished trajectories of an earlier run, keyed by (benchmark, question id)."""
+    """Finished trajectories of an earlier run, keyed by (benchmark, question id); a torn last line (a killed
+    writer's) is dropped from the file, and redone."""
     done: dict[tuple[str, str], Trajectory] = {}
-    if not path.exists():
-        return done
+    torn: list[str] = []
     try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 (byte {e.start}): not the trajectories.jsonl of an evaluation; "
-                         "give eval another --out") from None
-    if lines and lines[-1] == "":
-        lines.pop()
-    for i, line in enumerate(lines):
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as e:
-            if i == len(lines) - 1 and isinstance(e, json.JSONDecodeError):  # torn last line: drop it, it is redone
-                path.write_text("".join(ln + "\n" for ln in lines[:i]), encoding="utf-8")
-                break
-            raise ValueError(f"{path}:{i + 1}: not valid JSON ({type(e).__name__}: {str(e)[:200]}); remove the line "
-                             "or the file to redo it") from None
-        if not isinstance(row, dict) or "benchmark" not in row or "qid" not in row:
-            raise ValueError(f"{path}:{i + 1}: not an evaluation row (no 'benchmark' and 'qid'): this trajectories.jsonl "
-                             "was not written by hindsearch eval; give eval another --out")
-        try:
-            done[(row["benchmark"], row["qid"])] = Trajectory.from_dict(row)
-        except (TypeError, ValueError, KeyError, AttributeError) as e:
-            raise ValueError(f"{path}:{i + 1}: not an evaluation row ({type(e).__name__}: {str(e)[:200]}): this "
-                             "trajectories.jsonl was not written by hindsearch eval; give eval another --out") from None
+        for i, row in iter_jsonl(path, "drop-torn-tail", torn, objects=False):
+            if not isinstance(row, dict) or "benchmark" not in row or "qid" not in row:
+                raise ValueError(f"{path}:{i}: not an evaluation row (no 'benchmark' and 'qid'): this "
+                                 "trajectories.jsonl was not written by hindsearch eval; give eval another --out")
+            try:
+                done[(row["benchmark"], row["qid"])] = Trajectory.from_dict(row)
+            except (TypeError, ValueError, KeyError, AttributeError) as e:
+                raise ValueError(f"{path}:{i}: not an evaluation row ({type(e).__name__}: {str(e)[:200]}): this "
+                                 "trajectories.jsonl was not written by hindsearch eval; give eval another --out") from None
+    except BadJsonl as e:
+        raise ValueError(f"{e}; remove the line or the file to redo it") from None
+    if torn:
+        drop_torn_tail(path)
     return done
 
 

@@ -24,6 +24,7 @@
   checkpoints a resume may use, newest first, with the reasons others were skipped. It never saves a
   model holding a NaN or inf weight (``NonFiniteWeights``); ``corrupted_checkpoint`` checks the CRC-32s of
   the torch files a resume is about to read.
+* ``iter_jsonl`` / ``read_jsonl`` are the one JSONL reader (``JSONL_MODES``: strict, skip-bad, drop-torn-tail).
 """
 
 from __future__ import annotations
@@ -127,6 +128,96 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
     except BaseException:
         os.close(fd)
         raise
+
+
+JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail")
+"""How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line; ``skip-bad``
+skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline that does not parse
+(what a killed writer leaves; named in ``bad``) and is strict about every other line."""
+
+
+class BadJsonl(ValueError):
+    """A JSONL file or line its reader refuses: the message names the file and the line."""
+
+
+def _clean(s: str) -> str:
+    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 file name shown as its escape)."""
+    return s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _json_problem(e: BaseException) -> str:
+    if isinstance(e, json.JSONDecodeError):
+        return f"invalid JSON: {e.msg} (column {e.colno})"
+    if isinstance(e, RecursionError):
+        return "nested too deep to read"
+    return f"not valid JSON ({_clean(str(e))[:200]})"  # an integer past Python's digit limit, say
+
+
+def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,
+               parse: Callable[[str], Any] = json.loads, objects: bool = True, max_bytes: int | None = None,
+               max_line: int | None = None) -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent), read through
+    ``open_regular`` (a FIFO or a device is refused, never read). A line that is not UTF-8, does not ``parse``, or
+    (``objects``) is not a JSON object is bad; ``mode`` (``JSONL_MODES``) says what then. ``bad`` collects
+    ``"file:line: reason"`` of what was skipped or dropped; ``name`` is how the file is named (default: its path).
+    ``max_bytes`` / ``max_line`` cap what is read; past a cap the rest is not read (named, or an error)."""
+    if mode not in JSONL_MODES:
+        raise ValueError(f"iter_jsonl: mode {mode!r} is not one of {', '.join(JSONL_MODES)}")
+    where = name or str(path)
+    bad = [] if bad is None else bad
+    if not Path(path).exists():
+        return
+
+    def refuse(message: str) -> None:
+        if mode != "skip-bad":
+            raise BadJsonl(message)
+        bad.append(message)
+
+    try:
+        with open_regular(path) as f:
+            read = 0
+            for i, raw in enumerate(iter(lambda: f.readline(-1 if max_line is None else max_line + 1), b""), 1):
+                read += len(raw)
+                if max_bytes is not None and read > max_bytes:
+                    return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; the rest is not read")
+                if max_line is not None and len(raw) > max_line:
+                    return refuse(f"{where}:{i}: a line over {max_line >> 20} MiB; the rest is not read")
+                if not raw.strip():
+                    continue
+                torn = not raw.endswith(b"\n")  # only the last line can lack one
+                try:
+                    value = parse(raw.decode("utf-8"))
+                except UnicodeDecodeError as e:
+                    problem = f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
+                except (ValueError, RecursionError) as e:
+                    problem = _json_problem(e)
+                else:
+                    if not objects or isinstance(value, dict):
+                        yield i, value
+                        continue
+                    problem, torn = "not a JSON object", False  # it parsed: whole, not torn
+                if torn and mode == "drop-torn-tail":
+                    bad.append(f"{where}: dropped a torn last line {i} (no newline at its end: a write cut short)")
+                    return
+                refuse(f"{where}:{i}: {problem}")
+    except NotRegularFile as e:
+        refuse(f"{where}: {e}")
+    except OSError as e:
+        if mode != "skip-bad":
+            raise
+        bad.append(f"{where}: unreadable ({type(e).__name__}: {_clean(str(e))[:200]})")
+
+
+def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, **options: Any) -> list[Any]:
+    """The values of a JSONL file (``iter_jsonl``, same arguments), without their line numbers."""
+    return [value for _, value in iter_jsonl(path, mode, bad, **options)]
+
+
+def drop_torn_tail(path: str | Path) -> None:
+    """Cut a file after its last newline: what ``drop-torn-tail`` dropped is then gone from the file too."""
+    with open(path, "rb+") as f:
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
 
 
 class NonFiniteWeights(RuntimeError):

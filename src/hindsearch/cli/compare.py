@@ -1,5 +1,5 @@
 """``hindsearch compare``: train and evaluate several methods x seeds from one warmed-up checkpoint, then write the
-report (the protocol is ``hindsearch.compare``'s)."""
+report (the protocol is ``hindsearch.study.compare``'s)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 
 from hindsearch.cli.args import positive_int
 from hindsearch.cli.train import find_config
-from hindsearch.compare import METHOD_ALIASES, parse_methods, parse_seeds, parse_steps, run_compare
+from hindsearch.study.compare import METHOD_ALIASES, parse_methods, parse_seeds, parse_steps, run_compare
 from hindsearch.config import Config
 
 
@@ -24,7 +24,7 @@ def main_compare(args: argparse.Namespace) -> int:
                      eval_at=parse_steps(getattr(args, "eval_at", None) or ""))
     print(md)
     if not args.no_report:
-        from hindsearch.report import write_report
+        from hindsearch.study.report import write_report
 
         print(f"report: {write_report(args.out)}")
     return 0

@@ -1,5 +1,5 @@
-"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student? (``hindsearch.train.probe``
-runs it and writes ``probe.json`` + ``probe.md``.)"""
+"""``hindsearch probe``: is the hindsight teacher of a checkpoint better than its student?
+(``hindsearch.study.probe`` runs it and writes ``probe.json`` + ``probe.md``.)"""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_probe(args: argparse.Namespace) -> int:
     from hindsearch.cli.train import find_config
     from hindsearch.config import Config
-    from hindsearch.train.probe import guard_probe_out, probe_checkpoint
+    from hindsearch.study.probe import guard_probe_out, probe_checkpoint
 
     cfg = Config.load(find_config(args.config), args.set).validate()
     if args.out is not None:

@@ -1,12 +1,12 @@
 """``hindsearch report DIR``: the static HTML page of a run, evaluation, folder of runs or comparison
-(``hindsearch.report`` renders it)."""
+(``hindsearch.study.report`` renders it)."""
 
 from __future__ import annotations
 
 import argparse
 from typing import Any
 
-from hindsearch.report import write_report
+from hindsearch.study.report import write_report
 
 
 def _cmd_report(args: argparse.Namespace) -> int:

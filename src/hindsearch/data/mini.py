@@ -16,9 +16,6 @@ SOURCES.md) it builds:
   from the benchmarks) whose supporting paragraphs are all in the corpus, split by a seeded shuffle
   (``dev_fraction`` to dev), so ``data.train`` / ``data.dev`` have a split that belongs with this corpus;
 * ``mini.json`` with the counts, also printed as a table.
-
-Answer lookup uses an inverted index over normalised tokens (candidates = intersection of
-the answer tokens' posting sets, then a substring check), so the build takes seconds.
 """
 
 from __future__ import annotations

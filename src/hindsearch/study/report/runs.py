@@ -10,7 +10,7 @@ from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
 
-from hindsearch.fsutil import NotRegularFile, open_regular
+from hindsearch.fsutil import NotRegularFile, iter_jsonl, open_regular
 
 # --------------------------------------------------------------------------- values
 MAX_INT_DIGITS = 308
@@ -146,51 +146,18 @@ def _reason(e: BaseException) -> str:
     return text(str(e))[:200]
 
 
-def iter_jsonl(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
-    """The objects of a JSONL file, one at a time (nothing when absent). A line that is not UTF-8, not JSON, too
-    deeply nested or not an object is skipped and reported in ``bad`` as ``file:line: reason`` (not dropped
-    silently); an unreadable file as ``file: reason``: one that is not a regular file (a FIFO, ``/dev/zero``) is
-    never read, and a file is read up to ``MAX_JSONL_BYTES``. ``name``: how the file is named there (default: its
-    path)."""
-    where = name or str(path)
-    if not path.exists():
-        return
-    try:
-        with open_regular(path) as f:  # a FIFO or a device (/dev/zero) is named and skipped, never read
-            read = 0
-            for i, raw in enumerate(iter(lambda: f.readline(MAX_LINE_BYTES + 1), b""), 1):
-                read += len(raw)
-                if read > MAX_JSONL_BYTES:
-                    bad.append(f"{where}:{i}: past the first {MAX_JSONL_BYTES >> 20} MiB; the rest is not read")
-                    return
-                if len(raw) > MAX_LINE_BYTES:
-                    bad.append(f"{where}:{i}: a line over {MAX_LINE_BYTES >> 20} MiB; the rest is not read")
-                    return
-                if not raw.strip():
-                    continue
-                try:
-                    line = raw.decode("utf-8")
-                except UnicodeDecodeError as e:
-                    bad.append(f"{where}:{i}: not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})")
-                    continue
-                try:
-                    obj = parse_json(line)
-                except ValueError as e:
-                    bad.append(f"{where}:{i}: {_reason(e)}")
-                    continue
-                if isinstance(obj, dict):
-                    yield obj
-                else:
-                    bad.append(f"{where}:{i}: not a JSON object")
-    except NotRegularFile as e:
-        bad.append(f"{where}: {e}")
-    except OSError as e:
-        bad.append(f"{where}: unreadable ({type(e).__name__}: {_reason(e)})")
+def _parse_row(line: str) -> Any:
+    return json.loads(line, parse_int=_parse_int)  # iter_jsonl names a decode error as parse_json does
 
 
-def read_jsonl(path: Path, bad: list[str]) -> list[dict[str, Any]]:
-    """All rows of a JSONL file (``iter_jsonl``: bad lines skipped and reported in ``bad``)."""
-    return list(iter_jsonl(path, bad))
+def run_rows(path: Path, bad: list[str], name: str | None = None) -> Iterator[dict[str, Any]]:
+    """The objects of a run folder's JSONL file, one at a time (nothing when absent): ``fsutil.iter_jsonl`` in
+    ``skip-bad`` mode (a bad line is named in ``bad`` and skipped, a FIFO is never read), up to
+    ``MAX_JSONL_BYTES``, with integers past ``MAX_INT_DIGITS`` read as ``OutOfRange``. ``name``: how the file is
+    named in ``bad`` (default: its path)."""
+    for _, row in iter_jsonl(path, "skip-bad", bad, name=name, parse=_parse_row, max_bytes=MAX_JSONL_BYTES,
+                             max_line=MAX_LINE_BYTES):
+        yield row
 
 
 def read_text(path: Path, bad: list[str]) -> str:
@@ -243,8 +210,8 @@ def load_run(path: str | Path) -> Run:
     if not p.is_dir():
         raise FileNotFoundError(f"run folder not found: {p}")
     run = Run(path=p)
-    run.metrics = read_jsonl(p / "metrics.jsonl", run.bad_lines)
-    run.samples = read_jsonl(p / "samples.jsonl", run.bad_lines)
+    run.metrics = list(run_rows(p / "metrics.jsonl", run.bad_lines))
+    run.samples = list(run_rows(p / "samples.jsonl", run.bad_lines))
     run.config_text = read_text(p / "config.toml", run.bad_lines)
     run.results = read_json(p / "results.json", run.bad_lines)
     run.summary = read_json(p / "summary.json", run.bad_lines)

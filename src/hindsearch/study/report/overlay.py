@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from hindsearch.report.header import dig, run_header
-from hindsearch.report.plots import SMOOTH_FROM, plot_lines, smoothing_window
-from hindsearch.report.runs import Run, finite, left_out, series, text
-from hindsearch.report.views import MAX_SERIES, constant_note, dev_points, guarded, health_note, panel
+from hindsearch.study.report.header import dig, run_header
+from hindsearch.study.report.plots import SMOOTH_FROM, plot_lines, smoothing_window
+from hindsearch.study.report.runs import Run, finite, left_out, series, text
+from hindsearch.study.report.views import MAX_SERIES, constant_note, dev_points, guarded, health_note, panel
 
 OVERLAY: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("Reward (training rollouts)", ("rollout/reward_mean", "reward")),

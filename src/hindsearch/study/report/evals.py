@@ -11,12 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from hindsearch.report.browse import grouped, bench_key, read_qa
-from hindsearch.report.header import eval_header
-from hindsearch.report.plots import bar_plot
-from hindsearch.report.runs import (MARKER, MAX_BAD_SHOWN, finite, is_value, iter_jsonl, read_json,
-                                   scaled, text)
-from hindsearch.report.views import guarded, retrieval_note, sample_views
+from hindsearch.study.report.browse import grouped, bench_key, read_qa
+from hindsearch.study.report.header import eval_header
+from hindsearch.study.report.plots import bar_plot
+from hindsearch.study.report.runs import (MARKER, MAX_BAD_SHOWN, finite, is_value, read_json, run_rows,
+                                          scaled, text)
+from hindsearch.study.report.views import guarded, retrieval_note, sample_views
 
 EVAL_SHOWN = 12
 """Rollouts shown per (benchmark, outcome) of an evaluation page."""
@@ -113,7 +113,7 @@ def read_trajectories(path: Path, bad: list[str], per_group: int = EVAL_SHOWN
     kept: list[dict[str, Any]] = []
     counts: dict[tuple[str, str], int] = {}
     n = 0
-    for row in iter_jsonl(path, bad, name=path.name):  # one row at a time: an eval's file can be large
+    for row in run_rows(path, bad, name=path.name):  # one row at a time: an eval's file can be large
         n += 1
         key = ("ok" if (finite(row.get("em")) or 0.0) > 0 else "fail", text(row.get("benchmark", "?")))
         counts[key] = counts.get(key, 0) + 1

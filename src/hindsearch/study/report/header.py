@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from hindsearch.report.runs import Run, finite, is_value, step_of, text
+from hindsearch.study.report.runs import Run, finite, is_value, step_of, text
 
 
 def dig(d: Any, *keys: str) -> Any:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.records import title_key
-from hindsearch.report.runs import Run, text
+from hindsearch.study.report.runs import Run, text
 
 MAX_QA_BYTES = 256 * 2**20
 """A QA file larger than this is not read for the evidence of the shown rollouts (the page would take minutes)."""

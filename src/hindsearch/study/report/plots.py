@@ -11,8 +11,8 @@ import io
 from collections.abc import Sequence
 from typing import Any
 
-from hindsearch.report.runs import clean, plottable, series
-from hindsearch.results import moving_average
+from hindsearch.study.report.runs import clean, plottable, series
+from hindsearch.study.results import moving_average
 
 MAX_LABEL = 60
 """Characters of a label drawn (a longer metric name is cut with an ellipsis)."""
@@ -143,7 +143,7 @@ def time_plot(rows: list[dict[str, Any]], keys: list[str]) -> str | None:
     """Base64 PNG: stacked bars of the step time split (seconds) per step."""
     if not keys or not rows:
         return None
-    from hindsearch.report.runs import step_of
+    from hindsearch.study.report.runs import step_of
 
     steps = [step_of(r, i) for i, r in enumerate(rows)]
     keys = [k for k in keys if any(plottable(r.get(k)) for r in rows)]

@@ -1,8 +1,8 @@
 """The results of a comparison folder (``hindsearch compare --out DIR``): read, aggregate, tabulate, plot.
 
 Pure functions over the files the runs wrote (``<method>-s<seed>/results.json``, ``metrics.jsonl``,
-``summary.json``, ``dev_curve.jsonl``). ``hindsearch.compare`` (which trains and evaluates the runs) and
-``hindsearch.report`` (which renders them) both read them from here; neither imports the other's command.
+``summary.json``, ``dev_curve.jsonl``). ``hindsearch.study.compare`` (which trains and evaluates the runs) and
+``hindsearch.study.report`` (which renders them) both read them from here; neither imports the other's command.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from hindsearch.fsutil import open_regular
+from hindsearch.fsutil import open_regular, read_jsonl
+from hindsearch.tables import markdown_table
 
 MINI_BENCHMARKS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wiki", "musique", "bamboogle")
 WORLD = "world"
@@ -44,13 +45,10 @@ def eval_numbers(result: dict[str, Any], names: Sequence[str]) -> dict[str, dict
 def metric_values(run_dir: Path, key: str) -> list[float]:
     """The numeric values of ``key`` over the run's metrics rows, in order (rows without it skipped)."""
     vals = []
-    p = run_dir / "metrics.jsonl"
-    if p.exists():
-        for line in p.read_text().splitlines():
-            if line.strip():
-                v = json.loads(line).get(key)
-                if isinstance(v, (int, float)):
-                    vals.append(float(v))
+    for row in read_jsonl(run_dir / "metrics.jsonl"):
+        v = row.get(key)
+        if isinstance(v, (int, float)):
+            vals.append(float(v))
     return vals
 
 
@@ -157,8 +155,7 @@ RESULTS_NOTE = ("EM in %, mean ± sample std over seeds (the seeds column gives 
 def results_markdown(agg: dict[str, dict[str, Any]], benches: Sequence[str], title: str = "") -> str:
     """The results table (``results_rows``) as markdown."""
     heads, rows = results_rows(agg, benches)
-    lines = ([f"# {title}", ""] if title else []) + ["| " + " | ".join(heads) + " |", "|" + "---|" * len(heads)]
-    lines += ["| " + " | ".join(cells) + " |" for cells in rows]
+    lines = ([f"# {title}", ""] if title else []) + [markdown_table(heads, rows)]
     return "\n".join(lines + ["", RESULTS_NOTE]) + "\n"
 
 
@@ -216,12 +213,9 @@ def dev_curve(run_dir: Path) -> list[tuple[int, float]]:
     dev = d.get("dev", {})
     if (dev.get("base") or {}).get("em") is not None:
         pts[0] = float(dev["base"]["em"])
-    cur = run_dir / "dev_curve.jsonl"
-    for line in cur.read_text().splitlines() if cur.exists() else []:
-        if line.strip():
-            row = json.loads(line)
-            if row.get("em") is not None:
-                pts[int(row["step"])] = float(row["em"])
+    for row in read_jsonl(run_dir / "dev_curve.jsonl"):
+        if row.get("em") is not None:
+            pts[int(row["step"])] = float(row["em"])
     if (dev.get("rl") or {}).get("em") is not None and d.get("steps") is not None:
         pts[int(d["steps"])] = float(dev["rl"]["em"])
     return sorted(pts.items())
@@ -240,9 +234,7 @@ def plot_curves(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], pat
         per_seed, curves = [], []
         for s in seeds:
             rd = out_dir / run_name(m, s)
-            rows = [json.loads(x) for x in (rd / "metrics.jsonl").read_text().splitlines() if x.strip()] \
-                if (rd / "metrics.jsonl").exists() else []
-            rew = [float(pick_reward(r)) for r in rows]
+            rew = [float(pick_reward(r)) for r in read_jsonl(rd / "metrics.jsonl")]
             if rew:
                 per_seed.append(rew)
             c = dict(dev_curve(rd))
@@ -272,8 +264,7 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
     steps = sorted({int(k) for r in results for k in (r.get("curve") or {})})
     if not steps:
         return ""
-    lines = ["### EM along the way (world test split, greedy; EM / two-hop EM, mean ± sd over seeds)", "",
-             "| method | " + " | ".join(f"step {n}" for n in steps) + " |", "|---|" + "---|" * len(steps)]
+    body = []
     for m in methods:
         runs = [r for r in results if r.get("method") == m and r.get("curve")]
         if not runs:
@@ -286,14 +277,15 @@ def curve_markdown(results: Sequence[dict[str, Any]], methods: Sequence[str]) ->
                 continue
             em, e2 = (mean_spread([100 * float(g.get(k, 0.0)) for g in got]) for k in ("em", "em_2hop"))
             cells.append(f"{em[0]:.1f} ± {em[1]:.1f} / {e2[0]:.1f} ± {e2[1]:.1f} (n={len(got)})")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        body.append([m, *cells])
+    return ("### EM along the way (world test split, greedy; EM / two-hop EM, mean ± sd over seeds)\n\n"
+            + markdown_table(["method", *(f"step {n}" for n in steps)], body) + "\n")
 
 
 def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int]) -> str:
     """The probes of the start (``DIR/probe.json``) and of each run's final checkpoint (``RUN/probe.json``): per
     method the mean over seeds of ``probe.PROBE_SUMMARY``, rates in % ('' when no run was probed)."""
-    from hindsearch.hindsight.probe import PROBE_SUMMARY, probe_summary
+    from hindsearch.study.probe import PROBE_SUMMARY, probe_summary
 
     rows: list[tuple[str, int, dict[str, float | None]]] = []
 
@@ -312,23 +304,19 @@ def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int])
     if not rows:
         return ""
     labels = [k for k, _ in PROBE_SUMMARY]
-    lines = ["### Probes of the start and of the final checkpoints (failed greedy training rollouts; %, mean over seeds)",
-             "", "| checkpoint | seeds | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    def cells(d: dict[str, float | None]) -> list[str]:
+        return ["-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels]
 
-    def cells(d: dict[str, float | None]) -> str:
-        return " | ".join("-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels)
-
-    if start is not None:
-        lines.append(f"| start | - | {cells(start)} |")
-    lines += [f"| {m} | {n} | {cells(d)} |" for m, n, d in rows]
-    return "\n".join(lines) + "\n"
+    body = ([["start", "-", *cells(start)]] if start is not None else []) + [[m, n, *cells(d)] for m, n, d in rows]
+    return ("### Probes of the start and of the final checkpoints (failed greedy training rollouts; %, mean over "
+            "seeds)\n\n" + markdown_table(["checkpoint", "seeds", *labels], body) + "\n")
 
 
 def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], title: str = "") -> str:
     """Aggregate the finished runs of ``out_dir`` into ``results.md`` and ``curves.png``; returns the markdown."""
     results = load_results(out_dir, methods, seeds)
     md = results_markdown(aggregate(results, methods), bench_names(results), title)
-    from hindsearch.paired import bootstrap_markdown
+    from hindsearch.study.paired import bootstrap_markdown
 
     boot = bootstrap_markdown(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
     if boot:
@@ -336,8 +324,9 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     curve = curve_markdown(results, methods)
     if curve:
         md += "\n" + curve
-    from hindsearch.paired import curve_pairs_markdown, pairs_markdown, seed_level_markdown, seeds_markdown
-    from hindsearch.sampled import summary_markdown
+    from hindsearch.study.paired import (curve_pairs_markdown, pairs_markdown, seed_level_markdown,
+                                         seeds_markdown)
+    from hindsearch.study.sampled import summary_markdown
 
     for section in (seed_level_markdown, summary_markdown, pairs_markdown, curve_pairs_markdown, seeds_markdown):
         text = section(lambda m, seed: out_dir / run_name(m, seed), methods, seeds)
@@ -347,7 +336,7 @@ def write_outputs(out_dir: Path, methods: Sequence[str], seeds: Sequence[int], t
     if probes:
         md += "\n" + probes
     if (out_dir / "probe.json").exists():
-        from hindsearch.hindsight.probe import format_probe
+        from hindsearch.study.probe import format_probe
 
         md += "\n### Teacher probes of the starting checkpoint\n\n" + format_probe(json.loads((out_dir / "probe.json").read_text())) + "\n"
     (out_dir / "results.md").write_text(md)

@@ -15,6 +15,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from hindsearch.fsutil import read_jsonl
+from hindsearch.tables import markdown_table
+
 
 def paired_bootstrap(diffs: Sequence[float], n_boot: int = 2000, seed: int = 0) -> tuple[float, float, float]:
     """Mean of per-question differences and its 95% percentile interval over ``n_boot`` resamples of questions."""
@@ -38,10 +41,9 @@ def per_question(run_dir: Path, bench: str = "world", tag: str = "") -> dict[str
     out: dict[str, dict[str, float]] = {}
     if not path.exists():
         return out
-    for line in path.read_text().splitlines():
-        if line.strip():
-            t = Trajectory.from_dict(json.loads(line))
-            out[t.qid] = {"em": float(t.em or 0.0), "recall": t.evidence_recall, "hops": float(t.hops or 0)}
+    for row in read_jsonl(path):
+        t = Trajectory.from_dict(row)
+        out[t.qid] = {"em": float(t.em or 0.0), "recall": t.evidence_recall, "hops": float(t.hops or 0)}
     return out
 
 
@@ -78,12 +80,13 @@ def bootstrap_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[st
     rows = bootstrap_rows(run_dir, methods, seeds)
     if not rows:
         return ""
-    lines = ["### Each method minus GRPO, world test (paired bootstrap over questions, 95% interval)", "",
-             "| method | seeds | questions | EM | EM 2-hop | evidence recall |", "|---|---|---|---|---|---|"]
-    for r in rows:
-        cells = [f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for m, lo, hi in (r["em"], r["em_2hop"], r["recall"])]
-        lines.append(f"| {r['method']} | {r['seeds']} | {r['questions']} | " + " | ".join(cells) + " |")
-    lines += ["", "Points (percentage points); per question the mean over the seeds both methods finished. An interval "
+    table = markdown_table(
+        ["method", "seeds", "questions", "EM", "EM 2-hop", "evidence recall"],
+        [[r["method"], r["seeds"], r["questions"],
+          *(f"{100 * m:+.1f} [{100 * lo:+.1f}, {100 * hi:+.1f}]" for m, lo, hi in (r["em"], r["em_2hop"], r["recall"]))]
+         for r in rows])
+    lines = ["### Each method minus GRPO, world test (paired bootstrap over questions, 95% interval)", "", table,
+             "", "Points (percentage points); per question the mean over the seeds both methods finished. An interval "
               "that excludes 0 separates the method from GRPO."]
     return "\n".join(lines) + "\n"
 
@@ -106,13 +109,13 @@ def _greedy(run_dir: Path) -> dict[str, dict[str, float]]:
 
 
 def _sampled(run_dir: Path) -> dict[str, dict[str, Any]]:
-    from hindsearch.sampled import SAMPLED_FILE, read_rows
+    from hindsearch.study.sampled import SAMPLED_FILE, read_rows
 
     return read_rows(run_dir / SAMPLED_FILE)
 
 
 def _states(run_dir: Path) -> dict[str, dict[str, Any]]:
-    from hindsearch.sampled import STATES_FILE, read_rows
+    from hindsearch.study.sampled import STATES_FILE, read_rows
 
     return read_rows(run_dir / STATES_FILE)
 
@@ -190,13 +193,14 @@ def pairs_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], 
     labels = [m[0] for m in PAIRED_METRICS if any(m[0] in r for r in rows)]
     if not rows or not labels:
         return ""
+    table = markdown_table(
+        ["method", "against", "seeds", *labels],
+        [[r["method"], r["against"], r["seeds"],
+          *(f"{100 * r[k][0]:+.1f} [{100 * r[k][1]:+.1f}, {100 * r[k][2]:+.1f}] (n={r[k][3]})" if k in r else "-"
+            for k in labels)] for r in rows])
     lines = ["### Sampled behaviour, each method against GRPO and its matching controls (paired bootstrap, 95% interval)",
-             "", "| method | against | seeds | " + " | ".join(labels) + " |", "|---|---|---|" + "---|" * len(labels)]
-    for r in rows:
-        cells = [f"{100 * r[k][0]:+.1f} [{100 * r[k][1]:+.1f}, {100 * r[k][2]:+.1f}] (n={r[k][3]})" if k in r else "-"
-                 for k in labels]
-        lines.append(f"| {r['method']} | {r['against']} | {r['seeds']} | " + " | ".join(cells) + " |")
-    lines += ["", "Points; items are test questions (EM, pass@k, recall) or held-out failed states of the starting "
+             "", table,
+             "", "Points; items are test questions (EM, pass@k, recall) or held-out failed states of the starting "
               "checkpoint (P(search again), bridge hit), each the mean over the seeds both runs finished."]
     return "\n".join(lines) + "\n"
 
@@ -218,16 +222,16 @@ def seeds_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[str], 
     done = sorted({r["seed"] for r in rows})
     if len(done) < 2:
         return ""
-    lines = ["### Per seed: each method against GRPO and its matching controls (paired bootstrap, 95% interval)", "",
-             "| method | against | metric | " + " | ".join(f"seed {s}" for s in done) + " |",
-             "|---|---|---|" + "---|" * len(done)]
+    body = []
     for a, b in comparison_pairs(methods):
         got = {r["seed"]: r for r in rows if r["method"] == a and r["against"] == b}
         for label, *_ in SEED_METRICS:
             if any(label in r for r in got.values()):
-                cells = [_cell(got[s][label]) if s in got and label in got[s] else "-" for s in done]
-                lines.append(f"| {a} | {b} | {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Points; within one seed, items are resampled (test questions, or held-out failed states), so "
+                body.append([a, b, label, *(_cell(got[s][label]) if s in got and label in got[s] else "-"
+                                            for s in done)])
+    lines = ["### Per seed: each method against GRPO and its matching controls (paired bootstrap, 95% interval)", "",
+             markdown_table(["method", "against", "metric", *(f"seed {s}" for s in done)], body),
+             "", "Points; within one seed, items are resampled (test questions, or held-out failed states), so "
               "each interval measures the questions' spread in that seed, not the seeds' spread."]
     return "\n".join(lines) + "\n"
 
@@ -321,16 +325,17 @@ def seed_level_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[s
     if not rows:
         return ""
     done = sorted({s for r in rows for s in r["seeds"]})
-    lines = ["### Intervals over seeds: each method against GRPO and its matching controls", "",
-             "| method | against | metric | seeds | mean | 95% t over seed means | two-level bootstrap | "
-             + " | ".join(f"seed {s}" for s in done) + " |", "|---|---|---|---|---|---|---|" + "---|" * len(done)]
+    body = []
     for r in rows:
         m, lo, hi = r["t"]
         _, blo, bhi = r["boot2"]
-        per = [f"{100 * r['per_seed'][s]:+.1f}" if s in r["per_seed"] else "-" for s in done]
-        lines.append(f"| {r['method']} | {r['against']} | {r['metric']} | {len(r['seeds'])} | {100 * m:+.1f} | "
-                     f"[{100 * lo:+.1f}, {100 * hi:+.1f}] | [{100 * blo:+.1f}, {100 * bhi:+.1f}] | " + " | ".join(per)
-                     + " |")
+        body.append([r["method"], r["against"], r["metric"], len(r["seeds"]), f"{100 * m:+.1f}",
+                     f"[{100 * lo:+.1f}, {100 * hi:+.1f}]", f"[{100 * blo:+.1f}, {100 * bhi:+.1f}]",
+                     *(f"{100 * r['per_seed'][s]:+.1f}" if s in r["per_seed"] else "-" for s in done)])
+    head = ["method", "against", "metric", "seeds", "mean", "95% t over seed means", "two-level bootstrap",
+            *(f"seed {s}" for s in done)]
+    lines = ["### Intervals over seeds: each method against GRPO and its matching controls", "",
+             markdown_table(head, body)]
     starts = _starts(run_dir, methods, done)
     if len(starts) > 1:
         lines += ["", f"**Warning: these runs trained from {len(starts)} different starts** ("
@@ -395,9 +400,7 @@ def curve_pairs_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[
     steps = sorted({r["step"] for r in rows})
     if len(steps) < 2:
         return ""
-    lines = ["### Along the way: each method against GRPO and its matching controls, greedy (paired bootstrap, 95% interval)",
-             "", "| method | against | metric | " + " | ".join(f"step {n}" for n in steps) + " |",
-             "|---|---|---|" + "---|" * len(steps)]
+    body = []
     for a, b in comparison_pairs(methods):
         got = {r["step"]: r for r in rows if r["method"] == a and r["against"] == b}
         for label in ("EM 2-hop", "EM"):
@@ -405,8 +408,10 @@ def curve_pairs_markdown(run_dir: Callable[[str, int], Path], methods: Sequence[
                 cells = [_cell(got[n][label]) + ("" if got[n]["seeds"] == max(r["seeds"] for r in got.values())
                                                  else f" ({got[n]['seeds']} seeds)") if n in got and label in got[n]
                          else "-" for n in steps]
-                lines.append(f"| {a} | {b} | {label} | " + " | ".join(cells) + " |")
-    lines += ["", "Points, world test split; per question the mean over the seeds both runs evaluated at that step. "
+                body.append([a, b, label, *cells])
+    lines = ["### Along the way: each method against GRPO and its matching controls, greedy (paired bootstrap, 95% interval)",
+             "", markdown_table(["method", "against", "metric", *(f"step {n}" for n in steps)], body),
+             "", "Points, world test split; per question the mean over the seeds both runs evaluated at that step. "
               "Many steps are read, so one interval that excludes 0 is weaker evidence than the same interval "
               "fixed in advance."]
     return "\n".join(lines) + "\n"

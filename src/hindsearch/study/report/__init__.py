@@ -1,45 +1,9 @@
 """``hindsearch report DIR``: one static HTML page per training run, evaluation, folder of runs or comparison.
 
-The page is rendered by jinja2 (autoescape on) from the templates in ``hindsearch/templates``;
-every value read from a run folder is escaped, so markup in a question, critique or metric name
-shows as text. It needs no server and no network (a Content-Security-Policy forbids scripts and
-any fetch): plots are matplotlib PNGs inlined as base64 and styles are inline. A run's page holds
-
-- the **header** (``header.run_header``): model, method, LoRA, steps, questions and rollouts per step, wall
-  time, start date, git commit and hardware (the last two from the provenance ``fsutil.claim_output`` records
-  in the folder's marker; "not recorded" for runs from before it);
-- **curves** from ``metrics.jsonl`` and ``dev_curve.jsonl``: reward, EM (training rollouts and greedy dev EM)
-  and the step time split first; then the **training health** TRL logs (learning rate, grad norm, KL to the
-  reference model, entropy, clip ratios); then searches per rollout, validity, loss parts, the HindSearch
-  weights, IGSD gate statistics and lengths. Steps are ticked on integers; a metric that was not logged shows
-  "not recorded" (with the reason where the config gives it: no KL when ``train.kl_coef = 0``);
-- the **evaluation** table (``summary.json``'s dev EM before/after RL, ``results.json``'s benchmarks)
-  and the **teacher probes** (``probe.json``) as tables;
-- a **trajectory browser** over ``samples.jsonl`` (``browse``): rollouts grouped by outcome (failed with a
-  critique, failed without, succeeded) and hop count as nested ``<details>``, with a table of counts linking
-  into each group; per rollout the question, gold answers, each turn (query and retrieved titles, with the
-  evidence recall so far where the question's evidence is known, its evidence passages marked), the answer and
-  reward; for failed rollouts the judge's critique and the per-token teacher log-probs on the distilled tokens
-  (coloured spans: green = the critique teacher prefers the token, red = less; the value is the tooltip); for
-  IGSD the verified pairs (student vs teacher query, what each retrieved, IG_S, IG_T, delta, gate).
-
-An *evaluation folder* (``hindsearch eval --out DIR``, ``evals``) gets its header, the benchmark table with each
-EM's 95% interval and the macro average's, EM bars with those intervals, the data evaluated, and its
-trajectories grouped by outcome and benchmark.
-
-A *folder of runs* (sub-folders holding ``metrics.jsonl``, ``overlay``) gets a table of the runs' headers (what
-all share said once) and one plot per curve with a line per run, then one section per run. A *compare dir*
-(``hindsearch compare --out DIR``: one run folder per (method, seed) with its ``results.json``) gets, above
-that, from those numbers, the results table, bars per method with error bars (mean ± sample std over seeds; each
-method minus GRPO with the paired-bootstrap 95% interval) and ``curves.png``.
-
-Samples are read by the names the trainer writes them (``rollout_adapter.sample_records``): each carries
-its turns (action, query or answer, retrieved ids and titles), so nothing is parsed from the completion
-text. Whatever is missing is reported as "not recorded" rather than failing: runs from before samples
-carried their turns show "turns not recorded" for each rollout.
-
-The ``report`` command is ``hindsearch.cli.report``. A comparison's numbers come from ``hindsearch.results``;
-this module never imports ``hindsearch.compare``.
+Rendered by jinja2 from ``templates/`` with autoescape: every value read from a folder shows as text, and what is
+missing or unreadable is named rather than failing the page. No script runs and nothing is fetched (the page's
+Content-Security-Policy forbids both; plots are inline PNGs). What each page shows: docs/runs.md, "The report".
+A comparison's numbers come from ``study.results``; this package never imports ``study.compare``.
 """
 
 from __future__ import annotations
@@ -47,12 +11,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from hindsearch.report.env import environment
-from hindsearch.report.evals import eval_view
-from hindsearch.report.overlay import overlay_view
-from hindsearch.report.runs import Run, is_compare_dir, is_eval_dir, load_run, sub_runs
-from hindsearch.report.views import (MAX_SAMPLES_COMPARED, compare_view, run_view, shade_css, token_spans,
-                                    turns_of)
+from hindsearch.study.report.env import environment
+from hindsearch.study.report.evals import eval_view
+from hindsearch.study.report.overlay import overlay_view
+from hindsearch.study.report.runs import Run, is_compare_dir, is_eval_dir, load_run, sub_runs
+from hindsearch.study.report.views import (MAX_SAMPLES_COMPARED, compare_view, run_view, shade_css,
+                                           token_spans, turns_of)
 
 __all__ = ["Run", "load_run", "render", "shade_css", "token_spans", "turns_of", "write_report"]
 

@@ -1,4 +1,4 @@
-"""The jinja2 environment of the report's templates (``hindsearch/templates``, shipped as package data)."""
+"""The jinja2 environment of the report's templates (``templates/`` beside this module, shipped as package data)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import functools
 from pathlib import Path
 from typing import Any
 
-TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
+TEMPLATES = Path(__file__).resolve().parent / "templates"
 """The jinja2 templates of the page (shipped as package data)."""
 
 
@@ -16,7 +16,7 @@ def shown(value: Any) -> Any:
     to UTF-8 (a lone surrogate as its escape); markup the templates made is left alone."""
     import markupsafe
 
-    from hindsearch.report.runs import text
+    from hindsearch.study.report.runs import text
 
     if isinstance(value, markupsafe.Markup):
         return value

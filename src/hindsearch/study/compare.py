@@ -1,35 +1,8 @@
-"""``hindsearch compare``: GRPO vs HindSearch (with / without gold) vs IGSD, side by side.
+"""``hindsearch compare``: GRPO vs HindSearch vs IGSD (and their controls) from one start, side by side.
 
-Protocol (only the method differs between runs):
-
-1. one protocol warm-up of the preset's model (``warmup.ensure_warmup`` with the warm-up seed,
-   cached), whose checkpoint is the **same initial model** of every (method, seed) run;
-2. each (method, seed) trains ``train.steps`` RL steps with ``train.seed = seed`` (same questions in
-   the same order for every method of a seed) into ``DIR/<method>-s<seed>/`` via ``run_train``;
-3. each trained model is evaluated greedily on the world's test split (EM overall and by hop
-   count) and, with ``--mini DIR``, on the seven mini benchmarks (their own BM25 index over the
-   mini-wiki); the numbers go to ``<run>/results.json`` and a ``<run>/done.json`` marks it finished;
-4. ``DIR/results.md``: method x benchmark, mean ± std over seeds (n seeds), the median step time
-   and its ratio to GRPO; ``DIR/curves.png``: training reward (moving average) and dev EM (before
-   and after RL) against steps, one line per method (mean over seeds).
-
-Resumable: finished runs (``done.json``) are skipped; an interrupted run resumes from its last
-checkpoint (``run_train(resume=...)``); a run trained but not yet evaluated is only evaluated.
-
-Method aliases: ``hindsearch-nogold`` = ``hindsearch`` with ``hindsearch.judge_sees_gold = false``;
-``hindsearch-shuffled`` = ``hindsearch`` whose teacher reads the critique of another question
-(``hindsearch.critique_source = shuffled``); ``hindsearch-live`` and ``hindsearch-ema`` = ``hindsearch`` whose
-teacher is the current policy or its moving average (``hindsearch.teacher``), not the frozen start;
-``hindsearch-onesided`` (and its control ``hindsearch-onesided-nogold``) = ``hindsearch`` with the loss that only
-lowers a failed token where the teacher likes it less (``hindsearch.divergence = one_sided``);
-``hindsearch-onesided-answer`` (and ``-nogold``) = the same loss on the decisions to answer only
-(``hindsearch.distill_on = answer_decision``): it can only lower "answer now" where the teacher would search again;
-``hindsearch-ready`` (and its control ``-shuffled``) = ``hindsearch`` whose teacher reads "answer now from them" at a
-failed decision whose retrieved text already holds the gold string (``hindsearch.ready_states = answer_now``);
-``hindsearch-ready-line`` = the same states, where the teacher reads the answer line (``answer_line``);
-``igsd-nogate`` = ``igsd`` with ``igsd.gate = none``; ``igsd-paper`` = IGSD as DESIGN first read the paper (the
-query-state utility, any proposal, ``positive_sigmoid``); ``igsd-group`` / ``igsd-critique`` = ``igsd`` whose teacher
-reads the group summary / the judge's critique instead of the answer.
+Every (method, seed) run trains from the same warm-up checkpoint on the same questions, is evaluated on the
+world's test split (and the mini benchmarks), and is marked done; ``results.md`` and ``curves.png`` aggregate the
+finished runs. Resumable run by run. The protocol and the method names: docs/runs.md, "A comparison".
 """
 
 from __future__ import annotations
@@ -42,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.isolated import run_isolated, stopped_on_exit
-from hindsearch.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name, write_outputs,
-                                zero_advantage_share)
+from hindsearch.study.results import (MINI_BENCHMARKS, WORLD, eval_numbers, median_step_time, run_name,
+                                      write_outputs, zero_advantage_share)
 
 METHOD_ALIASES: dict[str, list[str]] = {
     "grpo": ["method=grpo"],
@@ -252,11 +225,11 @@ def _starting_point(base_cfg: Any, out_dir: Path, mini: str | None, test_limit: 
         init = shared_warmup(base_cfg, out_dir, log)
     eval_sets(base_cfg, mini, test_limit, mini_limit or base_cfg.eval.limit)  # fail fast (and build the mini index) here
     if probe > 0 and not (out_dir / "probe.json").exists():
-        from hindsearch.train.probe import probe_checkpoint
+        from hindsearch.study.probe import probe_checkpoint
 
         probe_checkpoint(base_cfg, init, n=probe, out=out_dir, log=log)
     if states > 0 and not (out_dir / STATES_NAME).exists():
-        from hindsearch.sampled import save_states
+        from hindsearch.study.sampled import save_states
 
         save_states(base_cfg, init, eval_sets(base_cfg, None, None, None)[0], out_dir / STATES_NAME, states, log)
     return init
@@ -296,7 +269,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     starting checkpoint on that many failed training rollouts (``DIR/probe.json``, quoted in the results), and
     each run's final checkpoint after its evaluation (``RUN/probe.json``, summarised in the results).
     ``sampled > 0`` also draws that many samples per test question of each run, and ``states > 0`` measures each
-    run on that many held-out failed states of the start (``hindsearch.sampled``; the paired tables against GRPO
+    run on that many held-out failed states of the start (``hindsearch.study.sampled``; the paired tables against GRPO
     and the matching controls). ``eval_at`` also evaluates each run greedily on the world test split after those
     steps (``train.keep_steps``): EM along the way, for sample efficiency.
     """
@@ -463,7 +436,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     final = load_policy(replace(cfg.model, name=str(rd / "final"), gguf_file=None))  # once, for every measurement
     numbers = evaluate_run(rd, cfg, sets, loaded=final)
     if sampled > 0 or (rd.parent / STATES_NAME).exists():
-        from hindsearch.sampled import measure_run
+        from hindsearch.study.sampled import measure_run
 
         measure_run(rd, cfg, sets[0], sampled, seed, rd.parent / STATES_NAME, loaded=final)
     curve = {str(n): evaluate_run(rd, cfg, sets[:1], rd / "steps" / f"step-{n}", f"-step-{n}")[WORLD]
@@ -471,7 +444,7 @@ def _one_run(config: str, method: str, seed: int, run_dir: str, init: str | None
     if eval_at and WORLD in numbers:
         curve[str(cfg.train.steps)] = numbers[WORLD]
     if probe > 0 and not (rd / "probe.json").exists():
-        from hindsearch.train.probe import probe_checkpoint
+        from hindsearch.study.probe import probe_checkpoint
 
         probe_checkpoint(cfg, str(rd / "final"), n=probe, out=rd, log=lambda *_: None, loaded=final)
     from hindsearch.provenance import provenance

@@ -1,36 +1,10 @@
-"""Teacher probes: is the hindsight teacher better than the student, and where?
+"""Teacher probes (``hindsearch probe``, ``compare --probe``): is a checkpoint's hindsight teacher better than its
+student, and where?
 
-Distillation can only transfer what the teacher does better. ``run_probe`` answers that on ``n``
-failed (greedy) training rollouts of one checkpoint, for every hindsight line a method uses:
-
-* ``neutral``  – ``Feedback on a previous attempt: none.`` (the prompt shape, no information: the control);
-* ``critique`` – HindSearch's critique of the failed rollout, with gold (``critique_gold``) and without
-  (``critique_nogold``), from the configured judge (``hindsearch.judge_kind``: oracle, LM or an endpoint);
-* ``answer``   – IGSD's ``(The correct answer is: {A[0]}.)``.
-
-Four probes per hint:
-
-1. **hint gain** – greedy reruns of the failed questions with the hint in the prompt: EM, gold-evidence
-   recall (share of the question's evidence titles that the rerun's searches retrieved) and searches
-   per question; the unhinted rerun is the student (EM 0 by construction: these are its failures).
-2. **failed state** – from the failed rollout's state right after its first information block, the
-   student and the hinted teacher continue greedily (same model, same retriever): the share that search
-   again (the decision; for two-hop failures this is where a critique like "first find B" must act), the
-   share whose next query retrieves an evidence passage the first search missed (``hit_missed``), the
-   answer likelihood ``u(D)`` of what that query retrieved (IGSD's utility, scored by the student) and
-   the EM reached from there.
-3. **sampled decision** – the same state, ``k`` samples at temperature 1: the probability of opening
-   ``<search>`` rather than ``<answer>`` next, two-hop failures only.
-4. **token gap** – teacher-forced log-probs of the student's own failed tokens: ``lT - lS`` (teacher =
-   hinted prompt, student = plain prompt, same weights, temperature 1) and ``lT - lN`` (net of the
-   neutral control), on query tokens and on action tokens (``protocol.action_mask``).
-5. **IGSD's proposal and gate** – IGSD's own driver (``igsd.run_igsd``, as configured in ``[igsd]``, teacher =
-   this checkpoint with the answer line) on the same failures: how often the teacher's top query token differs
-   from the student's, how many pairs were verified, and the gate's precision: among verified pairs with
-   ``delta > 0``, the share whose teacher query retrieved an evidence passage, against the pairs with
-   ``delta <= 0`` (a gate that helps opens where the teacher's query found the evidence).
-
-Everything is written to ``probe.json`` and printed as one table (``format_probe``).
+``run_probe`` measures, on failed greedy training rollouts and for each hindsight line (neutral control,
+critique with and without gold, IGSD's answer line), the hint's gain, the failed state's next search, the sampled
+decision, the token gap and IGSD's proposal and gate; ``probe_checkpoint`` loads a checkpoint, runs it and writes
+``probe.json`` + ``probe.md`` (``format_probe``). What each measure means: docs/methods.md, "Teacher probes".
 """
 
 from __future__ import annotations
@@ -49,6 +23,7 @@ from hindsearch.agent import protocol
 from hindsearch.core.scoring import score_continuations
 from hindsearch.hindsight.teacher import NEUTRAL_CRITIQUE
 from hindsearch.records import QARecord, Trajectory, title_key
+from hindsearch.tables import markdown_table
 
 HINTS = ("neutral", "critique_gold", "critique_nogold", "answer")
 
@@ -351,19 +326,16 @@ def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, set
 
 def format_igsd_settings(res: dict[str, dict[str, float]]) -> str:
     """One markdown table of ``igsd_settings_probe``: a row per setting."""
-    head = ("| setting | proposals | gold-token share | verified | open: T hit, S missed (n) | open: identical (n) | "
-            "open: both missed (n) | open: S hit, T missed (n) | T-hit-S-miss share, open / shut | Fisher p |")
-    lines = [head, "|" + "---|" * 10]
+    head = ["setting", "proposals", "gold-token share", "verified", "open: T hit, S missed (n)", "open: identical (n)",
+            "open: both missed (n)", "open: S hit, T missed (n)", "T-hit-S-miss share, open / shut", "Fisher p"]
 
     def cell(g: dict[str, float], k: str) -> str:
         return f"{g['open_' + k]:.2f} ({g['n_' + k]:.0f})"
 
-    for name, g in res.items():
-        lines.append(f"| {name} | {g['proposals']:.0f} | {100 * g['gold_share']:.1f}% | {g['verified']:.0f} | "
-                     f"{cell(g, 't_hit_s_miss')} | {cell(g, 'identical')} | {cell(g, 'both_miss')} | "
-                     f"{cell(g, 's_hit_t_miss')} | {g['precision_open']:.2f} / {g['precision_shut']:.2f} | "
-                     f"{g['fisher_p']:.3g} |")
-    return "\n".join(lines)
+    return markdown_table(head, [
+        [name, f"{g['proposals']:.0f}", f"{100 * g['gold_share']:.1f}%", f"{g['verified']:.0f}",
+         cell(g, "t_hit_s_miss"), cell(g, "identical"), cell(g, "both_miss"), cell(g, "s_hit_t_miss"),
+         f"{g['precision_open']:.2f} / {g['precision_shut']:.2f}", f"{g['fisher_p']:.3g}"] for name, g in res.items()])
 
 
 def format_igsd_probe(g: dict[str, float]) -> str:
@@ -385,23 +357,22 @@ def _replace_gold(hcfg: Any, gold: bool) -> Any:
 
 def format_probe(res: dict[str, Any]) -> str:
     """One markdown table of a ``run_probe`` result (rows: student and each hint)."""
-    head = ("| context | usable | rerun EM | evidence recall | searches/q | search again | hit missed | u(D) | "
-            "EM from state | P(search) 2-hop | query lT-lS | query lT-lN | action lT-lS | action lT-lN |")
-    lines = [f"Teacher probes on {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
-             f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.", "",
-             head, "|" + "---|" * (head.count("|") - 1)]
+    head = ["context", "usable", "rerun EM", "evidence recall", "searches/q", "search again", "hit missed", "u(D)",
+            "EM from state", "P(search) 2-hop", "query lT-lS", "query lT-lN", "action lT-lS", "action lT-lN"]
 
-    def row(name: str, e: dict[str, Any], usable: Any) -> str:
+    def row(name: str, e: dict[str, Any], usable: Any) -> list[Any]:
         r, s, g = e["rerun"], e["state"], e.get("gap", {})
         gap = [f"{g[k]:+.3f}" if k in g else "-" for k in ("query_lT_minus_lS", "query_lT_minus_neutral",
                                                             "action_lT_minus_lS", "action_lT_minus_neutral")]
-        return (f"| {name} | {usable} | {100 * r['em']:.1f} | {100 * r['evidence_recall']:.1f} | {r['searches']:.2f} | "
-                f"{100 * s['search_again']:.1f} | {100 * s['hit_missed']:.1f} | {s['u_D']:.2f} | {100 * s['em_from_state']:.1f} | "
-                f"{100 * e['p_search_two_hop']:.1f} | " + " | ".join(gap) + " |")
+        return [name, usable, f"{100 * r['em']:.1f}", f"{100 * r['evidence_recall']:.1f}", f"{r['searches']:.2f}",
+                f"{100 * s['search_again']:.1f}", f"{100 * s['hit_missed']:.1f}", f"{s['u_D']:.2f}",
+                f"{100 * s['em_from_state']:.1f}", f"{100 * e['p_search_two_hop']:.1f}", *gap]
 
-    lines.append(row("student (no hint)", res["student"], res["n_failed"]))
-    for name, e in res["hints"].items():
-        lines.append(row(name, e, e["usable"]))
+    rows = [row("student (no hint)", res["student"], res["n_failed"])]
+    rows += [row(name, e, e["usable"]) for name, e in res["hints"].items()]
+    lines = [f"Teacher probes on {res['n_failed']} failed greedy training rollouts (of {res['n_questions']}; student EM "
+             f"{100 * res['student_em']:.1f}), judge: {res['judge_kind']}. Rates in %, u(D) and gaps in nats per token.", "",
+             markdown_table(head, rows)]
     if res.get("igsd"):
         lines += ["", format_igsd_probe(res["igsd"])]
     return "\n".join(lines)
@@ -496,3 +467,85 @@ def summarize_states(rows: Sequence[dict[str, float]]) -> dict[str, float]:
     out["hit_given_search"] = _mean([r["hit_missed"] for r in searched])
     out["n"] = float(len(rows))
     return out
+
+
+def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: int = 256, samples: int = 4,
+                     out: str | Path | None = None, log: Any = print,
+                     loaded: tuple[Any, Any] | None = None, igsd_settings: list[str] | None = None) -> dict[str, Any]:
+    """Load the checkpoint (or warm the preset up), probe it, write ``probe.json``; returns the result.
+    ``loaded``: the checkpoint's model and tokenizer, when the caller has them (not loaded again).
+    ``igsd_settings``: run only IGSD's proposal-and-gate probe, once per setting, on sampled training-like
+    rollouts (``rollout.num_generations`` per question, as a training step draws them)."""
+    from dataclasses import replace
+
+    from hindsearch.models import cache_dir, load_policy
+    from hindsearch.setup import eval_engine, prepare
+    from hindsearch.train.warmup import ensure_warmup, select_records
+
+    setup = prepare(cfg)
+    train, retriever = setup.train, setup.retriever
+    if checkpoint is None:
+        model, tok = load_policy(cfg.model)
+        if cfg.warmup.enabled:
+            checkpoint = str(ensure_warmup(cfg, model, tok, retriever, train, cache_dir() / "warmup"))
+        else:
+            checkpoint = cfg.model.name
+    model, tok = loaded or load_policy(replace(cfg.model, name=str(checkpoint), gguf_file=None))
+    model.eval()
+    engine = eval_engine(cfg, model, tok, retriever)
+    recs = select_records(train, questions, cfg.train.seed + 7)
+    import torch
+
+    if igsd_settings is not None:
+        return _igsd_only(cfg, engine, recs, igsd_settings, checkpoint, out, log)
+    with torch.no_grad():
+        res = run_probe(engine, recs, cfg, n=n, samples=samples, seed=cfg.train.seed, log=log)
+    res["checkpoint"] = str(checkpoint)
+    where = Path(out) if out else (Path(checkpoint) if Path(checkpoint).is_dir() else Path(cfg.out))
+    path = write_probe(res, guard_probe_out(where))
+    log(format_probe(res))
+    log(f"probe: {path} ({res['seconds']:.0f}s)")
+    return res
+
+
+def guard_probe_out(out: str | Path) -> Path:
+    """Where ``probe.json`` / ``probe.md`` may go: a new or empty folder, a probe folder, or a folder hindsearch
+    made that a probe belongs in (a model or checkpoint folder, a run or comparison folder, one with an earlier
+    probe). Anything else (a user's folder, the current folder) is refused in one line, before the probe runs."""
+    from hindsearch.fsutil import UnsafeOutput, check_replaceable, claim_output, output_kind
+
+    def ours(f: Path) -> bool:
+        kind = output_kind(f)
+        legacy = (f / "config.json").exists() or (f / "probe.json").exists() or (f / "compare.json").exists()
+        return kind in ("probe", "run", "compare") or (kind is None and legacy)
+
+    if not str(out).strip():
+        raise UnsafeOutput("--out is empty (it would write into the current folder); give a new folder")
+    folder = check_replaceable(out, ours, "probe folder")
+    if not folder.exists() or not any(folder.iterdir()):
+        claim_output(folder, "probe")
+    return folder
+
+
+def _igsd_only(cfg: Any, engine: Any, recs: Any, settings: list[str], checkpoint: str, out: str | Path | None,
+               log: Any) -> dict[str, Any]:
+    """IGSD's proposal-and-gate probe alone: ``igsd.json`` + ``igsd.md`` in the output folder."""
+    import json
+    import time
+
+    import torch
+
+    t0 = time.time()
+    with torch.no_grad():
+        trajs = engine.rollout(list(recs), num_generations=cfg.rollout.num_generations, seed=cfg.train.seed)
+        log(f"probe: {sum(t.failed for t in trajs)} failed of {len(trajs)} sampled rollouts "
+            f"({len(recs)} questions x {cfg.rollout.num_generations})")
+        res = igsd_settings_probe(engine, trajs, cfg, settings, seed=cfg.train.seed, log=log)
+    where = guard_probe_out(Path(out) if out else (Path(checkpoint) if Path(checkpoint).is_dir() else Path(cfg.out)))
+    doc = {"checkpoint": str(checkpoint), "rollouts": len(trajs), "failed": sum(t.failed for t in trajs),
+           "settings": res, "seconds": time.time() - t0}
+    (where / "igsd.json").write_text(json.dumps(doc, indent=1))
+    table = format_igsd_settings(res)
+    (where / "igsd.md").write_text(table + "\n")
+    log(table)
+    return doc

@@ -9,13 +9,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from hindsearch.report.browse import Evidence, evidence_of, grouped, hops_key, read_qa, train_qa_path, turn_quality
-from hindsearch.report.env import environment
-from hindsearch.report.header import run_header
-from hindsearch.report.plots import bar_plot, plot_lines, time_plot
-from hindsearch.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number, is_value,
-                                   left_out, metric_groups, plottable, read_json, read_jsonl, scaled, series, show_number,
-                                   sub_runs, summary_rows, text, time_keys)
+from hindsearch.study.report.browse import (Evidence, evidence_of, grouped, hops_key, read_qa, train_qa_path,
+                                            turn_quality)
+from hindsearch.study.report.env import environment
+from hindsearch.study.report.header import run_header
+from hindsearch.study.report.plots import bar_plot, plot_lines, time_plot
+from hindsearch.study.report.runs import (MAX_BAD_SHOWN, MAX_DOC_BYTES, Run, finite, health_groups, is_number,
+                                          is_value, left_out, metric_groups, plottable, read_json, run_rows,
+                                          scaled, series, show_number, sub_runs, summary_rows, text,
+                                          time_keys)
 
 MAX_SAMPLES = 200
 """Rollouts shown per run (the most recent steps first are kept when there are more)."""
@@ -65,7 +67,7 @@ def dev_points(run: Run) -> tuple[list[tuple[float, float]], list[str]]:
     base, rl = dev.get("base"), dev.get("rl")
     if isinstance(base, dict):
         add(0, base.get("em"))
-    for row in read_jsonl(run.path / "dev_curve.jsonl", run.bad_lines):
+    for row in run_rows(run.path / "dev_curve.jsonl", run.bad_lines):
         add(row.get("step"), row.get("em"))
     if isinstance(rl, dict) and run.summary.get("steps") is not None:
         add(run.summary.get("steps"), rl.get("em"))
@@ -434,7 +436,7 @@ def run_view(run: Run, max_samples: int = MAX_SAMPLES, anchor: str = "run") -> d
 # --------------------------------------------------------------------------- compare dirs
 def compare_plan(path: Path) -> tuple[list[str], list[int]]:
     """Methods and seeds of a comparison: ``compare.json`` when readable, else the ``results.json`` of its runs."""
-    from hindsearch.results import run_name
+    from hindsearch.study.results import run_name
 
     plan = read_json(path / "compare.json", [])
     if isinstance(plan.get("methods"), list) and isinstance(plan.get("seeds"), list):
@@ -464,7 +466,7 @@ def read_png(path: Path) -> bytes:
 def compare_view(path: Path) -> dict[str, Any]:
     """The comparison's results table and bars (mean ± std over seeds per method), the paired bootstrap
     against GRPO (table and bars with the 95% interval), ``curves.png`` and the probe table."""
-    from hindsearch.results import RESULTS_NOTE, load_results
+    from hindsearch.study.results import RESULTS_NOTE, load_results
 
     bad: list[str] = []
     methods, seeds = guarded("compare.json", bad, lambda: compare_plan(path), ([], []))
@@ -512,7 +514,7 @@ def clean_result(r: dict[str, Any], bad: list[str]) -> dict[str, Any]:
 
 def results_view(view: dict[str, Any], results: list[dict[str, Any]], methods: list[str]) -> None:
     """Fill the comparison's results table and its bars (mean ± std over seeds per method) into ``view``."""
-    from hindsearch.results import aggregate, bench_names, columns, results_rows
+    from hindsearch.study.results import aggregate, bench_names, columns, results_rows
 
     if results:
         agg, benches = aggregate(results, methods), bench_names(results)
@@ -530,8 +532,8 @@ def results_view(view: dict[str, Any], results: list[dict[str, Any]], methods: l
 
 def bootstrap_view(view: dict[str, Any], path: Path, methods: list[str], seeds: list[int]) -> None:
     """Fill the paired bootstrap against GRPO (table and bars with the 95% interval) into ``view``."""
-    from hindsearch.paired import bootstrap_rows
-    from hindsearch.results import run_name
+    from hindsearch.study.paired import bootstrap_rows
+    from hindsearch.study.results import run_name
 
     try:
         boot = bootstrap_rows(lambda m, s: path / run_name(m, s), methods, seeds)

@@ -1,17 +1,9 @@
-"""Evaluation of sampled behaviour: what greedy EM cannot see.
+"""Sampled behaviour (``compare --sampled K --states N``): what greedy EM cannot see.
 
-Greedy decoding turns a shift in a sampled probability into nothing until it crosses one half (the micro-mech
-comparison: 1.00 searches per question in all 12 greedy runs while the sampled P(search again) moved from 5% to
-10%). ``hindsearch compare --sampled K --states N`` therefore also measures, per run, on the test split:
-
-* ``sampled_rows``: per question, ``K`` samples at the rollout temperature: ``em`` (their mean EM), ``pass_k``
-  (any of them right), ``recall`` (mean gold-evidence recall of their searches) and ``hops``;
-* ``hindsearch.hindsight.probe.state_measures`` on the held-out failed states of the starting checkpoint
-  (``probe.held_out_states``, saved once in the comparison folder): the sampled P(search again), and the
-  greedy continuation's search-again, bridge-query hit and EM, per state.
-
-Rows are written to ``<run>/eval/sampled-world/per_question.jsonl`` and ``<run>/eval/states/per_state.jsonl``
-(``id`` keys them, so ``hindsearch.paired`` can pair two runs item by item).
+Per run, ``K`` samples per test question (``sampled_rows``: mean EM, pass@K, evidence recall) and the measures of
+``probe.state_measures`` on the start's held-out failed states, written as rows keyed by ``id`` to
+``<run>/eval/sampled-world/per_question.jsonl`` and ``<run>/eval/states/per_state.jsonl``, so that
+``study.paired`` can pair two runs item by item.
 """
 
 from __future__ import annotations
@@ -22,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from hindsearch.fsutil import iter_jsonl
 from hindsearch.records import QARecord
+from hindsearch.tables import markdown_table
 
 SAMPLED_FILE = Path("eval") / "sampled-world" / "per_question.jsonl"
 STATES_FILE = Path("eval") / "states" / "per_state.jsonl"
@@ -58,16 +52,11 @@ def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
 
 def read_rows(path: Path) -> dict[str, dict[str, Any]]:
     """``{id: row}`` of a rows file (empty when it does not exist)."""
-    if not path.exists():
-        return {}
     out = {}
-    for n, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                row = json.loads(line)
-                out[str(row["id"])] = row
-            except (ValueError, KeyError) as e:
-                raise ValueError(f"{path}:{n}: bad row ({e})") from None
+    for n, row in iter_jsonl(path):
+        if "id" not in row:
+            raise ValueError(f"{path}:{n}: bad row (no 'id')")
+        out[str(row["id"])] = row
     return out
 
 
@@ -101,7 +90,7 @@ SUMMARY_COLUMNS = (("sampled_em", "sampled EM"), ("sampled_em_2hop", "sampled EM
 def summary_markdown(run_dir: Any, methods: Sequence[str], seeds: Sequence[int]) -> str:
     """Per method, mean ± standard deviation over its finished seeds of ``summary`` ('' when no run has sampled
     rows). ``run_dir(method, seed)`` names a run's folder."""
-    lines = []
+    body = []
     for m in methods:
         sums = [summary(run_dir(m, s)) for s in seeds if (run_dir(m, s) / "done.json").exists()]
         sums = [x for x in sums if x]
@@ -111,14 +100,14 @@ def summary_markdown(run_dir: Any, methods: Sequence[str], seeds: Sequence[int])
         for key, _ in SUMMARY_COLUMNS:
             xs = [100 * x[key] for x in sums if key in x]
             cells.append("-" if not xs else f"{statistics.fmean(xs):.1f}" + (f" ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else ""))
-        lines.append(f"| {m} | {len(sums)} | " + " | ".join(cells) + " |")
-    if not lines:
+        body.append([m, len(sums), *cells])
+    if not body:
         return ""
     k = next((summary(run_dir(m, s)).get("k") for m in methods for s in seeds if summary(run_dir(m, s)).get("k")), None)
-    head = "| method | seeds | " + " | ".join(label for _, label in SUMMARY_COLUMNS) + " |"
+    table = markdown_table(["method", "seeds", *(label for _, label in SUMMARY_COLUMNS)], body)
     return "\n".join([f"### Sampled behaviour on the test split ({int(k) if k else '?'} samples per question at the rollout "
-                      "temperature; the held-out failed states of the starting checkpoint, temperature 1)", "", head,
-                      "|" + "---|" * (head.count("|") - 1), *lines]) + "\n"
+                      "temperature; the held-out failed states of the starting checkpoint, temperature 1)", "",
+                      table]) + "\n"
 
 
 # ------------------------------------------------------------------ per run (``hindsearch compare``)
@@ -140,7 +129,7 @@ def save_states(cfg: Any, init: str | None, test: tuple[str, list, Any], path: P
     ``test = (name, records, index_dir)``) into ``path``, with the start's weight digest."""
     import torch
 
-    from hindsearch.hindsight.probe import held_out_states
+    from hindsearch.study.probe import held_out_states
     from hindsearch.models import weights_digest
 
     name = init or cfg.model.name
@@ -157,7 +146,7 @@ def measure_run(run_dir: Path, cfg: Any, test: tuple[str, list, Any], k: int, se
     (``loaded``: its model and tokenizer, when the caller has them); rows already written are kept."""
     import torch
 
-    from hindsearch.hindsight.probe import HeldOutStates, state_measures
+    from hindsearch.study.probe import HeldOutStates, state_measures
 
     _, records, index_dir = test
     engine = load_engine(cfg, run_dir / "final", index_dir, loaded)
