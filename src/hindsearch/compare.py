@@ -76,7 +76,7 @@ METHOD_ALIASES: dict[str, list[str]] = {
 def parse_methods(text: str) -> list[str]:
     """Comma list of method names: an alias, or a registered method (a plugin's too, once the config that names the
     plugin is loaded); raises ``ValueError`` naming the bad one."""
-    from hindsearch.config.registry import METHODS
+    from hindsearch.hindsight.registry import METHODS
 
     methods = [m.strip() for m in text.split(",") if m.strip()]
     if not methods:
@@ -324,11 +324,13 @@ def _compare(config: str, methods: Sequence[str], seeds: Sequence[int], out_dir:
         base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")
     # the shared start (warm-up, held-out states, probe) is the preset's, built with its own train.seed whichever
     # seeds are listed: '--seeds 1,2' must extend a '--seeds 0' comparison, not start from another checkpoint
-    base_cfg = Config.load(config, base_ov)
+    from hindsearch.hindsight.registry import resolve_methods
+
+    base_cfg = resolve_methods(Config.load(config, base_ov))
     check_model_built(config, base_cfg.model.name)
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
-            Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
+            resolve_methods(Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov)))
     if output_kind(out_dir) is None:
         claim_output(out_dir, "compare")
     (out_dir / "compare.json").write_text(json.dumps(

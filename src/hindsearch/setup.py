@@ -33,7 +33,7 @@ class Setup:
 def resolve_data(cfg: Config, index: bool = True) -> dict[str, Any]:
     """Paths of the world, train/dev data and the index; builds the world and its index on first use
     (``index=False``: no index, the retriever is given)."""
-    from hindsearch.config.registry import RETRIEVERS
+    from hindsearch.retrieval.registry import RETRIEVERS
 
     world = None
     needs_index = index and RETRIEVERS.get(cfg.retrieval.kind).index and cfg.retrieval.index_dir is None

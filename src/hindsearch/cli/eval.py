@@ -101,7 +101,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
-    from hindsearch.retrieval.factory import load_index
+    from hindsearch.hindsight.registry import resolve_methods
+    from hindsearch.retrieval.factory import check_kind, load_index
     from hindsearch.setup import open_retriever, resolve_data
     from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
@@ -118,6 +119,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.retrieval_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
     cfg = Config.load(find_config(args.config), overrides)  # the preset train runs by default, as train takes it
+    resolve_methods(cfg)  # every key checked, as train checks it
+    check_kind(cfg.retrieval)
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from hindsearch.config import METHODS
 from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: F401  (the lookup lives with Config)
+from hindsearch.hindsight.registry import METHODS
 
 
 class PluginAction(argparse.Action):
