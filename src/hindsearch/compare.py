@@ -300,7 +300,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     from hindsearch.fsutil import FolderLock, guard_output
 
     # a comparison writes only into a new or empty folder or one of its own (compare.json: written before markers)
-    out_dir = guard_output(out, "compare", legacy=lambda f: (f / "compare.json").exists())
+    out_dir = guard_output(out, "compare")
     if eval_at:  # refused before the folder is made
         from hindsearch.config import Config
 

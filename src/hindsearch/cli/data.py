@@ -58,13 +58,12 @@ def cmd_mini(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hindsearch.data.mini import build_mini
-    from hindsearch.fsutil import claim_output, guard_output, json_marker
+    from hindsearch.fsutil import claim_output, guard_output
 
     if not Path(args.shared).is_dir():
         raise FileNotFoundError(f"--shared {args.shared}: folder not found")
     # the files are written in place: only into a new or empty folder, or an earlier mini-wiki
-    out = guard_output(args.out, "mini", "mini-wiki folder", legacy=json_marker("mini.json", "benchmarks"),
-                       protect=(args.shared,))
+    out = guard_output(args.out, "mini", "mini-wiki folder", protect=(args.shared,))
     created = not out.exists()
     claim_output(out, "mini")
     try:

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hindsearch.cli.args import RETRIEVAL_URL, add_deprecated_alias, http_url, nonneg_int, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -54,9 +54,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index", help="index folder from `hindsearch index` (default: the config's retriever)")
     g.add_argument(RETRIEVAL_URL, type=http_url, metavar="URL",
-                   help="Search-R1-compatible retrieval server URL, the config's retrieval.url (--retriever-url, its "
-                        "former name, still works) (default: the config's retriever)")
-    add_deprecated_alias(g, "--retriever-url", RETRIEVAL_URL)
+                   help="Search-R1-compatible retrieval server URL, the config's retrieval.url (default: the "
+                        "config's retriever)")
     p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
     p.add_argument("--limit", type=positive_int, help="questions per benchmark (default: eval.limit)")
     p.add_argument("--skip-bad", action="store_true",
@@ -106,11 +105,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.setup import open_retriever, resolve_data
     from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
-    from hindsearch.eval import (EvalMismatch, config_record, full_record, is_legacy_eval_folder, model_identity,
-                                 qa_file_record, refuse_message, reuse_problem)
+    from hindsearch.eval import (EvalMismatch, config_record, full_record, model_identity, qa_file_record,
+                                 refuse_message, reuse_problem)
     from hindsearch.fsutil import FolderLock, guard_output
 
-    out = guard_output(args.out, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
+    out = guard_output(args.out, "eval", "evaluation folder")
 
     FolderLock(out, "evaluation folder").check()  # a second evaluation fails now, not after loading a model
     overrides = list(args.set)

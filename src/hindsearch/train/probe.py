@@ -62,8 +62,7 @@ def guard_probe_out(out: str | Path) -> Path:
 
     def ours(f: Path) -> bool:
         kind = output_kind(f)
-        legacy = (f / "config.json").exists() or (f / "probe.json").exists() or (f / "compare.json").exists()
-        return kind in ("probe", "run", "compare") or (kind is None and legacy)
+        return kind in ("probe", "run", "compare") or (kind is None and (f / "config.json").exists())  # a model
 
     if not str(out).strip():
         raise UnsafeOutput("--out is empty (it would write into the current folder); give a new folder")
