@@ -764,7 +764,7 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
 def load_data(cfg: Any) -> tuple[list[Any], Any]:
     """Training records and the retriever, through the project's ``resolve_data`` (world + index on first use)."""
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import load_records, resolve_data
+    from hindsearch.inputs import load_records, resolve_data
 
     paths = resolve_data(cfg)
     train, _ = load_records(cfg, paths)

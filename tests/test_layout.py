@@ -19,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "hindsearch"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("config, records", ("config", "records", "rewards", "progress", "memory", "fsutil", "provenance",
+    ("config, records", ("config", "records", "answers", "progress", "memory", "fsutil", "provenance",
                          "upstream_warnings", "isolated")),
     ("data", ("data",)),
     ("retrieval", ("retrieval",)),
     ("model core", ("core", "models")),
-    ("agent", ("agent", "eval", "setup")),
+    ("agent", ("agent", "eval", "inputs")),
     ("methods", ("hindsight",)),
     ("train", ("train",)),
     ("study, report", ("sampled", "paired", "results", "compare", "report")),

@@ -155,7 +155,7 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
             _warn_other_kernels(recorded, rec, log)
             return recorded["init_model"]
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.setup import prepare
+    from hindsearch.inputs import prepare
     from hindsearch.train.warmup import ensure_warmup
 
     setup = prepare(cfg)
@@ -197,7 +197,7 @@ def _warn_other_kernels(recorded: dict[str, Any], rec: Path, log: Any) -> None:
 def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:
     """``[(name, records, index_dir)]``: the world test split and, with ``mini``, the seven mini benchmarks."""
     from hindsearch.data.qa import load_qa
-    from hindsearch.setup import resolve_data
+    from hindsearch.inputs import resolve_data
 
     paths = resolve_data(cfg)
     test_path = Path(cfg.data.test) if cfg.data.test else Path(paths["world"]) / "test.jsonl"
@@ -227,7 +227,7 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]],
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import eval_engine
+    from hindsearch.inputs import eval_engine
 
     model, tok = loaded or load_policy(replace(cfg.model, name=str(model_dir or run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}

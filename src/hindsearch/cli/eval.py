@@ -102,7 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.models import load_policy
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.retrieval.factory import check_kind, load_index
-    from hindsearch.setup import open_retriever, resolve_data
+    from hindsearch.inputs import open_retriever, resolve_data
     from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
     from hindsearch.eval import (EvalMismatch, config_record, full_record, model_identity, qa_file_record,

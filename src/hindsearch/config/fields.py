@@ -9,6 +9,7 @@ from typing import Any
 
 
 TEACHERS = ("frozen", "live", "ema")
+"""A term's ``teacher`` (``hindsearch.hindsight.teacher.select_teacher`` reads this tuple)."""
 
 
 FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line", "answer_query")
@@ -21,7 +22,7 @@ DISTILL_ON = ("query", "action", "decision", "decision_query", "answer_decision"
 CRITIQUE_SOURCES = ("own", "shuffled")
 
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
 
 
 GATES = ("positive_tanh", "positive_sigmoid", "sigmoid", "hard", "none")

@@ -24,7 +24,7 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     from hindsearch.hindsight.probe import format_probe, run_probe, write_probe
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.setup import eval_engine, prepare
+    from hindsearch.inputs import eval_engine, prepare
     from hindsearch.train.warmup import ensure_warmup, select_records
 
     resolve_methods(cfg)

@@ -14,7 +14,7 @@ from typing import Any
 
 from hindsearch.agent.protocol import extract_answer
 from hindsearch.config.registry import PluginError, Registry, load_plugin
-from hindsearch.rewards import exact_match, f1_score
+from hindsearch.answers import exact_match, f1_score
 
 RewardFn = Callable[..., list[float]]
 
@@ -57,7 +57,7 @@ def _answers(name: str, completions: Sequence[Any], golden_answers: Sequence[Seq
 def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
               **_: Any) -> list[float]:
     """Exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's extra field) against the
-    dataset's ``golden_answers`` column (``hindsearch.rewards.exact_match``)."""
+    dataset's ``golden_answers`` column (``hindsearch.answers.exact_match``)."""
     answers = _answers("em_reward", completions, golden_answers, model_text)
     return [exact_match(a, gold) for a, gold in zip(answers, golden_answers)]
 
@@ -65,7 +65,7 @@ def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]
 @register_reward("f1")
 def f1_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
               **_: Any) -> list[float]:
-    """Token F1 of the last ``<answer>`` the model wrote against the best gold answer (``hindsearch.rewards.f1_score``)."""
+    """Token F1 of the last ``<answer>`` the model wrote against the best gold answer (``hindsearch.answers.f1_score``)."""
     answers = _answers("f1_reward", completions, golden_answers, model_text)
     return [f1_score(a, gold) for a, gold in zip(answers, golden_answers)]
 

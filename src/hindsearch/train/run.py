@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config import Config, ConfigError, flat_keys
-from hindsearch.setup import eval_engine, prepare
+from hindsearch.inputs import eval_engine, prepare
 from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
@@ -519,7 +519,7 @@ class _Job:
         self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         self.tok: Any = None
         self.model_id: dict[str, Any] | None = None  # eval.model_identity of the policy now in memory
-        self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
+        self.setup: Any = None  # hindsearch.inputs.prepare's result: paths, train/dev records, retriever
         self.threads: dict[str, Any] = {}  # the torch thread count the run used and why (summary.json)
 
     def data(self) -> None:
@@ -529,7 +529,7 @@ class _Job:
             self.setup = setup = prepare(self.cfg, retriever=self.retriever)
         self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
                  f"{len(setup.dev)} dev ({setup.paths['dev']})")
-        from hindsearch.setup import belonging_warning
+        from hindsearch.inputs import belonging_warning
 
         if warning := belonging_warning(self.cfg, setup):  # e.g. the world's questions against a user's server
             self.log(f"      {warning}")

@@ -329,7 +329,7 @@ def cmd_sft(args: Any) -> int:
     if demos:
         records, retriever = [], None
     else:
-        from hindsearch.setup import prepare
+        from hindsearch.inputs import prepare
 
         setup = prepare(cfg)  # data, index and retriever, as every command resolves them
         records, retriever = setup.train, setup.retriever
