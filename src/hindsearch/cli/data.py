@@ -1,10 +1,6 @@
-"""Data commands: ``hindsearch world`` and ``hindsearch data fetch|mini``.
-
-``world --out DIR [--seed N --entities N]`` builds the fictional world (cached: rebuilt only
-when seed, size or generator version differ, or with ``--force``); ``data fetch`` downloads
-the paper-scale QA sets, wiki-18 and its e5 index with ``huggingface_hub`` (network needed); ``data mini --shared DIR --out DIR``
-builds the mini-wiki and the seven benchmark files from local real-data slices.
-"""
+"""Data commands: ``hindsearch world`` (the fictional world, cached by seed, size and generator version) and
+``hindsearch data fetch|mini`` (the paper-scale QA sets and index from the Hub; the mini-wiki and its seven
+benchmarks from local real-data slices)."""
 
 from __future__ import annotations
 

@@ -1,19 +1,9 @@
 """``hindsearch eval``: evaluate a model on QA sets with Search-R1 rollouts (greedy by default).
 
-    hindsearch eval --model M [--index DIR | --retrieval-url URL] --data name=path[,name=path...]
-                    [--limit N] --out DIR [--config FILE|PRESET] [--set k=v ...]
-
-Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
-``--retrieval-url`` (the config's ``retrieval.url``; ``--retriever-url`` is its deprecated former name)
-the config's retriever (default: the world's BM25 index, built on first use). ``--config`` takes a TOML
-file or a shipped preset's name, from any folder, as ``train`` does, and defaults to the same preset
-(``tiny-cpu``: the decoding budgets a ``train`` run evaluates with). ``--threads`` sets torch's thread count as
-``train --threads`` does (default: ``train.threads``, else the count ``models.default_threads`` chooses).
-Prints the EM/F1 table (with 95% intervals, see ``hindsearch.eval``) and writes ``OUT/summary.json``,
-``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
-rows recorded an error unless ``--keep-errors``. Rows are reused only when the model, decoding,
-config, retriever and each QA file are those that made them (recorded in OUT); otherwise the rerun
-is refused naming what changed, and ``--fresh`` starts OUT anew.
+Without ``--data`` the world's dev and test splits; without ``--index`` / ``--retrieval-url`` the config's retriever.
+Writes ``OUT/summary.json``, ``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out``
+reuses rows only when the model, decoding, config, retriever and QA files that made them are the same, and refuses
+naming what changed otherwise (``--fresh`` starts anew).
 """
 
 from __future__ import annotations
