@@ -170,6 +170,9 @@ def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
         ("warmup.feedback_kinds=[\"critique\", \"gold\"]", "choose each from critique, oracle_gold"),
         ("train.kl_coef=-0.1", "train.kl_coef must be >= 0"),
         ("igsd.gate_sharpness=0", "igsd.gate_sharpness must be > 0"),
+        ("retrieval.kind=\"bm52\"", "retrieval.kind = 'bm52' is not allowed; choose one of bm25, dense, remote"),
+        ("train.reward_funcs=[\"emm\"]", "train.reward_funcs = ['emm'] is not allowed; choose each from em, f1, format"),
+        ("igsdd.lam=1", "unknown key 'igsdd' in [Config]"),
     ],
 )
 def test_bad_values_fail_before_any_model_loads(override, needle, no_models, capsys):
@@ -316,3 +319,18 @@ def test_registered_names_are_checked_where_their_registries_live():
     assert resolve_methods(cfg).igsd.lam == 0.5 and list(cfg.sections)[:2] == ["hindsearch", "igsd"]
     with pytest.raises(ConfigError, match=r"^<dict>: unknown key 'igsdd' in \[Config\]; allowed: .*'igsd'"):
         resolve_methods(Config.from_dict({"igsdd": {"lam": 1.0}}))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ('method="sft"', "method = 'sft' is not allowed; choose one of grpo, hindsearch, igsd, hindsearch+igsd"),
+    ('retrieval.kind="bm52"', "retrieval.kind = 'bm52' is not allowed; choose one of bm25, dense, remote"),
+    ('train.reward_funcs=["emm"]', "train.reward_funcs = ['emm'] is not allowed; choose each from em, f1, format"),
+    ("igsd.gate_sharpness=0", "igsd.gate_sharpness must be > 0"),
+])
+def test_eval_refuses_a_bad_name_before_anything_is_written_or_loaded(override, needle, no_models, tmp_path, capsys):
+    """``hindsearch eval`` checks the registered names and the method tables right after loading the config, as
+    ``train`` does: one line, no folder written, no world built, no model loaded."""
+    assert cli.main(["eval", "--out", str(tmp_path / "o"), "--set", override,
+                     "--set", f'data.world_dir="{(tmp_path / "w").as_posix()}"']) == 1
+    assert needle in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

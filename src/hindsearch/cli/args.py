@@ -4,6 +4,7 @@ adds it)."""
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 
 def _int_at_least(text: str, least: int, rule: str) -> int:
@@ -58,6 +59,20 @@ def http_url(text: str) -> str:
     if (why := url_problem(text)) is not None:
         raise argparse.ArgumentTypeError(f"{text!r} {why}")
     return text
+
+
+def assembled(cfg: Any) -> Any:
+    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method tables parsed, as a
+    run's assembly checks them: what a command does right after loading a config, before it writes or loads
+    anything."""
+    from hindsearch.hindsight.registry import resolve_methods
+    from hindsearch.retrieval.factory import check_kind
+    from hindsearch.train.reward_funcs import REWARDS
+
+    resolve_methods(cfg)
+    check_kind(cfg.retrieval)
+    REWARDS.check(cfg.train.reward_funcs, "train.reward_funcs")
+    return cfg
 
 
 RETRIEVAL_URL = "--retrieval-url"

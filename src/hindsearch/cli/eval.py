@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hindsearch.cli.args import RETRIEVAL_URL, http_url, nonneg_int, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, assembled, http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -90,8 +90,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.config import Config
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
-    from hindsearch.hindsight.registry import resolve_methods
-    from hindsearch.retrieval.factory import check_kind, load_index
+    from hindsearch.retrieval.factory import load_index
     from hindsearch.inputs import open_retriever, resolve_data
     from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
@@ -108,8 +107,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.retrieval_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
     cfg = Config.load(find_config(args.config), overrides)  # the preset train runs by default, as train takes it
-    resolve_methods(cfg)  # every key checked, as train checks it
-    check_kind(cfg.retrieval)
+    assembled(cfg)  # every name checked, as train checks it
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]

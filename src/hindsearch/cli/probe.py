@@ -33,12 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_probe(args: argparse.Namespace) -> int:
     from hindsearch.cli.train import find_config
     from hindsearch.config import Config
-    from hindsearch.hindsight.registry import resolve_methods
-    from hindsearch.retrieval.factory import check_kind
+    from hindsearch.cli.args import assembled
     from hindsearch.train.probe import guard_probe_out, probe_checkpoint
 
-    cfg = resolve_methods(Config.load(find_config(args.config), args.set))
-    check_kind(cfg.retrieval)
+    cfg = assembled(Config.load(find_config(args.config), args.set))
     if args.out is not None:
         guard_probe_out(args.out)  # refused before anything is loaded or probed
     probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out,
