@@ -62,9 +62,8 @@ def http_url(text: str) -> str:
 
 
 def assembled(cfg: Any) -> Any:
-    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method tables parsed, as a
-    run's assembly checks them: what a command does right after loading a config, before it writes or loads
-    anything."""
+    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method tables parsed, as
+    a run's assembly does: what a command does right after loading a config, before it writes or loads anything."""
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.retrieval.factory import check_kind
     from hindsearch.train.reward_funcs import REWARDS

@@ -15,7 +15,7 @@ from hindsearch.config import Config
 def main_compare(args: argparse.Namespace) -> int:
     """Entry point of ``hindsearch compare`` (arguments defined in ``register``)."""
     config = str(find_config(args.config))  # a TOML file or a shipped preset name, as for ``hindsearch train``
-    assembled(Config.load(config, args.overrides))  # imports the config's plugins: their methods are valid --methods
+    assembled(Config.load(config, args.overrides))  # imports its plugins: their methods are valid --methods
     methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
     md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
                      mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,

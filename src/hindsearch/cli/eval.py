@@ -1,9 +1,9 @@
 """``hindsearch eval``: evaluate a model on QA sets with Search-R1 rollouts (greedy by default).
 
-Without ``--data`` the world's dev and test splits; without ``--index`` / ``--retrieval-url`` the config's retriever.
-Writes ``OUT/summary.json``, ``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out``
-reuses rows only when the model, decoding, config, retriever and QA files that made them are the same, and refuses
-naming what changed otherwise (``--fresh`` starts anew).
+Without ``--data`` the world's dev and test splits; without ``--index`` / ``--retrieval-url`` the config's
+retriever. Writes ``OUT/summary.json``, ``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same
+``--out`` reuses rows only when the model, decoding, config, retriever and QA files that made them are the same,
+and refuses naming what changed otherwise (``--fresh`` starts anew).
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
 """Configuration as plain data: one dataclass per concern, one docstring per field, TOML presets.
 
 A preset's tables are the concerns (``[model]``, ``[data]``, ``[retrieval]``, ``[rollout]``, ``[warmup]``,
-``[train]``, ``[eval]``), one table per method with options (``[hindsearch]``, ``[igsd]``, a plugin's), and the
-top-level ``method``, ``out``, ``plugins`` and ``base`` (a preset to lay this one over). ``--set section.key=value``
-overrides one field. ``Config.load`` checks every type, bound and fixed choice and imports nothing but the plugins;
-the names that registries hold (``method``, ``retrieval.kind``, ``train.reward_funcs``) and the method tables are
-checked and parsed where those registries live, when a run is assembled (``hindsight.registry.resolve_methods``,
-``retrieval.factory.check_kind``, ``train.reward_funcs.reward_funcs_of``). An error names the key and what is allowed.
+``[train]``, ``[eval]``), one table per method with options (``[hindsearch]``, ``[igsd]``, a plugin's), and
+the top-level ``method``, ``out``, ``plugins`` and ``base`` (a preset to lay this one over). ``--set
+section.key=value`` overrides one field. ``Config.load`` checks every type, bound and fixed choice and
+imports nothing but the plugins; the names that registries hold (``method``, ``retrieval.kind``,
+``train.reward_funcs``) and the method tables are checked and parsed where those registries live, when a run
+is assembled (``hindsight.registry.resolve_methods``, ``retrieval.factory.check_kind``,
+``train.reward_funcs.reward_funcs_of``). An error names the key and what is allowed.
 """
 
 from __future__ import annotations
@@ -167,7 +168,8 @@ class Config:
         return isinstance(other, Config) and self.to_dict() == other.to_dict()
 
     def use_plugins(self, specs: list[str], source: str) -> None:
-        """Set ``plugins`` and import them (``load_plugins``). A ``.py`` file is recorded by its absolute path (a run's config.toml is read from other folders)."""
+        """Set ``plugins`` and import them (``load_plugins``). A ``.py`` file is recorded by its absolute
+        path (a run's config.toml is read from other folders)."""
         _assign(self, "plugins", specs, source)
         if not all(isinstance(p, str) and p for p in self.plugins):
             raise ConfigError(f"{source}: plugins must be a list of module names or .py files, got {self.plugins!r}")
@@ -187,7 +189,8 @@ class Config:
                 for name, layers in self.tables.items():
                     d[name] = {}
                     for _, v in layers:
-                        d[name] = _overlay(d[name], v) if isinstance(v, dict) and isinstance(d[name], dict) else v
+                        both = isinstance(v, dict) and isinstance(d[name], dict)
+                        d[name] = _overlay(d[name], v) if both else v
             if key != "plugins" or value:
                 d[key] = value
         return _drop_none(d)
