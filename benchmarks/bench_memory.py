@@ -44,7 +44,7 @@ def child(args: argparse.Namespace) -> None:
     torch.set_num_threads(args.threads)
     from hindsearch.config import Config
     from hindsearch.models import load_policy
-    from hindsearch.setup import load_records, resolve_data
+    from hindsearch.inputs import load_records, resolve_data
 
     cfg = Config.load(args.config, args.set)
     mem = StageMemory()

@@ -1,7 +1,7 @@
 """Retrieval quality: answer-in-top-k rate (default k=3) for BM25 and dense, per benchmark.
 
 A question counts as a hit when a normalised gold answer occurs, as whole words, in one of
-its top-k passages (``hindsearch.rewards.answer_in_text``, the usual "answer recall").
+its top-k passages (``hindsearch.answers.answer_in_text``, the usual "answer recall").
 
 Inputs, either:
 * ``--mini DIR`` from ``hindsearch data mini``: ``DIR/corpus.jsonl`` and every other ``*.jsonl``
@@ -67,7 +67,7 @@ def main() -> None:
 
     from hindsearch.data.corpus import read_corpus, write_corpus
     from hindsearch.retrieval.factory import ensure_index, load_index
-    from hindsearch.rewards import answer_in_text, normalize_answer
+    from hindsearch.answers import answer_in_text, normalize_answer
 
     corpus, benches = benchmarks(args)
     if not corpus.exists() or not benches:

@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> None:
     from hindsearch.config import Config
     from hindsearch.models import cache_dir, load_policy
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import load_records, resolve_data
+    from hindsearch.inputs import load_records, resolve_data
     from hindsearch.cli.train import find_config
     from hindsearch.train.run import build_trainer, ensure_on_disk, preflight
 

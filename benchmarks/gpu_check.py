@@ -729,7 +729,9 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
     """The paper preset with the method, this check's model, data, step count and shapes (toy with ``--dry-run``)."""
     from hindsearch.config import Config
 
-    cfg = Config.load(a.preset_dir / PRESET, [f'method="{method}"'])
+    from hindsearch.hindsight.registry import resolve_methods
+
+    cfg = resolve_methods(Config.load(a.preset_dir / PRESET, [f'method="{method}"']))
     cfg.method, cfg.out = method, str(run_dir)
     m = cfg.model
     m.name, m.gguf_file, m.device = model_name, None, a.device
@@ -762,7 +764,7 @@ def step_config(a: argparse.Namespace, method: str, model_name: str, run_dir: Pa
 def load_data(cfg: Any) -> tuple[list[Any], Any]:
     """Training records and the retriever, through the project's ``resolve_data`` (world + index on first use)."""
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import load_records, resolve_data
+    from hindsearch.inputs import load_records, resolve_data
 
     paths = resolve_data(cfg)
     train, _ = load_records(cfg, paths)

@@ -60,7 +60,9 @@ def registries_restored(modules: tuple[str, ...] = ()):
     """Registrations made inside the block are undone after it: the method, retriever and reward registries, the
     loaded plugins, and the plugin modules (``hindsearch_plugin_*`` and ``modules``) imported meanwhile."""
     from hindsearch.config import registry
-    from hindsearch.config.registry import METHODS, RETRIEVERS, REWARDS
+    from hindsearch.hindsight.registry import METHODS
+    from hindsearch.retrieval.registry import RETRIEVERS
+    from hindsearch.train.reward_funcs import REWARDS
 
     regs = (METHODS, RETRIEVERS, REWARDS)
     for r in regs:

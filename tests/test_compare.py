@@ -17,6 +17,7 @@ from hindsearch.study.compare import (METHOD_ALIASES, parse_methods, parse_seeds
 from hindsearch.study.results import (aggregate, eval_numbers, mean_spread, median_step_time,
                                       results_markdown, write_outputs)
 from hindsearch.config import Config
+from hindsearch.hindsight.registry import resolve_methods
 
 
 def test_parse_methods_and_seeds():
@@ -32,23 +33,23 @@ def test_parse_methods_and_seeds():
 
 def test_method_aliases_make_valid_configs(tmp_path):
     for m in METHOD_ALIASES:
-        cfg = Config.load(None, run_overrides(m, 3, tmp_path / m, "some/init", ["train.steps=2"]))
+        cfg = resolve_methods(Config.load(None, run_overrides(m, 3, tmp_path / m, "some/init", ["train.steps=2"])))
         assert cfg.train.seed == 3 and cfg.out == (tmp_path / m).as_posix() and cfg.train.steps == 2
         assert cfg.model.name == "some/init" and cfg.warmup.enabled is False
-    nogold = Config.load(None, run_overrides("hindsearch-nogold", 0, tmp_path, None, []))
-    gold = Config.load(None, run_overrides("hindsearch", 0, tmp_path, None, []))
+    nogold = resolve_methods(Config.load(None, run_overrides("hindsearch-nogold", 0, tmp_path, None, [])))
+    gold = resolve_methods(Config.load(None, run_overrides("hindsearch", 0, tmp_path, None, [])))
     assert nogold.method == gold.method == "hindsearch"
     assert nogold.hindsearch.judge_sees_gold is False and gold.hindsearch.judge_sees_gold is True
     for alias, teacher in (("hindsearch", "frozen"), ("hindsearch-live", "live"), ("hindsearch-ema", "ema")):
-        cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
+        cfg = resolve_methods(Config.load(None, run_overrides(alias, 0, tmp_path, None, [])))
         assert (cfg.method, cfg.hindsearch.teacher, cfg.hindsearch.judge_sees_gold) == ("hindsearch", teacher, True)
-    shuffled = Config.load(None, run_overrides("hindsearch-onesided-shuffled", 0, tmp_path, None, []))
+    shuffled = resolve_methods(Config.load(None, run_overrides("hindsearch-onesided-shuffled", 0, tmp_path, None, [])))
     assert (shuffled.hindsearch.critique_source, shuffled.hindsearch.divergence) == ("shuffled", "one_sided")
     for alias, sees_gold, on in (("hindsearch-onesided", True, "query"), ("hindsearch-onesided-nogold", False, "query"),
                                  ("hindsearch-onesided-shuffled", True, "query"),
                                  ("hindsearch-onesided-answer", True, "answer_decision"),
                                  ("hindsearch-onesided-answer-nogold", False, "answer_decision")):
-        cfg = Config.load(None, run_overrides(alias, 0, tmp_path, None, []))
+        cfg = resolve_methods(Config.load(None, run_overrides(alias, 0, tmp_path, None, [])))
         assert (cfg.method, cfg.hindsearch.divergence, cfg.hindsearch.judge_sees_gold) == ("hindsearch", "one_sided", sees_gold)
         assert cfg.hindsearch.distill_on == on
 
@@ -188,11 +189,11 @@ def test_tiny_compare_end_to_end_and_skip(tiny_preset, monkeypatch):
         assert (rd / "done.json").exists()
         res = json.loads((rd / "results.json").read_text())
         assert res["benchmarks"]["world"]["n"] == 4 and res["step_s"] > 0
-        cfg = Config.load(rd / "config.toml")
+        cfg = resolve_methods(Config.load(rd / "config.toml"))
         assert cfg.model.name == init and cfg.warmup.enabled is False
         curve = [json.loads(x) for x in (rd / "dev_curve.jsonl").read_text().splitlines()]
         assert [c["step"] for c in curve] == [1] and curve[0]["n"] == 4  # step 2 is the final 'rl' evaluation
-    assert Config.load(out / "hindsearch-nogold-s0" / "config.toml").hindsearch.judge_sees_gold is False
+    assert resolve_methods(Config.load(out / "hindsearch-nogold-s0" / "config.toml")).hindsearch.judge_sees_gold is False
     assert "| grpo | 1 |" in md and "| hindsearch-nogold | 1 |" in md and "1.00x" in md
     assert (out / "curves.png").exists()
     # rerun: everything is finished -> skipped, nothing retrained
@@ -367,7 +368,7 @@ def test_compare_config_takes_a_preset_name_from_any_folder(tmp_path, monkeypatc
                  "--jobs", "2", "--probe", "5", "--steps", "7", "--mini-limit", "9"]) == 0
     cfg = Path(seen["config"])
     assert cfg.is_absolute() and cfg.name == "tiny-cpu.toml" and cfg.parent.name == "configs" and cfg.exists()
-    assert Config.load(cfg).model.name  # a real preset
+    assert resolve_methods(Config.load(cfg)).model.name  # a real preset
     assert seen["methods"] == ["grpo"] and seen["seeds"] == [3]
     assert (seen["kw"]["jobs"], seen["kw"]["probe"], seen["kw"]["steps"], seen["kw"]["mini_limit"]) == (2, 5, 7, 9)
     main(["compare", "--out", "o", "--no-report"])  # the default is the tiny-cpu preset too
@@ -426,7 +427,7 @@ def test_tiny_compare_sampled_states_and_eval_at(tiny_preset, monkeypatch):
         rows = read_rows(rd / SAMPLED_FILE)
         assert len(rows) == 4 and all(r["k"] == 2 and 0.0 <= r["em"] <= r["pass_k"] <= 1.0 for r in rows.values())
         assert len(read_rows(rd / STATES_FILE)) == len(st["failed"])
-    assert Config.load(out / "hindsearch-shuffled-s0" / "config.toml").hindsearch.critique_source == "shuffled"
+    assert resolve_methods(Config.load(out / "hindsearch-shuffled-s0" / "config.toml")).hindsearch.critique_source == "shuffled"
     assert "EM along the way" in md and "| step 1 | step 2 |" in md
     assert "### Along the way: each method against GRPO" in md and "| hindsearch-shuffled | grpo | EM |" in md
     assert "Sampled behaviour on the test split (2 samples" in md and "| hindsearch-shuffled | grpo | 1 |" in md
@@ -470,7 +471,7 @@ def test_distill_check_runs_its_arms_and_writes_the_curve(tiny_preset, monkeypat
                                                            ("shuffled", 1), ("shuffled", 2), ("start", 0)]
     assert all("one_hop_em" in r for r in rows if r["step"] in (0, 2)) and not any("one_hop_em" in r for r in rows if r["step"] == 1)
     for arm in ("gold", "nogold", "shuffled"):
-        cfg = Config.load(out / f"{arm}-s0" / "config.toml")
+        cfg = resolve_methods(Config.load(out / f"{arm}-s0" / "config.toml"))
         assert cfg.train.grpo_scale == 0.0 and cfg.hindsearch.distill_on == "decision"
         assert cfg.hindsearch.judge_sees_gold == (arm != "nogold")
         assert cfg.hindsearch.critique_source == ("shuffled" if arm == "shuffled" else "own")

@@ -10,6 +10,7 @@ import torch
 
 from hindsearch import cli
 from hindsearch.config import Config, ConfigError
+from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.cli.train import find_config
 from hindsearch.train.grpo_config import grpo_args
 from hindsearch.train.dev_eval import format_table, summary_row
@@ -35,14 +36,14 @@ def test_presets_exist_and_load():
     names = {p.stem for p in PRESETS}
     assert names == {"tiny-cpu", "qwen2.5-3b-instruct", "qwen2.5-7b-instruct", "qwen2.5-3b-instruct-hindsearch-nogold"}
     for p in PRESETS:
-        cfg = Config.load(p)
+        cfg = resolve_methods(Config.load(p))
         assert cfg.rollout.num_generations >= 2
-    assert Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml").hindsearch.judge_sees_gold is False
-    paper = Config.load(CONFIGS / "qwen2.5-3b-instruct.toml")
+    assert resolve_methods(Config.load(CONFIGS / "qwen2.5-3b-instruct-hindsearch-nogold.toml")).hindsearch.judge_sees_gold is False
+    paper = resolve_methods(Config.load(CONFIGS / "qwen2.5-3b-instruct.toml"))
     assert (paper.rollout.num_generations, paper.train.lr, paper.train.kl_coef, paper.rollout.max_turns) == (5, 1e-6, 0.001, 4)
     assert paper.retrieval.topk == 3 and paper.rollout.backend == "vllm"
     assert (CONFIGS / "accelerate" / "zero3.yaml").exists() and (CONFIGS / "accelerate" / "fsdp.yaml").exists()
-    micro = {p.stem: Config.load(p) for p in sorted((CONFIGS.parent / "recipes" / "micro").glob("*.toml"))}
+    micro = {p.stem: resolve_methods(Config.load(p)) for p in sorted((CONFIGS.parent / "recipes" / "micro").glob("*.toml"))}
     assert set(micro) == {"micro", "micro-mech", "micro-scarce"}  # micro-mech lays itself over micro, scarce over mech
     scarce = micro["micro-scarce"]
     assert (scarce.out, scarce.rollout.num_generations, scarce.data.world_test_questions, scarce.hindsearch.lam,
@@ -99,7 +100,7 @@ method never reads (tiny-cpu holds its CPU-sized values)."""
 def _non_default(cfg: Config) -> dict:
     from hindsearch.config import flat_keys
 
-    base = flat_keys(Config().to_dict())
+    base = flat_keys(resolve_methods(Config()).to_dict())
     return {k: v for k, v in flat_keys(cfg.to_dict()).items() if k not in base or base[k] != v}
 
 
@@ -108,7 +109,7 @@ def test_every_old_preset_resolves_to_the_same_config(old):
     """``hindsearch train --config NEW [--method M]`` (the CLI adds ``method="M"``) gives the config the old preset
     file held, field for field (the old files were checked against these values before they were removed)."""
     new, method, held = OLD_PRESETS[old]
-    cfg = Config.load(find_config(new), [f'method="{method}"'] if method else [])
+    cfg = resolve_methods(Config.load(find_config(new), [f'method="{method}"'] if method else []))
     got = _non_default(cfg)
     unread = TINY_UNREAD.get(old, ())
     drop = [k for k in set(got) | set(held) if k in unread or k.startswith(tuple(u for u in unread if u.endswith(".")))]
@@ -125,22 +126,22 @@ def test_overlay_presets_and_the_method_in_out(tmp_path):
                                      '[igsd]\nlam = 0.5\n')
     (tmp_path / "sub" / "b.toml").write_text('base = "../a.toml"\n[train]\nsteps = 9\n')
     (tmp_path / "sub" / "c.toml").write_text('base = "b.toml"\nmethod = "hindsearch"\n[hindsearch]\nlam = 2.0\n')
-    a = Config.load(tmp_path / "a.toml")
+    a = resolve_methods(Config.load(tmp_path / "a.toml"))
     assert (a.out, a.train.steps, a.train.lr) == ("runs/a-igsd", 7, 1e-4)
-    b = Config.load(tmp_path / "sub" / "b.toml", ['method="grpo"'])
+    b = resolve_methods(Config.load(tmp_path / "sub" / "b.toml", ['method="grpo"']))
     assert (b.out, b.method, b.train.steps, b.train.lr, b.igsd.lam) == ("runs/a-grpo", "grpo", 9, 1e-4, 0.5)
-    c = Config.load(tmp_path / "sub" / "c.toml")
+    c = resolve_methods(Config.load(tmp_path / "sub" / "c.toml"))
     assert (c.out, c.train.steps, c.igsd.lam, c.hindsearch.lam) == ("runs/a-hindsearch", 9, 0.5, 2.0)
     (tmp_path / "d.toml").write_text('base = "nope.toml"\n')
     with pytest.raises(ConfigError, match=r"d.toml: base = 'nope.toml': .*nope.toml not found"):
-        Config.load(tmp_path / "d.toml")
+        resolve_methods(Config.load(tmp_path / "d.toml"))
     (tmp_path / "e.toml").write_text('base = "f.toml"\n')
     (tmp_path / "f.toml").write_text('base = "e.toml"\n')
     with pytest.raises(ConfigError, match="makes a cycle"):
-        Config.load(tmp_path / "e.toml")
+        resolve_methods(Config.load(tmp_path / "e.toml"))
     (tmp_path / "g.toml").write_text('base = 3\n')
     with pytest.raises(ConfigError, match="base must be the file name of another preset"):
-        Config.load(tmp_path / "g.toml")
+        resolve_methods(Config.load(tmp_path / "g.toml"))
 
 
 def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
@@ -169,6 +170,9 @@ def test_default_preset_is_found_by_name(tmp_path, monkeypatch):
         ("warmup.feedback_kinds=[\"critique\", \"gold\"]", "choose each from critique, oracle_gold"),
         ("train.kl_coef=-0.1", "train.kl_coef must be >= 0"),
         ("igsd.gate_sharpness=0", "igsd.gate_sharpness must be > 0"),
+        ("retrieval.kind=\"bm52\"", "retrieval.kind = 'bm52' is not allowed; choose one of bm25, dense, remote"),
+        ("train.reward_funcs=[\"emm\"]", "train.reward_funcs = ['emm'] is not allowed; choose each from em, f1, format"),
+        ("igsdd.lam=1", "unknown key 'igsdd' in [Config]"),
     ],
 )
 def test_bad_values_fail_before_any_model_loads(override, needle, no_models, capsys):
@@ -182,7 +186,7 @@ def test_missing_files_are_named_before_any_model_loads(no_models, capsys):
     rc = cli.main(["train", "--config", str(CONFIGS / "qwen2.5-3b-instruct.toml")])
     assert rc == 1
     assert "data.train = 'FILL_ME/nq_hotpotqa_train/train.parquet': file not found" in capsys.readouterr().err
-    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ['retrieval.index_dir="/nonexistent/index"'])
+    cfg = resolve_methods(Config.load(CONFIGS / "tiny-cpu.toml", ['retrieval.index_dir="/nonexistent/index"']))
     with pytest.raises(ConfigError, match="retrieval.index_dir"):
         preflight(cfg)
 
@@ -195,14 +199,14 @@ def test_resume_rejects_overrides_and_non_run_dirs(tmp_path, no_models, capsys):
 
 
 def test_grpo_args_mapping():
-    cfg = Config.load(CONFIGS / "tiny-cpu.toml", ["train.steps=7", "train.kl_coef=0.01", 'train.loss_type="dapo"'])
+    cfg = resolve_methods(Config.load(CONFIGS / "tiny-cpu.toml", ["train.steps=7", "train.kl_coef=0.01", 'train.loss_type="dapo"']))
     a = grpo_args(cfg, "/tmp/x")
     g = cfg.rollout.num_generations
     assert a.per_device_train_batch_size * a.gradient_accumulation_steps == cfg.train.questions_per_step * g
     assert (a.num_generations, a.max_steps, a.beta, a.loss_type) == (g, 7, 0.01, "dapo")
     assert a.learning_rate == cfg.train.lr and a.max_completion_length == cfg.rollout.max_total_tokens
     with pytest.raises(ConfigError, match="divisible by the number of processes"):
-        grpo_args(Config.load(None, ["train.questions_per_step=3", "rollout.num_generations=3"]), "/tmp/x", 2)
+        grpo_args(resolve_methods(Config.load(None, ["train.questions_per_step=3", "rollout.num_generations=3"])), "/tmp/x", 2)
 
 
 def test_summary_table_and_truncate(tmp_path):
@@ -265,13 +269,68 @@ def test_a_registered_divergence_is_used_by_the_term():
         losses.register_divergence("clamped_sampled")(losses._clamped_sampled)
 
 
-def test_renamed_keys_are_read_with_a_deprecation_message(tmp_path, capsys):
-    """``train.beta`` (KL) and ``igsd.beta`` (gate sharpness) shared a name: both still load, under the new keys."""
-    toml = tmp_path / "old.toml"
-    toml.write_text("[train]\nbeta = 0.02\n[igsd]\nbeta = 3.0\n")
-    cfg = Config.load(toml, ["train.beta=0.03"])
-    err = capsys.readouterr().err
-    assert (cfg.train.kl_coef, cfg.igsd.gate_sharpness) == (0.03, 3.0)
-    assert "train.beta is deprecated, read as train.kl_coef" in err and "igsd.beta is deprecated, read as igsd.gate_sharpness" in err
-    saved = cfg.to_toml()
-    assert "kl_coef = 0.03" in saved and "gate_sharpness = 3.0" in saved and "beta =" not in saved
+def test_a_former_key_name_is_an_unknown_key(tmp_path):
+    """``train.beta`` and ``igsd.beta`` (the names before ``kl_coef`` and ``gate_sharpness``) are unknown keys like
+    any other: one error naming the file, the key and the allowed keys."""
+    (tmp_path / "old.toml").write_text("[train]\nbeta = 0.02\n")
+    with pytest.raises(ConfigError, match="old.toml: unknown key train.beta; allowed: .*'kl_coef'"):
+        Config.load(tmp_path / "old.toml")
+    (tmp_path / "old.toml").write_text("[igsd]\nbeta = 3.0\n")
+    with pytest.raises(ConfigError, match="old.toml: unknown key igsd.beta; allowed: .*'gate_sharpness'"):
+        resolve_methods(Config.load(tmp_path / "old.toml"))
+
+
+HEAVY = ("torch", "bm25s", "httpx", "transformers")
+"""Libraries a config and a command's ``--help`` do without."""
+
+
+def test_loading_a_config_and_train_help_import_no_model_library():
+    """``Config.load`` (of a method's table too) and ``hindsearch train --help`` (which lists the registered
+    methods) import neither torch nor a retriever or HTTP library."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from hindsearch.config import Config; Config.load(None, ['method=\"igsd\"', 'igsd.lam=0.5'])\n"
+            "from hindsearch.cli import main\n"
+            "try:\n    main(['train', '--help'])\nexcept SystemExit:\n    pass\n"
+            f"print([m for m in {HEAVY!r} if m in sys.modules])")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "[--method {grpo,hindsearch,igsd,hindsearch+igsd}]" in out and out.strip().endswith("\n[]"), out
+
+
+def test_registered_names_are_checked_where_their_registries_live():
+    """``method``, ``retrieval.kind`` and ``train.reward_funcs`` load as written and are checked when the run is
+    assembled, each with the config's one-line error naming the key and the registered names; the method tables
+    are parsed by their registered dataclasses then."""
+    from hindsearch.retrieval.factory import check_kind
+    from hindsearch.train.reward_funcs import reward_funcs_of
+
+    cfg = Config.load(None, ['method="sft"', 'retrieval.kind="bm52"', 'train.reward_funcs=["em", "emm"]',
+                             "igsd.lam=0.5"])
+    with pytest.raises(ConfigError, match=r"^method = 'sft' is not allowed; choose one of grpo, hindsearch, igsd, "
+                                          r"hindsearch\+igsd$"):
+        resolve_methods(cfg)
+    with pytest.raises(ConfigError, match="^retrieval.kind = 'bm52' is not allowed; choose one of bm25, dense, remote$"):
+        check_kind(cfg.retrieval)
+    with pytest.raises(ConfigError, match=r"^train.reward_funcs = \['em', 'emm'\] is not allowed; choose each from "
+                                          r"em, f1, format$"):
+        reward_funcs_of(cfg.train)
+    cfg.method = "igsd"
+    assert resolve_methods(cfg).igsd.lam == 0.5 and list(cfg.sections)[:2] == ["hindsearch", "igsd"]
+    with pytest.raises(ConfigError, match=r"^<dict>: unknown key 'igsdd' in \[Config\]; allowed: .*'igsd'"):
+        resolve_methods(Config.from_dict({"igsdd": {"lam": 1.0}}))
+
+
+@pytest.mark.parametrize("override, needle", [
+    ('method="sft"', "method = 'sft' is not allowed; choose one of grpo, hindsearch, igsd, hindsearch+igsd"),
+    ('retrieval.kind="bm52"', "retrieval.kind = 'bm52' is not allowed; choose one of bm25, dense, remote"),
+    ('train.reward_funcs=["emm"]', "train.reward_funcs = ['emm'] is not allowed; choose each from em, f1, format"),
+    ("igsd.gate_sharpness=0", "igsd.gate_sharpness must be > 0"),
+])
+def test_eval_refuses_a_bad_name_before_anything_is_written_or_loaded(override, needle, no_models, tmp_path, capsys):
+    """``hindsearch eval`` checks the registered names and the method tables right after loading the config, as
+    ``train`` does: one line, no folder written, no world built, no model loaded."""
+    assert cli.main(["eval", "--out", str(tmp_path / "o"), "--set", override,
+                     "--set", f'data.world_dir="{(tmp_path / "w").as_posix()}"']) == 1
+    assert needle in capsys.readouterr().err.strip().splitlines()[-1]
+    assert not (tmp_path / "o").exists() and not (tmp_path / "w").exists()

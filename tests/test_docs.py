@@ -90,7 +90,9 @@ def _parse_hindsearch(words: list[str], where: str) -> None:
     config = getattr(args, "config", None)
     sets = getattr(args, "set", None) or getattr(args, "overrides", None) or []
     if config is not None or sets:
-        Config.load(find_config(config) if config else None, list(sets))  # the preset exists, the values validate
+        from hindsearch.hindsight.registry import resolve_methods
+
+        resolve_methods(Config.load(find_config(config) if config else None, list(sets)))  # the values validate
 
 
 def _parse_script(words: list[str], where: str) -> None:

@@ -229,11 +229,15 @@ def test_cli_eval_config_that_is_neither_file_nor_preset_is_one_line(tmp_path, c
     assert "config 'no-such-preset' not found" in err and "tiny-cpu" in err  # the presets are listed
 
 
-@pytest.mark.parametrize("flag", ["--retrieval-url", "--retriever-url"])
-def test_cli_eval_retrieval_url_and_its_deprecated_alias(flag, world, index_dir, tmp_path, capsys):
-    """``--retrieval-url`` (the config's ``retrieval.url``) reaches the server; the former ``--retriever-url`` still
-    does, with one deprecation line on stderr."""
+def test_cli_eval_retrieval_url(world, index_dir, tmp_path, capsys):
+    """``--retrieval-url`` (the config's ``retrieval.url``) reaches the server; ``--retriever-url``, a name no
+    release shipped, is an unknown flag."""
     from hindsearch.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["eval", "--retriever-url", "http://x", "--out", str(tmp_path / "o")])
+    assert "unrecognized arguments: --retriever-url" in capsys.readouterr().err
+    flag = "--retrieval-url"
 
     path = tmp_path / "q.jsonl"
     path.write_text("".join(json.dumps(r.to_dict()) + "\n" for r in world.splits["dev"][:2]))
@@ -245,11 +249,7 @@ def test_cli_eval_retrieval_url_and_its_deprecated_alias(flag, world, index_dir,
         srv.stop()
     err = capsys.readouterr().err
     assert rc == 0, err
-    notes = [ln for ln in err.splitlines() if "deprecated" in ln]
-    if flag == "--retriever-url":
-        assert notes == ["hindsearch eval: --retriever-url is deprecated, use --retrieval-url (same meaning)"]
-    else:
-        assert notes == []
+    assert "deprecated" not in err
     marker = json.loads((tmp_path / "o" / ".hindsearch-output.json").read_text())
     assert marker["retriever"]["config"] == "remote" and marker["retriever"]["url"] == srv.url
     assert marker["config"]["retrieval"]["url"] == srv.url

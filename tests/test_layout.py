@@ -1,5 +1,6 @@
 """Dependencies point one way: each rule reads the imports of the package's source (AST, every
-``import``/``from`` at any depth, lazy ones included).
+``import``/``from`` at any depth, lazy ones included, and every string that names a module of the package, as
+``importlib.import_module("hindsearch.x")`` and a registry's built-in modules do).
 
 ``LAYERS`` declares the package's units once, from the bottom up. A unit is the first path component under
 ``src/hindsearch/`` (a package or a top-level module); it may import units of its own layer or below, never above,
@@ -18,12 +19,12 @@ ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "hindsearch"
 
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("config, records", ("config", "records", "rewards", "progress", "memory", "fsutil", "provenance",
+    ("config, records", ("config", "records", "answers", "progress", "memory", "fsutil", "provenance",
                          "upstream_warnings", "isolated", "tables")),
     ("data", ("data",)),
     ("retrieval", ("retrieval",)),
     ("model core", ("core", "models")),
-    ("agent", ("agent", "eval", "setup")),
+    ("agent", ("agent", "eval", "inputs")),
     ("methods", ("hindsight",)),
     ("train", ("train",)),
     ("study", ("study",)),  # compare, results, paired, sampled, probe, report: they read run folders
@@ -44,9 +45,14 @@ def imports_of(path: Path) -> set[str]:
     return {name for name, _ in imports_with_lines(path)}
 
 
+MODULE_NAME = re.compile(r"hindsearch(\.[A-Za-z_]\w*)+")
+"""A string that is a module name of the package: code that holds one imports it by name (``importlib``)."""
+
+
 def imports_with_lines(path: Path) -> list[tuple[str, int]]:
     """``(module, line)`` of every import in ``path``, at any depth: ``from a import b`` gives ``a`` and ``a.b``
-    (``b`` may be a module); relative imports are resolved against the file's package."""
+    (``b`` may be a module); relative imports are resolved against the file's package; a string constant that is a
+    module name of the package (``MODULE_NAME``) counts as an import of it."""
     rel = path.relative_to(SRC.parent).with_suffix("").parts
     package = list(rel[:-1])
     out: list[tuple[str, int]] = []
@@ -59,6 +65,8 @@ def imports_with_lines(path: Path) -> list[tuple[str, int]]:
                 base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
             out += [(base, node.lineno)] * bool(node.module or node.level) + [(f"{base}.{a.name}", node.lineno)
                                                                             for a in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
+            out.append((node.value, node.lineno))
     return out
 
 
@@ -158,41 +166,6 @@ def test_no_import_cycle_between_units():
     why = [f"{c}: " + "; ".join(f"{a} -> {b} ({found[a, b][0]})" for a in c for b in c if (a, b) in found)
            for c in cycles]
     assert not cycles, "units import each other round a loop:\n" + "\n".join(why)
-
-
-LATE_BOUND = {
-    ("config/registry.py", "hindsearch.hindsight.methods"):
-        "the method registry imports the built-in methods when first read, as setuptools entry points would",
-    ("config/registry.py", "hindsearch.retrieval.bm25"): "the retriever registry's built-in kinds",
-    ("config/registry.py", "hindsearch.retrieval.dense"): "the retriever registry's built-in kinds",
-    ("config/registry.py", "hindsearch.retrieval.client"): "the retriever registry's built-in kinds",
-    ("config/registry.py", "hindsearch.train.reward_funcs"): "the reward registry's built-in rewards",
-}
-"""Module names held as strings and imported by name (``importlib``) that point up a layer: ``(file, module) ->
-why``. The registries sit in the config layer, so that a config can check a method, retriever kind or reward name,
-and load their built-in entries on first read; no other string-named load may point up."""
-
-MODULE_NAME = re.compile(r"hindsearch(\.[A-Za-z_]\w*)+")
-
-
-def test_modules_named_by_string_point_up_only_where_declared():
-    """A module imported by name (``importlib.import_module("hindsearch.x")``) is an import the AST rules above
-    cannot see: every string that names a module of the package from a lower layer is declared in ``LATE_BOUND``."""
-    known, found = units(), {}
-    for path in sorted(SRC.rglob("*.py")):
-        rel = path.relative_to(SRC).as_posix()
-        if rel == "__init__.py":
-            continue
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and MODULE_NAME.fullmatch(node.value):
-                target = node.value.split(".")[1]
-                if target in known and target in RANK and RANK.get(unit_of(path), -1) < RANK[target]:
-                    found[rel, node.value] = node.lineno
-    undeclared = [f"{f}:{line}: names {m}, a layer above" for (f, m), line in sorted(found.items())
-                  if (f, m) not in LATE_BOUND]
-    assert not undeclared, "string-named modules point up the layers (declare them in LATE_BOUND, with why):\n" + \
-        "\n".join(undeclared)
-    assert not set(LATE_BOUND) - set(found), f"LATE_BOUND lists loads that are gone: {sorted(set(LATE_BOUND) - set(found))}"
 
 
 def test_optional_dependencies_are_lazy_and_marked():

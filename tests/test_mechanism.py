@@ -12,6 +12,7 @@ from hindsearch.agent import protocol
 from hindsearch.agent.engine import RolloutEngine
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
+from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
 from hindsearch.models import tiny_random_model
@@ -218,9 +219,9 @@ def test_term_diagnostics_are_zero_when_teacher_is_student(world, tok, temperatu
 
     w, retriever = world
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
-    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=12",
+    cfg = resolve_methods(Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=1", "rollout.max_new_tokens_per_turn=12",
                              f"rollout.temperature={temperature}", 'hindsearch.judge_kind="oracle"',
-                             'hindsearch.teacher="live"', 'hindsearch.distill_on="action"', "hindsearch.neutral_control=true"])
+                             'hindsearch.teacher="live"', 'hindsearch.distill_on="action"', "hindsearch.neutral_control=true"]))
     eng = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
     recs = w.splits["train"][:6]
     trajs = eng.rollout(recs, num_generations=2, seed=1, hints=None,
@@ -288,8 +289,8 @@ def test_probe_finds_the_gain_of_a_hint_that_names_the_evidence(world, tok, one_
     from hindsearch.study.probe import format_probe, run_probe
 
     w, retriever = world
-    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
-                             "rollout.max_total_tokens=2048", 'hindsearch.judge_kind="oracle"'])
+    cfg = resolve_methods(Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
+                             "rollout.max_total_tokens=2048", 'hindsearch.judge_kind="oracle"']))
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
     eng = HintReader(model, tok, retriever, cfg.rollout)
     recs = [r for r in w.splits["train"] if r.hops == 1][:6]
@@ -325,10 +326,10 @@ def test_two_steps_of_each_new_loss_option(divergence, distill_on, world, tok, t
     from test_trainer import OVERRIDES, make_trainer
 
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ['method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
+    cfg = resolve_methods(Config.load(None, OVERRIDES + ['method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="oracle"',
                                          f'hindsearch.divergence="{divergence}"', f'hindsearch.distill_on="{distill_on}"',
                                          "hindsearch.neutral_control=true", "hindsearch.topk=8", "hindsearch.lam=0.5",
-                                         "train.grad_share_steps=1"])
+                                         "train.grad_share_steps=1"]))
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
     trainer.train()

@@ -14,7 +14,7 @@ from hindsearch.cli import data as data_cli
 from hindsearch.data.corpus import read_corpus
 from hindsearch.data.mini import BENCHMARKS, build_mini, fast_normalize, passage_key
 from hindsearch.data.qa import load_qa
-from hindsearch.rewards import answer_in_text, normalize_answer
+from hindsearch.answers import answer_in_text, normalize_answer
 
 from shared_data import SHARED, shared  # noqa: E402 - tests dir on sys.path
 

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 
 from hindsearch.config import Config, ConfigError
+from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.hindsight import judge as J
 from hindsearch.hindsight.methods.hindsearch import make_judge
 from hindsearch.hindsight.openai_judge import JudgeRejected, JudgeUnavailable, OpenAIJudge, parse_chat_answer
@@ -53,9 +54,9 @@ def dead_url() -> str:
 
 
 def hcfg(url: str, *extra: str):
-    return Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', f'hindsearch.judge_url="{url}"',
+    return resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', f'hindsearch.judge_url="{url}"',
                               'hindsearch.judge_model="tiny-judge"', "hindsearch.critique_max_tokens=8",
-                              "hindsearch.judge_concurrency=1", "hindsearch.judge_backoff_s=0.05", *extra]).hindsearch
+                              "hindsearch.judge_concurrency=1", "hindsearch.judge_backoff_s=0.05", *extra])).hindsearch
 
 
 @pytest.fixture(scope="module")
@@ -149,8 +150,8 @@ def test_wrong_model_or_key_stops_the_run_and_the_key_comes_from_the_environment
         with pytest.raises(JudgeRejected, match="HTTP 401"):
             make_judge(hcfg(s.url, 'hindsearch.judge_api_key_env="JUDGE_KEY"'), None, tok).critique(trajs[:1])
         monkeypatch.setenv("JUDGE_KEY", "sk-test-123")
-        cfg = Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', f'hindsearch.judge_url="{s.url}"',
-                                 'hindsearch.judge_model="tiny-judge"', 'hindsearch.judge_api_key_env="JUDGE_KEY"'])
+        cfg = resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', f'hindsearch.judge_url="{s.url}"',
+                                 'hindsearch.judge_model="tiny-judge"', 'hindsearch.judge_api_key_env="JUDGE_KEY"']))
         assert make_judge(cfg.hindsearch, None, tok).critique(trajs[:1])[0].error is None
         assert "sk-test-123" not in cfg.to_toml() and 'judge_api_key_env = "JUDGE_KEY"' in cfg.to_toml()
     finally:
@@ -172,12 +173,12 @@ def test_bad_openai_judge_options_fail_in_one_line_naming_the_key(override, need
     base = ['method="hindsearch"', 'hindsearch.judge_kind="openai"', 'hindsearch.judge_url="http://127.0.0.1:9/v1"',
             'hindsearch.judge_model="m"']
     with pytest.raises(ConfigError) as e:
-        Config.load(None, base + [override])
+        resolve_methods(Config.load(None, base + [override]))
     assert needle in str(e.value) and "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="hindsearch.judge_url = None must be an http"):
-        Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', 'hindsearch.judge_model="m"'])
-    Config.load(None, base)  # the in-process judge's options are untouched: the defaults still load
-    Config.load(None, ['method="hindsearch"', "hindsearch.judge_concurrency=4"])
+        resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="openai"', 'hindsearch.judge_model="m"']))
+    resolve_methods(Config.load(None, base))  # the in-process judge's options are untouched: the defaults still load
+    resolve_methods(Config.load(None, ['method="hindsearch"', "hindsearch.judge_concurrency=4"]))
 
 
 def test_probe_uses_the_openai_judge(srv, tok, trajs):  # noqa: F811
@@ -205,11 +206,11 @@ def test_two_hindsearch_steps_with_critiques_from_the_server_then_resume(world, 
     request of step 1 gets a 500 on every try, so that rollout is an error recorded in samples.jsonl; a resume from
     checkpoint-1 asks the server for step 2's critiques only."""
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + [
+    cfg = resolve_methods(Config.load(None, OVERRIDES + [
         'method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="openai"',
         f'hindsearch.judge_url="{srv.url}"', 'hindsearch.judge_model="tiny-judge"', "hindsearch.critique_max_tokens=12",
         "hindsearch.judge_concurrency=1", "hindsearch.judge_retries=1", "hindsearch.judge_backoff_s=0.05",
-        "train.samples_per_step=64"])  # every rollout in samples.jsonl (by default a share of each kind)
+        "train.samples_per_step=64"]))  # every rollout in samples.jsonl (by default a share of each kind)
     run, records = tmp_path / "run", w.splits["train"][:4]
     srv.faults.extend(["500", "500"])
     n0, a0 = srv.requests, len(srv.answers)
@@ -252,9 +253,9 @@ def test_a_dead_judge_endpoint_stops_training_in_one_line(world, tok, tmp_path):
 
     w, retriever = world
     url = dead_url()
-    cfg = Config.load(None, OVERRIDES + [
+    cfg = resolve_methods(Config.load(None, OVERRIDES + [
         'method="hindsearch"', "train.kl_coef=0.0", 'hindsearch.judge_kind="openai"', f'hindsearch.judge_url="{url}"',
-        'hindsearch.judge_model="tiny-judge"', "hindsearch.judge_retries=2", "hindsearch.judge_backoff_s=0.1"])
+        'hindsearch.judge_model="tiny-judge"', "hindsearch.judge_retries=2", "hindsearch.judge_backoff_s=0.1"]))
     run = tmp_path / "run"
     trainer, _ = make_trainer(cfg, tok, retriever, w.splits["train"][:4], run)
     t0 = time.monotonic()

@@ -299,6 +299,18 @@ def test_an_edited_config_is_refused_on_resume_unless_allowed_and_recorded(run_c
     assert any("config change: train.eval_limit = 2 -> 1 (changes no training step)" in m for m in lines), lines
 
 
+def test_a_run_folder_without_its_recorded_config_is_refused_on_resume(run_copy, capsys):
+    """A run folder whose marker holds no config (written before runs recorded theirs) gets one error naming the
+    folder, and nothing in it changes."""
+    marker = json.loads((run_copy / OUTPUT_MARKER).read_text())
+    del marker["config"]
+    (run_copy / OUTPUT_MARKER).write_text(json.dumps(marker))
+    before = snapshot(run_copy)
+    assert main(["train", "--resume", str(run_copy)]) == 1
+    one_line_error(capsys, str(run_copy), "written by an older hindsearch and cannot be resumed")
+    assert snapshot(run_copy) == before
+
+
 # ---------------------------------------------------------------- C: eval rows tied to what made them
 def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
     from hindsearch.data.world import generate_world

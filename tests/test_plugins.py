@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from hindsearch.cli import main
-from hindsearch.config import METHODS, Config, ConfigError
-from hindsearch.config.registry import RETRIEVERS
+from hindsearch.config import Config, ConfigError
+from hindsearch.hindsight.registry import METHODS, resolve_methods
+from hindsearch.retrieval.registry import RETRIEVERS
 from conftest import registries_restored  # the registries and plugins undone after the module
 
 PLUGIN = Path(__file__).with_name("toy_plugin.py")
@@ -81,7 +82,7 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
 
     monkeypatch.setenv("HINDSEARCH_CACHE", str(cache_dir().resolve()))  # the tiny model's tokenizer
     config = toy_config(tmp_path / "toy.toml", world)
-    cfg = Config.load(config)
+    cfg = resolve_methods(Config.load(config))
     assert "toy" in METHODS and "toy" in RETRIEVERS and cfg.toy.lam == 0.5  # the [toy] table, from the registry
     cmp = tmp_path / "cmp"
     cmp.mkdir()
@@ -96,7 +97,7 @@ def test_a_plugin_method_retriever_and_reward_train_compare_and_report(world, tm
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["toy/gen_tokens"] > 0 and "toy/L_toy" in r and "toy/rows" in r for r in rows)
     assert all("rewards/brevity/mean" in r and "rewards/em_reward/mean" in r for r in rows)
-    saved = Config.load(run / "config.toml")  # the plugin is recorded: the run's config reads back alone
+    saved = resolve_methods(Config.load(run / "config.toml"))  # the plugin is recorded: the run's config reads back alone
     assert saved.plugins == [str(PLUGIN.resolve())] and saved.method == "toy" and saved.toy.rows == "all"
     # compare evaluates the trained run (same config, the toy retriever again) and tabulates it
     md = run_compare(str(config), ["toy"], [0], cmp, test_limit=2, isolate=False, log=lambda *_: None)
@@ -120,16 +121,19 @@ def test_plugin_flag_and_method_choices(world, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["train", "--method", "no-such-method"])
     assert "invalid choice: 'no-such-method'" in capsys.readouterr().err
-    cfg = Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'method="hindsearch+toy"', "toy.lam=0.2"])
+    cfg = resolve_methods(Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'method="hindsearch+toy"',
+                                             "toy.lam=0.2"]))
     assert cfg.toy.lam == 0.2 and list(cfg.sections) == ["hindsearch", "igsd", "toy"]
     assert list(METHODS)[:4] == ["grpo", "hindsearch", "igsd", "toy"]  # the built-ins first
     with pytest.raises(ConfigError, match="toy.rows = 'some' is not allowed"):
-        Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'toy.rows="some"'])
+        resolve_methods(Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'toy.rows="some"']))
     with pytest.raises(ConfigError, match="plugins = .*no such file"):
         Config.load(None, ['plugins=["nowhere/plugin.py"]'])
-    assert Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'retrieval.kind="toy"']).retrieval.kind == "toy"
+    from hindsearch.retrieval.factory import check_kind
+
+    check_kind(Config.load(None, [f'plugins=["{PLUGIN.as_posix()}"]', 'retrieval.kind="toy"']).retrieval)
     with pytest.raises(ConfigError, match="retrieval.kind = 'nope' is not allowed; choose one of bm25, dense, remote"):
-        Config.load(None, ['retrieval.kind="nope"'])
+        check_kind(Config.load(None, ['retrieval.kind="nope"']).retrieval)
     rc = main(["train", "--plugin", str(PLUGIN), "--method", "toy", "--out", str(tmp_path / "r"),
                "--set", "train.steps=0", "--set", "retrieval.kind=\"nope\""])
     assert rc == 1 and "retrieval.kind = 'nope' is not allowed" in capsys.readouterr().err  # --method toy parsed
@@ -211,7 +215,7 @@ def test_reward_funcs_resolve_names_and_paths():
         pytest.approx(2 / 3)]
     assert reward_funcs_of(custom, [len]) == ([len], None)  # from Python: callables
     with pytest.raises(ConfigError, match="train.reward_funcs = \\['emm'\\] is not allowed"):
-        Config.load(None, ['train.reward_funcs=["emm"]'])
+        reward_funcs_of(Config.load(None, ['train.reward_funcs=["emm"]']).train)
     with pytest.raises(ValueError, match="'toy_reward:nothing' cannot be loaded"):
         reward_funcs_of(Config.load(None, ['train.reward_funcs=["toy_reward:nothing"]']).train)
     with pytest.raises(ValueError, match="use one"):

@@ -10,7 +10,7 @@ import pytest
 from hindsearch.agent import protocol
 from hindsearch.agent.protocol import STOP_STRINGS, extract_answer, parse_action
 from hindsearch.records import Passage, make_contents
-from hindsearch.rewards import exact_match, f1_score, normalize_answer
+from hindsearch.answers import exact_match, f1_score, normalize_answer
 
 ROS = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "ros-trajectories"
 

@@ -11,7 +11,7 @@ from hindsearch.hindsight import teacher as T
 from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, HindSearchTerm
 from hindsearch.models import tiny_random_model
-from hindsearch.rewards import normalize_answer
+from hindsearch.answers import normalize_answer
 
 from test_trainer import tok, world  # noqa: F401  (fixtures; tests dir on sys.path)
 from test_transfer import _demos

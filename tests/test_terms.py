@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
-from hindsearch.config import METHODS, Config, ConfigError
+from hindsearch.config import Config, ConfigError
 from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight.judge import OracleJudge
 from hindsearch.hindsight.methods.hindsearch import HindSearchTerm, make_judge
 from hindsearch.hindsight.methods.igsd import IGSDTerm
-from hindsearch.hindsight.registry import make_terms, method, reduction_of
+from hindsearch.hindsight.registry import METHODS, make_terms, method, reduction_of, resolve_methods
 
 
 def ctx() -> AuxContext:
@@ -19,7 +19,7 @@ def ctx() -> AuxContext:
 
 
 def test_a_term_never_loads_the_judge_model():
-    cfg = Config.load(None, ['method="hindsearch"', 'hindsearch.judge_model="some/judge"'])
+    cfg = resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_model="some/judge"']))
     term = make_terms(cfg)[0]
     with pytest.raises(RuntimeError, match="loaded where the run is assembled"):
         term.judge(ctx())
@@ -29,25 +29,25 @@ def test_a_term_never_loads_the_judge_model():
 
 
 def test_default_judges_come_from_the_config_and_context():
-    cfg = Config.load(None, ['method="hindsearch+igsd"', 'hindsearch.judge_kind="oracle"'])
+    cfg = resolve_methods(Config.load(None, ['method="hindsearch+igsd"', 'hindsearch.judge_kind="oracle"']))
     terms = make_terms(cfg)
     assert [t.name for t in terms] == ["hind", "igsd"]
     assert terms[0].judge(ctx()).kind == "oracle"
-    lm = make_judge(Config.load(None, []).hindsearch, model="M", tokenizer="T")
+    lm = make_judge(resolve_methods(Config.load(None, [])).hindsearch, model="M", tokenizer="T")
     assert lm.kind == "lm"
 
 
 def test_run_assembly_loads_the_judge_model_once():
     """``load_models`` (called by ``train.run.build_trainer``) loads ``hindsearch.judge_model`` (here the tiny random
     model) for the term; without a judge model the judge is built from the context."""
-    cfg = Config.load(None, ['method="hindsearch"', 'hindsearch.judge_model="tiny-random"', 'model.device="cpu"'])
+    cfg = resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_model="tiny-random"', 'model.device="cpu"']))
     term = make_terms(cfg)[0]
     term.load_models(cfg.model)
     judge = term.judge(ctx())
     assert judge.kind == "lm" and not judge.model.training
     term.load_models(cfg.model)
     assert term.judge(ctx()) is judge  # once
-    plain = make_terms(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="oracle"']))[0]
+    plain = make_terms(resolve_methods(Config.load(None, ['method="hindsearch"', 'hindsearch.judge_kind="oracle"'])))[0]
     plain.load_models(cfg.model)
     assert plain._judge is None  # the oracle is built from the context, no model loaded
 
@@ -56,11 +56,11 @@ def test_methods_come_from_the_registry_and_compose():
     names = list(METHODS)  # a plugin another test imported may follow the built-ins
     assert names[:3] == ["grpo", "hindsearch", "igsd"] and "hindsearch+igsd" in names
     assert "igsd+hindsearch" in METHODS and "grpo+igsd" not in METHODS and "hindsearch+hindsearch" not in METHODS
-    assert [t.name for t in make_terms(Config.load(None, ['method="igsd+hindsearch"']))] == ["igsd", "hind"]
+    assert [t.name for t in make_terms(resolve_methods(Config.load(None, ['method="igsd+hindsearch"'])))] == ["igsd", "hind"]
     assert method("grpo").term is None and method("hindsearch").term is HindSearchTerm
     with pytest.raises(ConfigError, match="method = .ppo. is not allowed; choose one of grpo, hindsearch, igsd"):
-        Config.load(None, ['method="ppo"'])
-    cfg = Config.load(None, [])
+        resolve_methods(Config.load(None, ['method="ppo"']))
+    cfg = resolve_methods(Config.load(None, []))
     assert list(cfg.sections)[:2] == ["hindsearch", "igsd"]  # the [hindsearch] and [igsd] tables, from the registry
     keys = list(cfg.to_dict())
     assert keys[keys.index("train") + 1:][:2] == ["hindsearch", "igsd"] and keys[-1] == "eval"
@@ -69,11 +69,11 @@ def test_methods_come_from_the_registry_and_compose():
 def test_every_method_has_its_own_ema_decay():
     """IGSD's EMA teacher has its own decay (``igsd.ema_decay``, the same default); a term without an EMA teacher
     asks for none."""
-    cfg = Config.load(None, ['method="hindsearch+igsd"', 'hindsearch.teacher="ema"', 'igsd.teacher="ema"',
-                             "hindsearch.ema_decay=0.9"])
+    cfg = resolve_methods(Config.load(None, ['method="hindsearch+igsd"', 'hindsearch.teacher="ema"', 'igsd.teacher="ema"',
+                             "hindsearch.ema_decay=0.9"]))
     hind, igsd = make_terms(cfg)
     assert (hind.ema_decay, igsd.ema_decay) == (0.9, 0.99)
-    assert [t.ema_decay for t in make_terms(Config.load(None, ['method="hindsearch+igsd"']))] == [None, None]
+    assert [t.ema_decay for t in make_terms(resolve_methods(Config.load(None, ['method="hindsearch+igsd"'])))] == [None, None]
 
 
 def test_metric_reductions_are_declared_not_guessed():

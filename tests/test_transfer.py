@@ -10,6 +10,7 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.config import Config
+from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight import teacher as T
 from hindsearch.hindsight.methods.hindsearch import HindSearchTerm
@@ -90,7 +91,7 @@ def test_weighted_reduction_is_the_weighted_mean_and_exact_on_binary_masks():
 def test_shuffled_control_shows_another_questions_critique(world, tok):
     from types import SimpleNamespace
 
-    cfg = Config.load(None, ['hindsearch.critique_source="shuffled"', 'hindsearch.judge_kind="oracle"'])
+    cfg = resolve_methods(Config.load(None, ['hindsearch.critique_source="shuffled"', 'hindsearch.judge_kind="oracle"']))
     term = HindSearchTerm(cfg.hindsearch)
     trs = [SimpleNamespace(qid=q) for q in ("a", "a", "b")]
     texts = {0: "crit a0", 1: "crit a1", 2: "crit b"}
@@ -115,7 +116,7 @@ def test_one_step_of_the_decision_term_moves_the_student_toward_the_teachers_tok
     ``<search>`` there and lowers the KL."""
     d = _demos(world, tok)[0]  # search, search again, answer: two decisions
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
-    cfg = Config.load(None, ['hindsearch.divergence="reverse_kl"', 'hindsearch.distill_on="decision"', "hindsearch.topk=4"])
+    cfg = resolve_methods(Config.load(None, ['hindsearch.divergence="reverse_kl"', 'hindsearch.distill_on="decision"', "hindsearch.topk=4"]))
     term = HindSearchTerm(cfg.hindsearch)
     w = torch.tensor(T.distill_weights(d, tok, "decision"))
     n = len(d.completion_ids)
@@ -160,7 +161,7 @@ def test_grpo_scale_zero_leaves_the_policy_to_the_hindsight_term(world, tok, tmp
                                     'hindsearch.divergence="reverse_kl"', "hindsearch.topk=8"]
     moved = {}
     for method in ("grpo", "hindsearch"):
-        cfg = Config.load(None, base + [f'method="{method}"'])
+        cfg = resolve_methods(Config.load(None, base + [f'method="{method}"']))
         trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:2], tmp_path / method)
         before = [p.detach().clone() for p in model.parameters()]
         trainer.train()
@@ -185,7 +186,7 @@ def test_micro_batches_keep_the_weighted_terms_weight(world, tok, tmp_path):
                                     'hindsearch.divergence="reverse_kl"', "hindsearch.topk=8"]
     deltas = {}
     for mb in ("none", "1"):
-        cfg = Config.load(None, base + ([] if mb == "none" else [f"train.micro_batch_size={mb}"]))
+        cfg = resolve_methods(Config.load(None, base + ([] if mb == "none" else [f"train.micro_batch_size={mb}"])))
         trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:2], tmp_path / f"mb-{mb}")
         before = [p.detach().clone() for p in model.parameters()]
         trainer.train()
@@ -204,7 +205,7 @@ def test_micro_batch_share_counts_weights_not_tokens():
 
     from hindsearch.train.trainer import _units
 
-    cfg = Config.load(None, ['hindsearch.distill_on="action"', "hindsearch.action_weight=4.0"])
+    cfg = resolve_methods(Config.load(None, ['hindsearch.distill_on="action"', "hindsearch.action_weight=4.0"]))
     term = HindSearchTerm(cfg.hindsearch)
     inputs = {"hind_mask": torch.tensor([[1.0, 1.0, 4.0], [4.0, 0.0, 0.0]])}
     units = _units(term, inputs, 3)
@@ -222,8 +223,8 @@ def test_held_out_states_round_trip_and_measures(world, tok, one_thread):
     from hindsearch.study.probe import HeldOutStates, held_out_states, state_measures, summarize_states
 
     w, retriever = world
-    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
-                             "rollout.max_total_tokens=2048"])
+    cfg = resolve_methods(Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=24",
+                             "rollout.max_total_tokens=2048"]))
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
     eng = HintReader(model, tok, retriever, cfg.rollout)
     recs = w.splits["train"] + w.splits["dev"] + w.splits["test"]
@@ -250,7 +251,7 @@ def test_sampled_rows_roll_out_a_few_questions_at_a_time(world, tok, one_thread)
     from hindsearch.study.sampled import sampled_rows
 
     w, retriever = world
-    cfg = Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=8"])
+    cfg = resolve_methods(Config.load(None, ['model.name="tiny-random"', "rollout.max_turns=2", "rollout.max_new_tokens_per_turn=8"]))
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1).eval()
     eng = HintReader(model, tok, retriever, cfg.rollout)
     calls: list[int] = []
@@ -429,7 +430,7 @@ def test_keep_steps_saves_the_weights_of_those_steps(world, tok, tmp_path):
     from hindsearch.models import weights_digest
 
     w, retriever = world
-    cfg = Config.load(None, OVERRIDES + ["train.kl_coef=0.0", "train.keep_steps=[1]", "train.trl.save_total_limit=1"])
+    cfg = resolve_methods(Config.load(None, OVERRIDES + ["train.kl_coef=0.0", "train.keep_steps=[1]", "train.trl.save_total_limit=1"]))
     trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:4], tmp_path / "run")
     trainer.train()
     kept = tmp_path / "run" / "steps" / "step-1"
@@ -440,7 +441,7 @@ def test_keep_steps_saves_the_weights_of_those_steps(world, tok, tmp_path):
     trainer.save_model(str(final))
     assert weights_digest(kept) != weights_digest(final)
     with pytest.raises(ValueError, match="keep_steps"):
-        make_trainer(Config.load(None, OVERRIDES + ["train.keep_steps=[0]"]), tok, retriever, w.splits["train"][:4],
+        make_trainer(resolve_methods(Config.load(None, OVERRIDES + ["train.keep_steps=[0]"])), tok, retriever, w.splits["train"][:4],
                      tmp_path / "bad")
 
 

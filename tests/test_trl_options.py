@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from hindsearch.config import Config, ConfigError
+from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.train.grpo_config import GRPO_DEFAULTS, grpo_args
 from test_trainer import OVERRIDES, make_trainer, tok, world  # noqa: F401 - fixtures
 
@@ -97,7 +98,7 @@ def test_lora_config_validation():
     with pytest.raises(ConfigError, match="unknown key model.lora.rank"):
         Config.load(None, ["model.lora.rank=8"])
     with pytest.raises(ConfigError, match="hindsearch.teacher = 'ema' is not supported with model.lora"):
-        Config.load(None, ["model.lora.r=8", 'method="hindsearch"', 'hindsearch.teacher="ema"'])
+        resolve_methods(Config.load(None, ["model.lora.r=8", 'method="hindsearch"', 'hindsearch.teacher="ema"']))
 
 
 def _lora_overrides(*extra):

@@ -11,7 +11,7 @@ import torch
 from hindsearch.agent import protocol
 from hindsearch.config import Config
 from hindsearch.records import Passage, QARecord, Trajectory, make_contents
-from hindsearch.rewards import exact_match
+from hindsearch.answers import exact_match
 from hindsearch.train.scripted import ScriptedSearcher, find_in_docs, scripted_ceiling
 from hindsearch.train.demos import load_demos, tokenize_demo
 from hindsearch.train.warmup import collate, ensure_warmup, sft, sft_loss

@@ -13,7 +13,7 @@ from hindsearch.cli import data as data_cli
 from hindsearch.data.corpus import read_corpus
 from hindsearch.data.qa import load_qa
 from hindsearch.data.world import ensure_world, generate_world, world_is_current
-from hindsearch.rewards import answer_in_text
+from hindsearch.answers import answer_in_text
 
 
 @pytest.fixture(scope="module")

@@ -272,22 +272,6 @@ class EvalMismatch(ValueError):
     """An evaluation folder's rows were made by another model, config or QA file than this rerun's."""
 
 
-def is_legacy_eval_folder(folder: Path) -> bool:
-    """An evaluation folder written before folders were marked: only ``EVAL_FILES`` (and a lock), and the
-    first row of ``trajectories.jsonl`` is an evaluation row."""
-    from hindsearch.fsutil import LOCK_NAME
-
-    names = {p.name for p in folder.iterdir()}
-    if "trajectories.jsonl" not in names or not names <= {*EVAL_FILES, LOCK_NAME}:
-        return False
-    try:
-        with (folder / "trajectories.jsonl").open(encoding="utf-8") as f:
-            row = json.loads(f.readline())
-    except (OSError, ValueError):
-        return False
-    return isinstance(row, dict) and "benchmark" in row and "qid" in row
-
-
 def model_identity(name: str, gguf_file: str | None = None) -> dict[str, Any]:
     """The model as recorded with evaluation rows: a hub name, or a local folder's resolved path with the
     size and modification time of its weight files (a retrained folder at the same path differs)."""
@@ -447,7 +431,7 @@ def evaluate(
                          (record or {}).get("data"))
     from hindsearch.fsutil import FolderLock, guard_output
 
-    out = guard_output(out_dir, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
+    out = guard_output(out_dir, "eval", "evaluation folder")
     full = full_record(record, greedy, seed)
     with FolderLock(out, "evaluation folder", log=log):
         _prepare_folder(out, full, fresh, redo_on_change, log)

@@ -327,14 +327,14 @@ def output_kind(folder: str | Path) -> str | None:
 
 
 def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str = "--out",
-                 legacy: Callable[[Path], bool] | None = None, protect: tuple[str | Path, ...] = ()) -> Path:
-    """``check_replaceable`` for a folder a command writes into: ours when its marker names ``kind``
-    (or ``legacy`` accepts a folder written before markers). Returns the expanded path."""
+                 protect: tuple[str | Path, ...] = ()) -> Path:
+    """``check_replaceable`` for a folder a command writes into: ours when its marker names ``kind``. Returns the
+    expanded path."""
     if not str(out).strip():
         raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); give a new folder")
 
     def is_ours(folder: Path) -> bool:
-        return output_kind(folder) == kind or (output_kind(folder) is None and legacy is not None and legacy(folder))
+        return output_kind(folder) == kind
 
     return check_replaceable(out, is_ours, what or KIND_NAMES.get(kind, kind), flag, protect)
 

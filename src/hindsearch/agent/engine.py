@@ -61,7 +61,7 @@ from hindsearch.agent import protocol
 from hindsearch.agent.backend import Backend
 from hindsearch.core.sampling import GenOutput, SamplingParams
 from hindsearch.records import Passage, QARecord, Trajectory, Turn
-from hindsearch.rewards import exact_match, f1_score
+from hindsearch.answers import exact_match, f1_score
 
 
 @dataclass(eq=False)

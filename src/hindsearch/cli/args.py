@@ -1,10 +1,10 @@
-"""Argument types and shared flags of the ``hindsearch`` commands: each type's error names the flag (argparse adds
-it), and ``add_deprecated_alias`` keeps a renamed flag working with a one-line notice."""
+"""Argument types and shared flags of the ``hindsearch`` commands: each type's error names the flag (argparse
+adds it)."""
 
 from __future__ import annotations
 
 import argparse
-import sys
+from typing import Any
 
 
 def _int_at_least(text: str, least: int, rule: str) -> int:
@@ -61,25 +61,17 @@ def http_url(text: str) -> str:
     return text
 
 
-class _DeprecatedFlag(argparse.Action):
-    """Stores into the new flag's ``dest`` and says, in one stderr line, which flag replaces this one."""
+def assembled(cfg: Any) -> Any:
+    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method tables parsed, as
+    a run's assembly does: what a command does right after loading a config, before it writes or loads anything."""
+    from hindsearch.hindsight.registry import resolve_methods
+    from hindsearch.retrieval.factory import check_kind
+    from hindsearch.train.reward_funcs import REWARDS
 
-    def __init__(self, *args, new: str, **kwargs) -> None:
-        self.new = new
-        super().__init__(*args, **kwargs)
-
-    def __call__(self, parser, namespace, values, option_string=None) -> None:
-        print(f"{parser.prog}: {option_string} is deprecated, use {self.new} (same meaning)", file=sys.stderr)
-        setattr(namespace, self.dest, values)
-
-
-def add_deprecated_alias(group: argparse._ActionsContainer, old: str, new: str, **kwargs) -> None:
-    """Accept ``old`` as a hidden alias of the flag ``new`` (already added to ``group``, same ``dest``, ``type``...):
-    it sets the same value and prints a one-line deprecation notice. Hidden from ``--help``, where ``new``'s
-    help names it."""
-    action = group._option_string_actions[new]  # type: ignore[attr-defined]
-    group.add_argument(old, action=_DeprecatedFlag, new=new, dest=action.dest, type=action.type,
-                       metavar=action.metavar, default=argparse.SUPPRESS, help=argparse.SUPPRESS, **kwargs)
+    resolve_methods(cfg)
+    check_kind(cfg.retrieval)
+    REWARDS.check(cfg.train.reward_funcs, "train.reward_funcs")
+    return cfg
 
 
 RETRIEVAL_URL = "--retrieval-url"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from hindsearch.cli.args import positive_int
+from hindsearch.cli.args import assembled, positive_int
 from hindsearch.cli.train import find_config
 from hindsearch.study.compare import METHOD_ALIASES, parse_methods, parse_seeds, parse_steps, run_compare
 from hindsearch.config import Config
@@ -15,7 +15,7 @@ from hindsearch.config import Config
 def main_compare(args: argparse.Namespace) -> int:
     """Entry point of ``hindsearch compare`` (arguments defined in ``register``)."""
     config = str(find_config(args.config))  # a TOML file or a shipped preset name, as for ``hindsearch train``
-    Config.load(config, args.overrides)  # imports the config's plugins: their methods are valid --methods
+    assembled(Config.load(config, args.overrides))  # imports its plugins: their methods are valid --methods
     methods, seeds = parse_methods(args.methods), parse_seeds(args.seeds)
     md = run_compare(config, methods, seeds, args.out, steps=args.steps, overrides=args.overrides,
                      mini=args.mini, test_limit=args.test_limit, mini_limit=args.mini_limit,

@@ -1,10 +1,6 @@
-"""Data commands: ``hindsearch world`` and ``hindsearch data fetch|mini``.
-
-``world --out DIR [--seed N --entities N]`` builds the fictional world (cached: rebuilt only
-when seed, size or generator version differ, or with ``--force``); ``data fetch`` downloads
-the paper-scale QA sets, wiki-18 and its e5 index with ``huggingface_hub`` (network needed); ``data mini --shared DIR --out DIR``
-builds the mini-wiki and the seven benchmark files from local real-data slices.
-"""
+"""Data commands: ``hindsearch world`` (the fictional world, cached by seed, size and generator version) and
+``hindsearch data fetch|mini`` (the paper-scale QA sets and index from the Hub; the mini-wiki and its seven
+benchmarks from local real-data slices)."""
 
 from __future__ import annotations
 
@@ -58,13 +54,12 @@ def cmd_mini(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from hindsearch.data.mini import build_mini
-    from hindsearch.fsutil import claim_output, guard_output, json_marker
+    from hindsearch.fsutil import claim_output, guard_output
 
     if not Path(args.shared).is_dir():
         raise FileNotFoundError(f"--shared {args.shared}: folder not found")
     # the files are written in place: only into a new or empty folder, or an earlier mini-wiki
-    out = guard_output(args.out, "mini", "mini-wiki folder", legacy=json_marker("mini.json", "benchmarks"),
-                       protect=(args.shared,))
+    out = guard_output(args.out, "mini", "mini-wiki folder", protect=(args.shared,))
     created = not out.exists()
     claim_output(out, "mini")
     try:

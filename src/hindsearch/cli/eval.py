@@ -1,19 +1,9 @@
 """``hindsearch eval``: evaluate a model on QA sets with Search-R1 rollouts (greedy by default).
 
-    hindsearch eval --model M [--index DIR | --retrieval-url URL] --data name=path[,name=path...]
-                    [--limit N] --out DIR [--config FILE|PRESET] [--set k=v ...]
-
-Without ``--data`` the world's dev and test splits are evaluated; without ``--index`` /
-``--retrieval-url`` (the config's ``retrieval.url``; ``--retriever-url`` is its deprecated former name)
-the config's retriever (default: the world's BM25 index, built on first use). ``--config`` takes a TOML
-file or a shipped preset's name, from any folder, as ``train`` does, and defaults to the same preset
-(``tiny-cpu``: the decoding budgets a ``train`` run evaluates with). ``--threads`` sets torch's thread count as
-``train --threads`` does (default: ``train.threads``, else the count ``models.default_threads`` chooses).
-Prints the EM/F1 table (with 95% intervals, see ``hindsearch.eval``) and writes ``OUT/summary.json``,
-``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same ``--out`` resumes, redoing the questions whose
-rows recorded an error unless ``--keep-errors``. Rows are reused only when the model, decoding,
-config, retriever and each QA file are those that made them (recorded in OUT); otherwise the rerun
-is refused naming what changed, and ``--fresh`` starts OUT anew.
+Without ``--data`` the world's dev and test splits; without ``--index`` / ``--retrieval-url`` the config's
+retriever. Writes ``OUT/summary.json``, ``OUT/results.md`` and ``OUT/trajectories.jsonl``; a rerun with the same
+``--out`` reuses rows only when the model, decoding, config, retriever and QA files that made them are the same,
+and refuses naming what changed otherwise (``--fresh`` starts anew).
 """
 
 from __future__ import annotations
@@ -23,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hindsearch.cli.args import RETRIEVAL_URL, add_deprecated_alias, http_url, nonneg_int, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, assembled, http_url, nonneg_int, positive_int
 
 
 def parse_data_arg(spec: str) -> list[tuple[str, str]]:
@@ -54,9 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = p.add_mutually_exclusive_group()
     g.add_argument("--index", help="index folder from `hindsearch index` (default: the config's retriever)")
     g.add_argument(RETRIEVAL_URL, type=http_url, metavar="URL",
-                   help="Search-R1-compatible retrieval server URL, the config's retrieval.url (--retriever-url, its "
-                        "former name, still works) (default: the config's retriever)")
-    add_deprecated_alias(g, "--retriever-url", RETRIEVAL_URL)
+                   help="Search-R1-compatible retrieval server URL, the config's retrieval.url (default: the "
+                        "config's retriever)")
     p.add_argument("--data", action="append", help="name=path[,name=path...] (repeatable); default: world dev,test")
     p.add_argument("--limit", type=positive_int, help="questions per benchmark (default: eval.limit)")
     p.add_argument("--skip-bad", action="store_true",
@@ -102,14 +91,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_index
-    from hindsearch.setup import open_retriever, resolve_data
+    from hindsearch.inputs import open_retriever, resolve_data
     from hindsearch.cli.train import find_config  # a file or a preset name, as train and compare take it
 
-    from hindsearch.eval import (EvalMismatch, config_record, full_record, is_legacy_eval_folder, model_identity,
-                                 qa_file_record, refuse_message, reuse_problem)
+    from hindsearch.eval import (EvalMismatch, config_record, full_record, model_identity, qa_file_record,
+                                 refuse_message, reuse_problem)
     from hindsearch.fsutil import FolderLock, guard_output
 
-    out = guard_output(args.out, "eval", "evaluation folder", legacy=is_legacy_eval_folder)
+    out = guard_output(args.out, "eval", "evaluation folder")
 
     FolderLock(out, "evaluation folder").check()  # a second evaluation fails now, not after loading a model
     overrides = list(args.set)
@@ -118,6 +107,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.retrieval_url:
         overrides += ["retrieval.kind=remote", f"retrieval.url={json.dumps(args.retrieval_url)}"]
     cfg = Config.load(find_config(args.config), overrides)  # the preset train runs by default, as train takes it
+    assembled(cfg)  # every name checked, as train checks it
     limit = args.limit if args.limit is not None else cfg.eval.limit
     if args.data:
         specs = [s for spec in args.data for s in parse_data_arg(spec)]

@@ -33,9 +33,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _cmd_probe(args: argparse.Namespace) -> int:
     from hindsearch.cli.train import find_config
     from hindsearch.config import Config
+    from hindsearch.cli.args import assembled
     from hindsearch.study.probe import guard_probe_out, probe_checkpoint
 
-    cfg = Config.load(find_config(args.config), args.set).validate()
+    cfg = assembled(Config.load(find_config(args.config), args.set))
     if args.out is not None:
         guard_probe_out(args.out)  # refused before anything is loaded or probed
     probe_checkpoint(cfg, args.checkpoint, n=args.n, questions=args.questions, samples=args.samples, out=args.out,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from hindsearch.cli.args import RETRIEVAL_URL, add_deprecated_alias, http_url, port_number, positive_float, positive_int
+from hindsearch.cli.args import RETRIEVAL_URL, http_url, port_number, positive_float, positive_int
 from hindsearch.retrieval.limits import ServerLimits
 
 
@@ -193,8 +193,7 @@ def register_search(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--index", help=f"index folder (default: none; give this, --faiss-index or {RETRIEVAL_URL})")
     p.add_argument(RETRIEVAL_URL, type=http_url, metavar="URL",
                    help="retrieval server URL instead of --index, as the config's retrieval.url and `eval "
-                        f"{RETRIEVAL_URL}` (--url, its former name, still works) (default: none)")
-    add_deprecated_alias(p, "--url", RETRIEVAL_URL)
+                        f"{RETRIEVAL_URL}` (default: none)")
     add_faiss_flags(p)
     add_dense_search_flags(p)
     p.add_argument("--device", default="cpu", help="dense: device of the query encoder (cpu, cuda)")

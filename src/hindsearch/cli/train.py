@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from hindsearch.config import METHODS
 from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: F401  (the lookup lives with Config)
+from hindsearch.hindsight.registry import METHODS
 
 
 class PluginAction(argparse.Action):
@@ -57,13 +57,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _cmd_sft(args: argparse.Namespace) -> int:
-    from hindsearch.fsutil import claim_output, guard_output, json_marker
+    from hindsearch.fsutil import claim_output, guard_output
     from hindsearch.train.warmup import cmd_sft
 
     if args.config:  # a TOML file or a shipped preset name, from any folder (as for train)
         args.config = str(find_config(args.config))
     # the model is saved into --out in place: only a new or empty folder, or an earlier warm-up folder
-    out = guard_output(args.out, "sft", "warm-up folder", legacy=json_marker("warmup.json", "num_demos"))
+    out = guard_output(args.out, "sft", "warm-up folder")
     created = not out.exists()
     args.out = str(out)
     claim_output(out, "sft")

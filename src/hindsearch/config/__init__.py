@@ -1,44 +1,31 @@
-"""Configuration: one dataclass per concern, one docstring per field, TOML presets.
+"""Configuration as plain data: one dataclass per concern, one docstring per field, TOML presets.
 
-A preset is a TOML file whose tables are the concerns (``[model]``, ``[data]``,
-``[retrieval]``, ``[rollout]``, ``[warmup]``, ``[train]``, ``[eval]``) and one table per registered method
-with options (``[hindsearch]``, ``[igsd]``: the method's config dataclass, ``hindsearch.hindsight.registry``),
-plus top-level ``method``, ``out`` and ``plugins``. ``--set section.key=value`` overrides
-a single field (values parsed as TOML, falling back to a plain string). ``plugins`` (modules or ``.py`` files,
-``hindsearch.config.registry.load_plugins``) are imported before any other key is read, so a plugin's method
-section, retriever kind or reward function is read like a built-in one.
-
-Presets without copies: a top-level ``base = "other.toml"`` (a path relative to the preset's folder) reads that
-preset first and lays this one over it, table by table and key by key (``read_preset``); a base may have its own
-base, up to ``MAX_BASE_DEPTH`` presets in all. ``out`` may hold ``{method}``, replaced by the resolved method
-when the preset loads (and in ``train --out``: ``Config.use_out``), so that one preset per model serves every
-method (``--method``) with a run folder per method.
-
-Every value is validated by ``Config.validate`` *before* any model is loaded; an error
-names the key and the allowed values. Allowed values and numeric bounds are declared once, in
-the field's metadata (``choice(...)``, ``bounded(...)``): ``validate`` walks every field and
-checks them, and code that dispatches on a name reads the same tuple with ``choices_of``.
-Cross-field rules (a remote retriever needs a URL, ...) are the only hand-written checks.
-
-Renamed keys stay readable with a deprecation message (``RENAMED``): ``train.beta`` is now
-``train.kl_coef`` and ``igsd.beta`` is ``igsd.gate_sharpness`` (the two shared one name).
+A preset's tables are the concerns (``[model]``, ``[data]``, ``[retrieval]``, ``[rollout]``, ``[warmup]``,
+``[train]``, ``[eval]``), one table per method with options (``[hindsearch]``, ``[igsd]``, a plugin's), and
+the top-level ``method``, ``out``, ``plugins`` and ``base`` (a preset to lay this one over). ``--set
+section.key=value`` overrides one field. ``Config.load`` checks every type, bound and fixed choice and
+imports nothing but the plugins; the names that registries hold (``method``, ``retrieval.kind``,
+``train.reward_funcs``) and the method tables are checked and parsed where those registries live, when a run
+is assembled (``hindsight.registry.resolve_methods``, ``retrieval.factory.check_kind``,
+``train.reward_funcs.reward_funcs_of``). An error names the key and what is allowed.
 """
 
 from __future__ import annotations
 
 import tomllib
 from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dc_fields
 from pathlib import Path
 from typing import Any
 
-from hindsearch.config.fields import (AGGREGATIONS, FEEDBACK_KINDS, RENAMED, TEACHERS, ConfigError, _assign,
-                                      _check_declared, _drop_none, bounded, choice, choices_of, url_problem)
-from hindsearch.config.registry import METHODS, PluginError, load_plugins
+from hindsearch.config.fields import (FEEDBACK_KINDS, ConfigError, _assign, _check_declared, _drop_none, bounded,
+                                      choice, choices_of, url_problem)
+from hindsearch.config.registry import PluginError, load_plugins
 from hindsearch.config.sections import (DataConfig, EvalConfig, LoRAConfig, ModelConfig, RetrievalConfig,
                                         RolloutConfig, TrainConfig, WarmupConfig)
 
 __all__ = [
-    "AGGREGATIONS", "FEEDBACK_KINDS", "METHODS", "RENAMED", "TEACHERS", "Config", "ConfigError", "DataConfig",
+    "FEEDBACK_KINDS", "Config", "ConfigError", "DataConfig",
     "EvalConfig", "LoRAConfig", "ModelConfig", "RetrievalConfig", "RolloutConfig", "TrainConfig", "WarmupConfig",
     "bounded", "choice", "choices_of",
 ]
@@ -140,7 +127,7 @@ def read_preset(p: Path) -> dict[str, Any]:
 
 @dataclass(eq=False)
 class Config:
-    method: str = choice("grpo", METHODS)
+    method: str = "grpo"
     """A registered method (``grpo``, ``hindsearch``, ``igsd``, a plugin's) or registered methods composed with
     ``+`` (``hindsearch+igsd``: both terms)."""
     out: str = "runs/default"
@@ -159,29 +146,30 @@ class Config:
     eval: EvalConfig = field(default_factory=EvalConfig)
 
     def __post_init__(self) -> None:
-        self.sections: dict[str, Any] = {}  # one options object per registered method that has some, by name
-        self.add_sections()
+        self.sections: dict[str, Any] = {}
+        """A method's options by its name, parsed by its registered dataclass (``resolve_methods``)."""
+        self.tables: dict[str, list[tuple[str, Any]]] = {}
+        """Top-level tables not parsed yet, by name: ``(source, value)`` in the order they were set."""
 
-    def add_sections(self) -> None:
-        """A default section for each registered method with options that this config has none of yet (after a
-        plugin registered more)."""
-        for name in METHODS.names():
-            spec = METHODS.get(name) if "+" not in name else None
-            if spec is not None and spec.config is not None and name not in self.sections:
-                self.sections[name] = spec.config()
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in dc_fields(cls)]
 
     def __getattr__(self, name: str) -> Any:
         sections = self.__dict__.get("sections")
         if sections is not None and name in sections:
             return sections[name]
+        if name in self.__dict__.get("tables", {}):
+            raise AttributeError(f"[{name}] is parsed when the run is assembled: call "
+                                 f"hindsearch.hindsight.registry.resolve_methods(cfg) first")
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and self.to_dict() == other.to_dict()
 
     def use_plugins(self, specs: list[str], source: str) -> None:
-        """Set ``plugins`` and import them (``load_plugins``); their method sections are added with defaults. A
-        ``.py`` file is recorded by its absolute path (a run's config.toml is read from other folders)."""
+        """Set ``plugins`` and import them (``load_plugins``). A ``.py`` file is recorded by its absolute
+        path (a run's config.toml is read from other folders)."""
         _assign(self, "plugins", specs, source)
         if not all(isinstance(p, str) and p for p in self.plugins):
             raise ConfigError(f"{source}: plugins must be a list of module names or .py files, got {self.plugins!r}")
@@ -190,15 +178,19 @@ class Config:
             load_plugins(self.plugins)
         except (ImportError, OSError, PluginError) as e:
             raise ConfigError(f"{source}: plugins = {self.plugins!r}: {e}") from e
-        self.add_sections()
 
     # ------------------------------------------------------------------ io
     def to_dict(self) -> dict[str, Any]:
-        """The config as nested dicts, the method sections before ``eval`` (an empty ``plugins`` is left out)."""
+        """The config as nested dicts, the method tables before ``eval`` (an empty ``plugins`` is left out)."""
         d: dict[str, Any] = {}
         for key, value in asdict(self).items():
             if key == "eval":
                 d.update({name: asdict(sec) for name, sec in self.sections.items()})
+                for name, layers in self.tables.items():
+                    d[name] = {}
+                    for _, v in layers:
+                        both = isinstance(v, dict) and isinstance(d[name], dict)
+                        d[name] = _overlay(d[name], v) if both else v
             if key != "plugins" or value:
                 d[key] = value
         return _drop_none(d)
@@ -286,7 +278,8 @@ class Config:
 
     # ------------------------------------------------------------ validate
     def validate(self) -> "Config":
-        """Check every declared choice and bound (field metadata), then the cross-field rules."""
+        """Check every declared choice and bound (field metadata, the parsed method sections' too), then the
+        cross-field rules."""
         _check_declared(self, "")
         self._check_out()
         for name, sec in self.sections.items():
@@ -329,8 +322,6 @@ class Config:
     def _validate_trl(self) -> None:
         if not self.train.trl:
             return
-        from dataclasses import fields as dc_fields
-
         from trl import GRPOConfig
 
         known = {f.name for f in dc_fields(GRPOConfig)}

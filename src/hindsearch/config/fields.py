@@ -1,15 +1,15 @@
 """How a config value is declared, read and checked: allowed values and bounds in field metadata (``choice``,
-``bounded``, read back with ``choices_of``), renamed keys, and the typed assignment of a TOML value or ``--set``."""
+``bounded``, read back with ``choices_of``) and the typed assignment of a TOML value or ``--set``."""
 
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import field, fields
 from typing import Any
 
 
 TEACHERS = ("frozen", "live", "ema")
+"""A term's ``teacher`` (``hindsearch.hindsight.teacher.select_teacher`` reads this tuple)."""
 
 
 FEEDBACK_KINDS = ("critique", "oracle_gold", "oracle_nogold", "answer_line", "answer_query")
@@ -22,15 +22,11 @@ DISTILL_ON = ("query", "action", "decision", "decision_query", "answer_decision"
 CRITIQUE_SOURCES = ("own", "shuffled")
 
 
-AGGREGATIONS = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "sum")
 
 
 GATES = ("positive_tanh", "positive_sigmoid", "sigmoid", "hard", "none")
 """``igsd.gate`` (``hindsearch.hindsight.losses.GATES`` reads this tuple)."""
-
-
-RENAMED: dict[tuple[str, str], str] = {("train", "beta"): "kl_coef", ("igsd", "beta"): "gate_sharpness"}
-"""Old ``(section, key)`` -> new key: read with a deprecation message, written under the new name."""
 
 
 def choice(default: Any, choices: tuple[str, ...]) -> Any:
@@ -84,13 +80,11 @@ def _drop_none(d: Any) -> Any:
 
 def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> None:
     names = {f.name: f for f in fields(obj)}
-    new = RENAMED.get((prefix.rstrip("."), key))
-    if new is not None:
-        print(f"{source}: {prefix}{key} is deprecated, read as {prefix}{new} (rename it; the old key will be "
-              f"removed)", file=sys.stderr)
-        key = new
-    sections = getattr(obj, "sections", {}) if not prefix else {}  # the Config's method sections (registered)
+    sections = getattr(obj, "sections", {}) if not prefix else {}  # the Config's parsed method sections
     if key not in names and key not in sections:
+        if not prefix and hasattr(obj, "tables"):  # a method's table: parsed when the run is assembled
+            obj.tables.setdefault(key, []).append((source, value))
+            return
         if not prefix:
             raise ConfigError(f"{source}: unknown key {key!r} in [{type(obj).__name__}]; allowed: "
                               f"{sorted([*names, *sections])}")

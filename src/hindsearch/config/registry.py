@@ -1,14 +1,13 @@
-"""Named registries (methods, retriever kinds, reward functions) and the plugins that add to them.
+"""Named registries and the plugins that add to them.
 
-A ``Registry`` maps a name to what registered it, in registration order. The config reads its names where a field
-takes one (``method``, ``retrieval.kind``, ``train.reward_funcs``), so a name a plugin registers is as valid as a
-built-in one. The built-in entries register themselves when their modules are imported; a registry names those
-modules (``builtins``) and imports them the first time it is read, the way ``hindsearch.cli`` collects its
-commands: this module imports nothing of hindsearch.
+A ``Registry`` maps a name to what registered it. The registries themselves live with what they name
+(``hindsight.registry.METHODS``, ``retrieval.registry.RETRIEVERS``, ``train.reward_funcs.REWARDS``); each declares
+its built-in names with the module that registers each (imported when that name is first looked up), so a name is
+known without importing its layer. ``check`` gives the config's one-line error for a name nobody registered.
 
-A plugin is a module (``package.module``) or a Python file (``path/to/file.py``, relative to the current folder)
-whose import registers methods, retrievers or rewards: ``plugins = [...]`` at the top of a config, or
-``hindsearch train --plugin``. ``load_plugins`` imports each once.
+A plugin is a module (``package.module``) or a Python file (``path/to/file.py``) whose import registers methods,
+retrievers or rewards: ``plugins = [...]`` in a config, or ``hindsearch train --plugin``. ``load_plugins`` imports
+each once.
 """
 
 from __future__ import annotations
@@ -17,61 +16,71 @@ import hashlib
 import importlib
 import importlib.util
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from hindsearch.config.fields import ConfigError
+
 
 class Registry:
-    """``name -> entry`` of one kind of thing, in registration order; read as a collection of names (``in``,
-    iteration), so a config field can take its names as its allowed values."""
+    """``name -> entry`` of one kind of thing: the built-in names first (in the order of ``builtins``), then the
+    others in registration order; read as a collection of names (``in``, iteration)."""
 
-    def __init__(self, what: str, builtins: tuple[str, ...] = ()) -> None:
+    def __init__(self, what: str, builtins: Mapping[str, str] | None = None) -> None:
         self.what = what
         """What a name names, for messages (``method``, ``retrieval.kind``)."""
-        self.builtins = builtins
-        """Modules whose import registers the built-in entries (imported on first read)."""
+        self.builtins = dict(builtins or {})
+        """Built-in name -> the module whose import registers it (imported when the name is first looked up)."""
         self._entries: dict[str, Any] = {}
-        self._rank: dict[str, tuple[int, int]] = {}  # name -> (its builtin module's position, registration order)
+        self._rank: dict[str, tuple[int, int]] = {}  # name -> (its place among the built-ins, registration order)
         self._module: dict[str, str | None] = {}  # name -> the module that registered it
-        self._loaded = False
 
     def register(self, name: str, entry: Any, module: str | None = None) -> None:
-        """Add ``name``, registered by ``module``; a name already taken by another entry is an error (a plugin
-        cannot shadow a built-in). The built-ins are listed first, in the order of ``builtins``, whatever order
-        their modules were imported in."""
-        self.load()
+        """Add ``name``, registered by ``module``; a name taken by another module is an error (a plugin cannot
+        shadow a built-in)."""
         if not isinstance(name, str) or not name or "+" in name or ":" in name:
             raise ValueError(f"{self.what} name {name!r}: a non-empty name without '+' or ':'")
-        if name in self._entries and self._module[name] != module:  # the same module imported again may re-register
-            raise ValueError(f"{self.what} {name!r} is already registered (by {self._module[name] or 'hindsearch'})")
-        rank = next((i for i, b in enumerate(self.builtins) if module == b or (module or "").startswith(b + ".")),
-                    0 if module is None else len(self.builtins))
+        owner = self._module.get(name, self.builtins.get(name))
+        if (name in self._entries or name in self.builtins) and owner != module and \
+                not (module or "").startswith(f"{owner}."):
+            raise ValueError(f"{self.what} {name!r} is already registered (by {owner or 'hindsearch'})")
+        builtin = list(self.builtins)
         self._entries[name], self._module[name] = entry, module
-        self._rank.setdefault(name, (rank, len(self._rank)))
+        self._rank.setdefault(name, (builtin.index(name) if name in builtin else len(builtin), len(self._rank)))
 
     def load(self) -> None:
-        """Import the built-in modules (once)."""
-        if not self._loaded:
-            self._loaded = True
-            for mod in self.builtins:
-                importlib.import_module(mod)
+        """Import the modules of every built-in name."""
+        for name in self.builtins:
+            self._load(name)
+
+    def _load(self, name: str) -> None:
+        if name not in self._entries and name in self.builtins:
+            importlib.import_module(self.builtins[name])
 
     def get(self, name: str) -> Any:
         """The entry of ``name``; an unknown name raises ``KeyError`` listing the registered ones."""
-        self.load()
+        self._load(name)
         if name not in self._entries:
-            raise KeyError(f"unknown {self.what} {name!r}; registered: {', '.join(self._entries)} (a plugin "
+            raise KeyError(f"unknown {self.what} {name!r}; registered: {', '.join(self.names())} (a plugin "
                            f"registers more: plugins = [...] in the config)")
         return self._entries[name]
 
     def names(self) -> tuple[str, ...]:
-        self.load()
-        return tuple(sorted(self._entries, key=self._rank.__getitem__))
+        """Every name, without importing anything."""
+        rest = sorted((n for n in self._entries if n not in self.builtins), key=self._rank.__getitem__)
+        return (*self.builtins, *rest)
+
+    def check(self, value: Any, key: str) -> None:
+        """``ConfigError`` naming the config ``key`` and the allowed names unless ``value`` (for a list: each of
+        its elements) is one of this registry's names."""
+        values = value if isinstance(value, list) else [value]
+        if not all(v in self for v in values):
+            how = "each from" if isinstance(value, list) else "one of"
+            raise ConfigError(f"{key} = {value!r} is not allowed; choose {how} {', '.join(self.names())}")
 
     def __contains__(self, name: object) -> bool:
-        self.load()
-        return name in self._entries
+        return isinstance(name, str) and (name in self.builtins or name in self._entries)
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
@@ -165,67 +174,3 @@ def load_plugins(specs: Iterable[str]) -> None:
     """Import every plugin of ``specs`` (``load_plugin``)."""
     for spec in specs:
         load_plugin(spec)
-
-
-class Methods(Registry):
-    """The method registry: a registered name, or ``a+b`` (several registered methods that each add a term,
-    composed). Iterating gives the registered names and the compositions listed with ``list_composition``."""
-
-    def __init__(self, builtins: tuple[str, ...]) -> None:
-        super().__init__("method", builtins)
-        self._listed: list[str] = []
-
-    def list_composition(self, name: str) -> None:
-        """Show ``a+b`` among the names (in ``--method``'s choices); any composition is valid without it."""
-        if name not in self._listed:
-            self._listed.append(name)
-
-    def parts(self, name: str) -> list[str]:
-        """The registered methods ``name`` composes (one for a plain name); ``KeyError`` naming what is wrong."""
-        parts = name.split("+")
-        for p in parts:
-            self.get(p)
-        if len(parts) > 1:
-            if len(set(parts)) != len(parts):
-                raise KeyError(f"method {name!r} names a method twice")
-            empty = [p for p in parts if getattr(self._entries[p], "term", None) is None]
-            if empty:
-                raise KeyError(f"method {name!r}: {', '.join(empty)} adds no term and composes with nothing")
-        return parts
-
-    def names(self) -> tuple[str, ...]:
-        return super().names() + tuple(self._listed)
-
-    def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        try:
-            self.parts(name)
-        except KeyError:
-            return False
-        return True
-
-
-METHODS = Methods(builtins=("hindsearch.hindsight.methods",))
-"""Training methods (``hindsearch.hindsight.registry.register_method``)."""
-
-RETRIEVERS = Registry("retrieval.kind", builtins=("hindsearch.retrieval.bm25", "hindsearch.retrieval.dense",
-                                                  "hindsearch.retrieval.client"))
-"""Retriever kinds (``hindsearch.retrieval.base.register_retriever``, ``register_index_kind``)."""
-
-class Rewards(Registry):
-    """The reward-function registry: a registered name, or a ``module:function`` path (imported when the trainer
-    is built; ``hindsearch.train.reward_funcs.resolve_reward``)."""
-
-    def __contains__(self, name: object) -> bool:
-        return isinstance(name, str) and (_is_path(name) or super().__contains__(name))
-
-
-def _is_path(name: str) -> bool:
-    """Whether ``name`` is a ``module:function`` path (both parts non-empty)."""
-    module, _, func = name.partition(":")
-    return bool(module and func)
-
-
-REWARDS = Rewards("reward function", builtins=("hindsearch.train.reward_funcs",))
-"""TRL reward functions by name (``hindsearch.train.reward_funcs.register_reward``)."""

@@ -6,7 +6,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hindsearch.config.fields import FEEDBACK_KINDS, bounded, choice
-from hindsearch.config.registry import REWARDS, RETRIEVERS
 
 
 @dataclass
@@ -76,7 +75,7 @@ class DataConfig:
 
 @dataclass
 class RetrievalConfig:
-    kind: str = choice("bm25", RETRIEVERS)
+    kind: str = "bm25"
     """``bm25`` (in-process bm25s), ``dense`` (encoder + FAISS), ``remote`` (HTTP ``/retrieve`` server) or a kind a
     plugin registers (``hindsearch.retrieval.base.register_retriever`` / ``register_index_kind``)."""
     index_dir: str | None = None
@@ -178,12 +177,12 @@ class TrainConfig:
     """Learning rate (paper: 1e-6)."""
     kl_coef: float = bounded(0.001, ge=0.0)
     """KL coefficient to the reference policy (TRL's ``beta``; paper: 0.001; 0 disables the reference
-    model). Was ``train.beta``, still read with a deprecation message."""
+    model)."""
     epsilon: float = bounded(0.2, gt=0.0)
     """PPO clipping range."""
     loss_type: str = choice("grpo", ("grpo", "dr_grpo", "dapo", "bnpo"))
     """TRL loss aggregation: ``grpo``, ``dr_grpo``, ``dapo``, ``bnpo``."""
-    reward_funcs: list[str] = choice(["em"], REWARDS)
+    reward_funcs: list[str] = field(default_factory=lambda: ["em"])
     """TRL reward functions summed (weight 1 each) into the rollout's reward: registered names (``em``: exact match
     of the final answer, ``f1``: its token F1, ``format``: a well-formed final answer;
     ``hindsearch.train.reward_funcs``) or a plugin's. Each is logged by TRL as ``rewards/<function>/mean``."""

@@ -10,7 +10,7 @@ SOURCES.md) it builds:
 * ``<benchmark>.jsonl`` for nq, triviaqa, popqa, hotpotqa, 2wiki, musique and bamboogle
   (``QARecord`` rows), keeping only questions whose evidence is in the corpus: for
   multi-hop sets every supporting paragraph must be present (``metadata.evidence_ids``);
-  for single-hop sets a gold answer must occur, normalised as in ``rewards.answer_in_text``,
+  for single-hop sets a gold answer must occur, normalised as in ``answers.answer_in_text``,
   in some passage (``metadata.answer_passage_ids``, at most 5);
 * ``train.jsonl`` and ``dev.jsonl``: the training sets' questions (HotpotQA's and MuSiQue's train slices, disjoint
   from the benchmarks) whose supporting paragraphs are all in the corpus, split by a seeded shuffle
@@ -76,7 +76,7 @@ _ARTICLE_WORDS = {"a", "an", "the"}
 
 
 def fast_normalize(s: str) -> str:
-    """Same result as ``rewards.normalize_answer`` (lower, no punctuation, no articles), faster.
+    """Same result as ``answers.normalize_answer`` (lower, no punctuation, no articles), faster.
 
     For ASCII text every non-space character left after dropping punctuation is a word
     character, so the article regex equals dropping the tokens a/an/the.

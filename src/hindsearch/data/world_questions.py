@@ -62,11 +62,11 @@ def _aliases(name: str, ents: dict[str, Entity]) -> list[str]:
 
 def _questions(ents: dict[str, Entity], text_of: dict[str, str]) -> tuple[list[QARecord], list[QARecord]]:
     """All candidate one-hop and two-hop questions (answers checked against evidence text)."""
-    from hindsearch.rewards import normalize_answer
+    from hindsearch.answers import normalize_answer
 
     norm = {n: f" {normalize_answer(t)} " for n, t in text_of.items()}
 
-    def answer_in_text(gold: list[str], name: str) -> bool:  # rewards.answer_in_text on cached text
+    def answer_in_text(gold: list[str], name: str) -> bool:  # answers.answer_in_text on cached text
         return any(f" {normalize_answer(g)} " in norm[name] for g in gold)
 
     one, two = [], []

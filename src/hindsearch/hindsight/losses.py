@@ -54,7 +54,7 @@ from torch import Tensor
 
 from hindsearch.config import fields
 
-AGG_MODES = fields.AGGREGATIONS
+AGG_MODES = fields.AGG_MODES
 """Reductions of a per-token loss (declared once, the terms' ``aggregation`` field's choices)."""
 GATES = fields.GATES
 """IGSD gates (declared once, ``igsd.gate``'s choices)."""

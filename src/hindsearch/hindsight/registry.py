@@ -1,11 +1,9 @@
-"""Methods by name: ``@register_method(name, config=...)`` on a term class (or ``term=None`` for a method that adds
-no term, GRPO), as the losses are registered in ``hindsight/losses.py``.
+"""Methods by name: ``@register_method(name, config=...)`` on a term class (or on ``None`` for a method that adds no
+term, GRPO), the ``METHODS`` registry, and the assembly of a config's method part (``resolve_methods``).
 
-A method's file holds its options dataclass (the ``[name]`` section of the config: ``Config.sections[name]``), its
-term (``hindsight/contract.py: AuxTerm``) and the term's metric declarations (``Metrics``). ``method = "a+b"``
-composes registered terms. ``make_terms(cfg)`` builds the terms of ``cfg.method``; the trainer reduces a term's
-metrics over processes as the term declares, and the report and ``compare`` show the panels it declares. A plugin
-(``plugins = [...]`` in the config) registers a method the same way, with no edit under ``src/``.
+A method's file holds its options dataclass (the config's ``[name]`` table), its term (``contract.AuxTerm``) and the
+term's metric declarations (``Metrics``). ``method = "a+b"`` composes registered terms. A plugin registers a method
+the same way, with no edit under ``src/``.
 """
 
 from __future__ import annotations
@@ -14,9 +12,52 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from hindsearch.config.registry import METHODS
+from hindsearch.config.fields import ConfigError, _assign
+from hindsearch.config.registry import Registry
 
 Reduction = Literal["sum", "mean"]
+
+
+class Methods(Registry):
+    """The method registry: a registered name, or ``a+b`` (registered methods that each add a term, composed).
+    Iterating gives the registered names, then the compositions it lists (``listed``)."""
+
+    def __init__(self, builtins: dict[str, str], listed: tuple[str, ...] = ()) -> None:
+        super().__init__("method", builtins)
+        self.listed = listed
+        """Compositions shown among the names (``--method``'s choices); any composition is valid without it."""
+
+    def parts(self, name: str) -> list[str]:
+        """The registered methods ``name`` composes (one for a plain name); ``KeyError`` naming what is wrong."""
+        parts = name.split("+")
+        for p in parts:
+            self.get(p)
+        if len(parts) > 1:
+            if len(set(parts)) != len(parts):
+                raise KeyError(f"method {name!r} names a method twice")
+            empty = [p for p in parts if getattr(self._entries[p], "term", None) is None]
+            if empty:
+                raise KeyError(f"method {name!r}: {', '.join(empty)} adds no term and composes with nothing")
+        return parts
+
+    def names(self) -> tuple[str, ...]:
+        return super().names() + self.listed
+
+    def __contains__(self, name: object) -> bool:
+        if not isinstance(name, str):
+            return False
+        if "+" not in name:
+            return super().__contains__(name)
+        try:
+            self.parts(name)
+        except KeyError:
+            return False
+        return True
+
+
+METHODS = Methods({"grpo": "hindsearch.hindsight.methods.grpo", "hindsearch": "hindsearch.hindsight.methods.hindsearch",
+                   "igsd": "hindsearch.hindsight.methods.igsd"}, listed=("hindsearch+igsd",))
+"""Training methods by name (``register_method``)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +139,7 @@ def term_methods() -> list[MethodSpec]:
 def make_terms(cfg: Any) -> list[Any]:
     """The terms of ``cfg.method``, each built from its own section (``term(options, seed=train.seed)``); none for
     a method without a term. Builds the objects only (no model): bad term options fail here."""
+    resolve_methods(cfg)
     try:
         specs = method_parts(cfg.method)
     except KeyError as e:
@@ -113,3 +155,24 @@ def reduction_of(term: Any, key: str) -> Reduction:
         raise KeyError(f"term {term.name!r} logs metric {key!r} without declaring its reduction over processes "
                        f"(add it to {type(term).__qualname__}.metrics.reductions: 'sum' or 'mean')")
     return metrics.reductions[key]
+
+
+def resolve_methods(cfg: Any) -> Any:
+    """Assemble the method part of a loaded ``Config`` (returned): ``method`` checked against ``METHODS``, and every
+    registered method's ``[name]`` table parsed by its options dataclass (defaults where the config has none) into
+    ``cfg.sections``, then validated. A table no method registered gets the config's unknown-key error. Idempotent:
+    a plugin loaded since adds its sections on the next call."""
+    METHODS.check(cfg.method, "method")
+    for name in METHODS.names():
+        spec = METHODS.get(name) if "+" not in name else None
+        if spec is not None and spec.config is not None and name not in cfg.sections:
+            cfg.sections[name] = spec.config()
+    for name, layers in list(cfg.tables.items()):
+        if name not in cfg.sections:
+            source = layers[0][0]
+            raise ConfigError(f"{source}: unknown key {name!r} in [Config]; allowed: "
+                              f"{sorted([*cfg.field_names(), *cfg.sections])}")
+        for source, value in layers:
+            _assign(cfg, name, value, source)
+        del cfg.tables[name]
+    return cfg.validate()

@@ -17,10 +17,8 @@ from typing import Any
 from torch import Tensor
 
 from hindsearch.agent import protocol
-from hindsearch.config.fields import DISTILL_ON
+from hindsearch.config.fields import DISTILL_ON, TEACHERS
 from hindsearch.core.scoring import score_continuations
-
-TEACHERS = ("frozen", "live", "ema")
 
 
 def hindsearch_prompt_ids(tokenizer: Any, question: str, critique: str) -> list[int]:
@@ -104,9 +102,9 @@ READY_CRITIQUE = "The retrieved passages already contain the answer; read them a
 
 def ready_decision_mask(traj: Any, tokenizer: Any, golds: Sequence[str]) -> list[int]:
     """1 on the decision tokens (``protocol.decision_mask``) of each post-information turn whose preceding
-    completion (the retrieved text included) already contains a gold answer string (``rewards.answer_in_text``),
+    completion (the retrieved text included) already contains a gold answer string (``answers.answer_in_text``),
     else 0; length ``len(completion_ids)``. At such a state searching again can only cost the answer."""
-    from hindsearch.rewards import answer_in_text
+    from hindsearch.answers import answer_in_text
 
     n = len(traj.completion_ids)
     out = [0] * n

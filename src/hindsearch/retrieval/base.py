@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from hindsearch.config.registry import RETRIEVERS
 from hindsearch.fsutil import strays
 from hindsearch.records import Passage
+from hindsearch.retrieval.registry import RETRIEVERS
 
 if TYPE_CHECKING:
     from hindsearch.config import RetrievalConfig

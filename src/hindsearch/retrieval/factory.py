@@ -1,11 +1,9 @@
 """Building and loading index folders and opening a configured retriever, through the registered kinds.
 
-``build_index`` / ``load_index`` / ``ensure_index`` do the work every index-backed kind shares (reading the corpus,
-the passage store, staging and publishing the folder, ``index.json``, the format version) and call the kind's
-``build`` / ``load`` (``base.register_index_kind``: ``bm25``, ``dense``, a plugin's) for its own files;
-``load_retriever`` opens a ``RetrievalConfig``'s kind (``base.register_retriever``: ``remote``, a plugin's, or an
-index-backed kind on its folder). ``ensure_index`` rebuilds only when the corpus file changed. This module names no
-kind: the implementations import ``base``, never this module.
+``build_index`` / ``load_index`` / ``ensure_index`` do what every index-backed kind shares (the corpus, the passage
+store, staging and publishing the folder, ``index.json``) and call the kind's own ``build`` / ``load``;
+``load_retriever`` opens a ``RetrievalConfig``'s kind, which ``check_kind`` checks against the registry. This module
+names no kind: the implementations import ``base``, never this module.
 """
 
 from __future__ import annotations
@@ -19,12 +17,17 @@ from typing import TYPE_CHECKING, Any
 from hindsearch.data.corpus import CorpusStats, file_sha256, iter_corpus
 from hindsearch.fsutil import check_replaceable, publish, staging, written_files
 from hindsearch.records import Passage
-from hindsearch.config.registry import RETRIEVERS
 from hindsearch.retrieval.base import (INDEX_VERSION, IndexKind, Retriever, index_kinds, index_strays, is_index_dir,
                                        read_meta, write_store)
+from hindsearch.retrieval.registry import RETRIEVERS
 
 if TYPE_CHECKING:
     from hindsearch.config import RetrievalConfig
+
+
+def check_kind(cfg: "RetrievalConfig") -> None:
+    """``ConfigError`` naming ``retrieval.kind`` and the registered kinds unless ``cfg.kind`` is one."""
+    RETRIEVERS.check(cfg.kind, "retrieval.kind")
 
 
 def index_kind(kind: Any) -> IndexKind | None:
@@ -107,6 +110,7 @@ def load_retriever(cfg: "RetrievalConfig", index_dir: str | Path | None = None,
                    corpus: str | Path | None = None) -> Retriever:
     """The retriever a ``RetrievalConfig`` asks for: its registered kind opened on ``index_dir`` (else
     ``cfg.index_dir``; a kind that reads an index folder needs one, of its kind) and ``corpus`` (the world's)."""
+    check_kind(cfg)
     spec = RETRIEVERS.get(cfg.kind)
     index_dir = index_dir or cfg.index_dir
     if spec.index is not None:

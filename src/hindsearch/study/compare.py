@@ -52,7 +52,7 @@ METHOD_ALIASES: dict[str, list[str]] = {
 def parse_methods(text: str) -> list[str]:
     """Comma list of method names: an alias, or a registered method (a plugin's too, once the config that names the
     plugin is loaded); raises ``ValueError`` naming the bad one."""
-    from hindsearch.config.registry import METHODS
+    from hindsearch.hindsight.registry import METHODS
 
     methods = [m.strip() for m in text.split(",") if m.strip()]
     if not methods:
@@ -131,7 +131,7 @@ def shared_warmup(cfg: Any, out_dir: Path, log: Any = print) -> str | None:
             _warn_other_kernels(recorded, rec, log)
             return recorded["init_model"]
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.setup import prepare
+    from hindsearch.inputs import prepare
     from hindsearch.train.warmup import ensure_warmup
 
     setup = prepare(cfg)
@@ -173,7 +173,7 @@ def _warn_other_kernels(recorded: dict[str, Any], rec: Path, log: Any) -> None:
 def eval_sets(cfg: Any, mini: str | None, test_limit: int | None, mini_limit: int | None) -> list[tuple[str, list, Any]]:
     """``[(name, records, index_dir)]``: the world test split and, with ``mini``, the seven mini benchmarks."""
     from hindsearch.data.qa import load_qa
-    from hindsearch.setup import resolve_data
+    from hindsearch.inputs import resolve_data
 
     paths = resolve_data(cfg)
     test_path = Path(cfg.data.test) if cfg.data.test else Path(paths["world"]) / "test.jsonl"
@@ -203,7 +203,7 @@ def evaluate_run(run_dir: Path, cfg: Any, sets: Sequence[tuple[str, list, Any]],
     from hindsearch.eval import evaluate
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import eval_engine
+    from hindsearch.inputs import eval_engine
 
     model, tok = loaded or load_policy(replace(cfg.model, name=str(model_dir or run_dir / "final"), gguf_file=None))
     out: dict[str, dict[str, Any]] = {}
@@ -276,7 +276,7 @@ def run_compare(config: str, methods: Sequence[str], seeds: Sequence[int], out: 
     from hindsearch.fsutil import FolderLock, guard_output
 
     # a comparison writes only into a new or empty folder or one of its own (compare.json: written before markers)
-    out_dir = guard_output(out, "compare", legacy=lambda f: (f / "compare.json").exists())
+    out_dir = guard_output(out, "compare")
     if eval_at:  # refused before the folder is made
         from hindsearch.config import Config
 
@@ -300,11 +300,13 @@ def _compare(config: str, methods: Sequence[str], seeds: Sequence[int], out_dir:
         base_ov.append(f"train.keep_steps=[{', '.join(str(int(x)) for x in sorted(set(eval_at)))}]")
     # the shared start (warm-up, held-out states, probe) is the preset's, built with its own train.seed whichever
     # seeds are listed: '--seeds 1,2' must extend a '--seeds 0' comparison, not start from another checkpoint
-    base_cfg = Config.load(config, base_ov)
+    from hindsearch.hindsight.registry import resolve_methods
+
+    base_cfg = resolve_methods(Config.load(config, base_ov))
     check_model_built(config, base_cfg.model.name)
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
-            Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov))
+            resolve_methods(Config.load(config, run_overrides(m, s, out_dir / run_name(m, s), None, base_ov)))
     if output_kind(out_dir) is None:
         claim_output(out_dir, "compare")
     (out_dir / "compare.json").write_text(json.dumps(

@@ -478,10 +478,12 @@ def probe_checkpoint(cfg: Any, checkpoint: str | None, n: int = 64, questions: i
     rollouts (``rollout.num_generations`` per question, as a training step draws them)."""
     from dataclasses import replace
 
+    from hindsearch.hindsight.registry import resolve_methods
+    from hindsearch.inputs import eval_engine, prepare
     from hindsearch.models import cache_dir, load_policy
-    from hindsearch.setup import eval_engine, prepare
     from hindsearch.train.warmup import ensure_warmup, select_records
 
+    resolve_methods(cfg)
     setup = prepare(cfg)
     train, retriever = setup.train, setup.retriever
     if checkpoint is None:
@@ -516,8 +518,7 @@ def guard_probe_out(out: str | Path) -> Path:
 
     def ours(f: Path) -> bool:
         kind = output_kind(f)
-        legacy = (f / "config.json").exists() or (f / "probe.json").exists() or (f / "compare.json").exists()
-        return kind in ("probe", "run", "compare") or (kind is None and legacy)
+        return kind in ("probe", "run", "compare") or (kind is None and (f / "config.json").exists())  # a model
 
     if not str(out).strip():
         raise UnsafeOutput("--out is empty (it would write into the current folder); give a new folder")

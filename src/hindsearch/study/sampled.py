@@ -112,13 +112,13 @@ def summary_markdown(run_dir: Any, methods: Sequence[str], seeds: Sequence[int])
 
 # ------------------------------------------------------------------ per run (``hindsearch compare``)
 def load_engine(cfg: Any, name: str | Path, index_dir: Any, loaded: tuple[Any, Any] | None = None) -> Any:
-    """The evaluation engine (``setup.eval_engine``) of the checkpoint ``name`` over the index ``index_dir``;
+    """The evaluation engine (``inputs.eval_engine``) of the checkpoint ``name`` over the index ``index_dir``;
     ``loaded = (model, tokenizer)`` reuses a checkpoint the caller has already loaded."""
     from dataclasses import replace
 
     from hindsearch.models import load_policy
     from hindsearch.retrieval.factory import load_retriever
-    from hindsearch.setup import eval_engine
+    from hindsearch.inputs import eval_engine
 
     model, tok = loaded or load_policy(replace(cfg.model, name=str(name), gguf_file=None))
     return eval_engine(cfg, model.eval(), tok, load_retriever(cfg.retrieval, index_dir))

@@ -1,12 +1,10 @@
-"""The rollout's reward: TRL reward functions by name (``train.reward_funcs``).
+"""The rollout's reward: TRL reward functions by name (``train.reward_funcs``), the ``REWARDS`` registry.
 
 A reward function has TRL's signature, ``f(completions, **columns) -> list[float]`` (one value per completion), and
-reads the columns the rollouts hand over (``hindsearch.train.rollout_adapter``): ``model_text`` (the text the model
-itself wrote), ``answered``, ``num_searches``, and the dataset's ``golden_answers``. ``@register_reward(name)`` adds
-one under a name; ``em`` (the default), ``f1`` and ``format`` are registered here. ``train.reward_funcs`` names
-registered functions or ``module:function`` paths; TRL sums them (weight 1 each) and logs each as
-``rewards/<function name>/mean``. ``train.format_reward > 0`` adds ``format`` with that weight (TRL's
-``reward_weights``), as before the list existed.
+reads the rollout's columns (``train.rollout_adapter``: ``model_text``, ``answered``, ``num_searches``) and the
+dataset's ``golden_answers``. ``@register_reward(name)`` adds one; ``em``, ``f1`` and ``format`` are registered here.
+``train.reward_funcs`` names registered functions or ``module:function`` paths; TRL sums them and logs each as
+``rewards/<function name>/mean``; ``train.format_reward > 0`` adds ``format`` with that weight.
 """
 
 from __future__ import annotations
@@ -15,10 +13,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hindsearch.agent.protocol import extract_answer
-from hindsearch.config.registry import REWARDS, PluginError, load_plugin
-from hindsearch.rewards import exact_match, f1_score
+from hindsearch.config.registry import PluginError, Registry, load_plugin
+from hindsearch.answers import exact_match, f1_score
 
 RewardFn = Callable[..., list[float]]
+
+
+class Rewards(Registry):
+    """The reward-function registry: a registered name, or a ``module:function`` path (``resolve_reward``)."""
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and (_is_path(name) or super().__contains__(name))
+
+
+def _is_path(name: str) -> bool:
+    """Whether ``name`` is a ``module:function`` path (both parts non-empty)."""
+    module, _, func = name.partition(":")
+    return bool(module and func)
+
+
+REWARDS = Rewards("reward function")
+"""TRL reward functions by name (``register_reward``; the built-ins are registered below)."""
 
 
 def register_reward(name: str) -> Callable[[RewardFn], RewardFn]:
@@ -42,7 +57,7 @@ def _answers(name: str, completions: Sequence[Any], golden_answers: Sequence[Seq
 def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
               **_: Any) -> list[float]:
     """Exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's extra field) against the
-    dataset's ``golden_answers`` column (``hindsearch.rewards.exact_match``)."""
+    dataset's ``golden_answers`` column (``hindsearch.answers.exact_match``)."""
     answers = _answers("em_reward", completions, golden_answers, model_text)
     return [exact_match(a, gold) for a, gold in zip(answers, golden_answers)]
 
@@ -50,7 +65,7 @@ def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]
 @register_reward("f1")
 def f1_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
               **_: Any) -> list[float]:
-    """Token F1 of the last ``<answer>`` the model wrote against the best gold answer (``hindsearch.rewards.f1_score``)."""
+    """Token F1 of the last ``<answer>`` the model wrote against the best gold answer (``hindsearch.answers.f1_score``)."""
     answers = _answers("f1_reward", completions, golden_answers, model_text)
     return [f1_score(a, gold) for a, gold in zip(answers, golden_answers)]
 
@@ -153,7 +168,10 @@ def checked_reward(fn: RewardFn) -> RewardFn:
 def reward_funcs_of(train_cfg: Any, funcs: Sequence[str | RewardFn] | None = None
                     ) -> tuple[list[RewardFn], list[float] | None]:
     """The reward functions of a run and TRL's ``reward_weights`` (None: 1 each): ``funcs`` (callables or names;
-    None: ``train.reward_funcs``), then ``format`` with weight ``train.format_reward`` when that is > 0."""
+    None: ``train.reward_funcs``), then ``format`` with weight ``train.format_reward`` when that is > 0. A name
+    nobody registered gets the config's error naming ``train.reward_funcs`` and the registered names."""
+    if funcs is None:
+        REWARDS.check(train_cfg.reward_funcs, "train.reward_funcs")
     fns = [resolve_reward(f) for f in (train_cfg.reward_funcs if funcs is None else funcs)]
     if not fns:
         raise ValueError("train.reward_funcs is empty: name at least one reward function (default: ['em'])")

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config import Config, ConfigError, flat_keys
-from hindsearch.setup import eval_engine, prepare
+from hindsearch.inputs import eval_engine, prepare
 from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
@@ -59,12 +59,16 @@ from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
     """Validate everything that does not need a model; errors name the key and what is allowed (``reward_funcs``:
     the ones given from Python instead of ``train.reward_funcs``)."""
-    cfg.validate()
+    from hindsearch.hindsight.registry import resolve_methods
+    from hindsearch.retrieval.factory import check_kind
+
+    resolve_methods(cfg)  # the method checked and its tables parsed, then the whole config validated
+    check_kind(cfg.retrieval)
     for key in ("train", "dev", "test"):
         p = getattr(cfg.data, key)
         if p is not None and not Path(p).exists():
             raise ConfigError(f"data.{key} = {p!r}: file not found")
-    from hindsearch.config.registry import RETRIEVERS
+    from hindsearch.retrieval.registry import RETRIEVERS
 
     if cfg.retrieval.index_dir is not None and RETRIEVERS.get(cfg.retrieval.kind).index:
         if not (Path(cfg.retrieval.index_dir) / "index.json").exists():
@@ -257,8 +261,10 @@ def affects_training(key: str) -> bool:
 def _normal(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict as the current code reads it (defaults of newer fields filled in) and as JSON holds it
     (tuples as lists), so a record and a reloaded config compare equal when nothing changed."""
+    from hindsearch.hindsight.registry import resolve_methods
+
     try:
-        d = Config.from_dict(d).to_dict()
+        d = resolve_methods(Config.from_dict(d)).to_dict()
     except (ConfigError, ValueError, TypeError):
         pass
     return json.loads(json.dumps(d, default=str))
@@ -280,10 +286,8 @@ def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any
     started = marker.get("config")
     now = _normal(cfg.to_dict())
     if not isinstance(started, dict):
-        log(f"{run_dir}: no record of the config the run started with (a run folder from an older hindsearch); "
-            f"the current config.toml is recorded as the run's config from here on")
-        marker["config"] = now
-        return marker
+        raise ConfigError(f"{run_dir}: no record of the config the run started with: the folder was written by an "
+                          f"older hindsearch and cannot be resumed; start a new run")
     changes = [c for c in config_changes(_normal(started), now) if c[0] != "out"]  # a resume runs in RUN_DIR
     training = [c for c in changes if affects_training(c[0])]
     other = [c for c in changes if not affects_training(c[0])]
@@ -515,7 +519,7 @@ class _Job:
         self.distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1
         self.tok: Any = None
         self.model_id: dict[str, Any] | None = None  # eval.model_identity of the policy now in memory
-        self.setup: Any = None  # hindsearch.setup.prepare's result: paths, train/dev records, retriever
+        self.setup: Any = None  # hindsearch.inputs.prepare's result: paths, train/dev records, retriever
         self.threads: dict[str, Any] = {}  # the torch thread count the run used and why (summary.json)
 
     def data(self) -> None:
@@ -525,7 +529,7 @@ class _Job:
             self.setup = setup = prepare(self.cfg, retriever=self.retriever)
         self.log(f"      {len(setup.train)} train questions ({setup.paths['train']}), "
                  f"{len(setup.dev)} dev ({setup.paths['dev']})")
-        from hindsearch.setup import belonging_warning
+        from hindsearch.inputs import belonging_warning
 
         if warning := belonging_warning(self.cfg, setup):  # e.g. the world's questions against a user's server
             self.log(f"      {warning}")

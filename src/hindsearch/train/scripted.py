@@ -59,7 +59,7 @@ from typing import Any
 from hindsearch.agent import protocol
 from hindsearch.config.fields import FEEDBACK_KINDS
 from hindsearch.records import Passage, QARecord, Trajectory, Turn, title_key
-from hindsearch.rewards import exact_match, f1_score, normalize_answer
+from hindsearch.answers import exact_match, f1_score, normalize_answer
 
 SNIPPET_CHARS = 160
 

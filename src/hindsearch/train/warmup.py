@@ -320,14 +320,16 @@ def cmd_sft(args: Any) -> int:
     """``hindsearch sft`` (the parser lives in ``hindsearch.cli.train`` so the CLI starts without torch)."""
     from hindsearch.config import Config
 
-    cfg = Config.load(args.config, args.set)
+    from hindsearch.hindsight.registry import resolve_methods
+
+    cfg = resolve_methods(Config.load(args.config, args.set))
     demos = args.demos or cfg.warmup.demos
     if demos and not Path(demos).exists():
         raise FileNotFoundError(f"demonstrations file not found: {demos}")
     if demos:
         records, retriever = [], None
     else:
-        from hindsearch.setup import prepare
+        from hindsearch.inputs import prepare
 
         setup = prepare(cfg)  # data, index and retriever, as every command resolves them
         records, retriever = setup.train, setup.retriever

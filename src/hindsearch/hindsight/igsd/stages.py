@@ -15,9 +15,9 @@ from hindsearch.agent.backend import Backend
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight import losses
-from hindsearch.hindsight.igsd.types import (SIDES, Completion, Metrics, Pair, Scored, Side)
+from hindsearch.hindsight.igsd.types import (SIDES, Completion, StageMetrics, Pair, Scored, Side)
 from hindsearch.records import Passage, Trajectory
-from hindsearch.rewards import answer_in_text
+from hindsearch.answers import answer_in_text
 
 
 class QueryCache:
@@ -89,7 +89,7 @@ def control_sampler(
 def complete_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, cfg: Any,
     complete: Backend | None, batch_size: int = 16, prefix_cache: bool = True,
-) -> tuple[list[dict[Side, Completion]], Metrics]:
+) -> tuple[list[dict[Side, Completion]], StageMetrics]:
     """Both proposals of every pair completed greedily by the current policy, in one batched call of THE query
     completer (``Backend.complete_queries``): ``complete`` (a backend with its own copy of the policy, e.g. vLLM),
     or None for an ``HFBackend`` of ``policy``; with ``prefix_cache`` each rollout's shared prefix is computed once
@@ -104,7 +104,7 @@ def complete_stage(
             groups.append((p.row, p.q_start))  # same rollout and search: prompt + completion[:q_start] shared
     completer = complete if complete is not None else HFBackend(policy, tokenizer)
     outs = completer.complete_queries(prefixes, cfg.max_query_tokens, groups if prefix_cache else None, batch_size)
-    m: Metrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
+    m: StageMetrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
     close = protocol.search_close_ids(tokenizer)
     res: list[dict[Side, Completion]] = [{} for _ in pairs]
     for (k, side), pre, o in zip(keys, prefixes, outs):
@@ -123,7 +123,7 @@ def complete_stage(
 
 
 def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk: int
-                  ) -> tuple[list[dict[Side, list[Passage] | None]], Metrics]:
+                  ) -> tuple[list[dict[Side, list[Passage] | None]], StageMetrics]:
     """Both queries of every pair through the retriever: one batched call for the step's new queries (per-step
     cache); ``None`` where retrieval failed."""
     t0 = time.perf_counter()
@@ -131,7 +131,7 @@ def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk:
     qlist = [c[s].query for c in comps for s in SIDES]
     docs = cache.fetch(retriever, qlist, topk)
     got = [{s: docs[2 * k + i] for i, s in enumerate(SIDES)} for k in range(len(comps))]
-    m: Metrics = dict(retrieval_calls=float(cache.calls), retrieval_queries=float(cache.misses),
+    m: StageMetrics = dict(retrieval_calls=float(cache.calls), retrieval_queries=float(cache.misses),
                       cache_hits=float(cache.hits), cache_hit_rate=cache.hits / max(len(qlist), 1),
                       retrieval_errors=float(cache.errors),
                       empty_results=float(sum(1 for g in got for d in g.values() if d is not None and not d)))
@@ -157,12 +157,12 @@ def score_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], comps: Sequence[dict[Side, Completion]],
     got: Sequence[dict[Side, list[Passage] | None]], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
     topk: int, corpus: Sequence[Passage] | None, rng: random.Random, batch_size: int = 16, prefix_cache: bool = True,
-) -> tuple[list[Scored | None], list[list[list[Passage]]], Metrics]:
+) -> tuple[list[Scored | None], list[list[list[Passage]]], StageMetrics]:
     """``u(D)`` of each side's documents and of ``n_controls`` shared control sets, in one batched pass
     (identical sequences scored once) → ``(scores, controls, metrics)``; ``None`` / ``[]`` for a pair whose
     retrieval failed. ``prefix_cache`` scores with ``core.scoring.shared_prefix_utilities``, else full-sequence forwards (same numbers)."""
     t0 = time.perf_counter()
-    m: Metrics = {"answers_cut": 0.0}
+    m: StageMetrics = {"answers_cut": 0.0}
     draw = control_sampler(retriever, corpus, [d for g in got for ds in g.values() if ds for d in ds], rng)
     seqs: dict[tuple, int] = {}
     slot_state: list[list[int]] = []

@@ -74,4 +74,4 @@ class Scored:
 
 
 
-Metrics = dict[str, float]
+StageMetrics = dict[str, float]

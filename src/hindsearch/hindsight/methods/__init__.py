@@ -1,7 +1,4 @@
 """The built-in methods, one file each (options, term, metrics): importing this package registers them
-(``hindsearch.config.registry.METHODS`` imports it on first read)."""
+(``hindsearch.hindsight.registry.METHODS`` imports one when its name is first looked up)."""
 
-from hindsearch.config.registry import METHODS
-from hindsearch.hindsight.methods import grpo, hindsearch, igsd  # noqa: F401 - registers them, in this order
-
-METHODS.list_composition("hindsearch+igsd")
+from hindsearch.hindsight.methods import grpo, hindsearch, igsd  # noqa: F401 - registers them

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.config.fields import (AGGREGATIONS, CRITIQUE_SOURCES, DISTILL_ON, TEACHERS, ConfigError, bounded,
+from hindsearch.config.fields import (AGG_MODES, CRITIQUE_SOURCES, DISTILL_ON, TEACHERS, ConfigError, bounded,
                                       choice)
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions, scatter
@@ -114,7 +114,7 @@ class HindSearchConfig:
     """Whose critique the teacher reads: ``own`` (the judge's critique of this rollout) or ``shuffled`` (the
     critique of a failed rollout of *another* question, from this step or the last steps: the control that keeps
     the prompt shift and the extra gradient at the same positions but removes the critique's information)."""
-    aggregation: str = choice("token-mean", AGGREGATIONS)
+    aggregation: str = choice("token-mean", AGG_MODES)
     """How ``L_hind`` is reduced over the distilled tokens (``hindsearch.hindsight.losses.AGG_MODES`` reads
     this tuple)."""
     ready_states: str = choice("critique", ("critique", "answer_now", "answer_line"))

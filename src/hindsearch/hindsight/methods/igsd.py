@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from hindsearch.config.fields import AGGREGATIONS, GATES, TEACHERS, bounded, choice
+from hindsearch.config.fields import AGG_MODES, GATES, TEACHERS, bounded, choice
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions
 from hindsearch.hindsight.igsd import run_igsd
@@ -79,7 +79,7 @@ class IGSDConfig:
     """Gate margin on the paired gain delta: the gate is zero at and below it. With ``utility_state = shared``
     identical documents give exactly 0, so 0 keeps them shut; ``hindsearch probe`` reports the gate's opening rate
     on identical-document and both-missed pairs to size it."""
-    aggregation: str = choice("token-mean", AGGREGATIONS)
+    aggregation: str = choice("token-mean", AGG_MODES)
     """How ``L_igsd`` is reduced over the verified positions (``token-mean``: gated KL summed over positions
     divided by their number, the paper's form)."""
     max_answer_tokens: int = bounded(16, gt=0)

@@ -3,7 +3,7 @@
 import pytest
 
 from hindsearch.records import Passage, QARecord, Trajectory, Turn, make_contents
-from hindsearch.rewards import answer_in_text, exact_match, f1_score, normalize_answer
+from hindsearch.answers import answer_in_text, exact_match, f1_score, normalize_answer
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,9 @@
-"""One setup path: what ``train``, ``sft``, ``eval``, ``compare`` and ``probe`` all need from a config.
+"""A run's inputs, resolved from its config once for ``train``, ``sft``, ``eval``, ``compare`` and ``probe``.
 
-``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built and cached on first use),
-the index (the configured one, or the world's, built when missing with the configured encoder) and the retriever
-(the registered ``retrieval.kind``, or a retriever object given from Python), and loads the training and dev
-questions. ``eval_engine`` is the greedy HF rollout
-engine every evaluation uses. Written once here; the commands only add what is theirs.
+``prepare(cfg)`` resolves the data (the configured files, or the fictional world, built on first use), the index
+(the configured one, or the world's) and the retriever, and loads the training and dev questions; ``eval_engine`` is
+the HF rollout engine every evaluation uses; ``belonging_warning`` says when the QA data and the retriever's corpus
+do not belong together.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ class Setup:
 def resolve_data(cfg: Config, index: bool = True) -> dict[str, Any]:
     """Paths of the world, train/dev data and the index; builds the world and its index on first use
     (``index=False``: no index, the retriever is given)."""
-    from hindsearch.config.registry import RETRIEVERS
+    from hindsearch.retrieval.registry import RETRIEVERS
 
     world = None
     needs_index = index and RETRIEVERS.get(cfg.retrieval.kind).index and cfg.retrieval.index_dir is None
@@ -102,7 +101,7 @@ def answers_retrieved(records: list[Any], retriever: Any, k: int, n: int = BELON
     """``(hits, checked)``: of the first ``n`` of ``records``, how many find a gold answer (normalised, as EM
     reads it) in the ``k`` passages ``retriever`` returns for the question. 0 hits of many means the QA data and
     the retriever's corpus do not belong together (a run would train on questions it can never answer)."""
-    from hindsearch.rewards import answer_in_text
+    from hindsearch.answers import answer_in_text
 
     sample = [r for r in records[:n] if r.golden_answers]
     if not sample:

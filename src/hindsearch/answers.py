@@ -1,9 +1,5 @@
-"""Answer normalisation, exact match and token F1 (SQuAD rules, as Search-R1 and FlashRAG use).
-
-``normalize_answer``: lowercase, drop punctuation, drop the articles a/an/the, collapse
-whitespace. ``exact_match`` is 1.0 when the normalised prediction equals any normalised gold
-answer. ``f1`` is the best token-level F1 over the gold answers.
-"""
+"""Answer scoring (SQuAD rules, as Search-R1 and FlashRAG use): ``normalize_answer``, ``exact_match``,
+``f1_score`` and ``answer_in_text``. The rollout's reward functions built on them are ``train.reward_funcs``."""
 
 from __future__ import annotations
 
