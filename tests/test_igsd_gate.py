@@ -50,10 +50,10 @@ def _scored(model, tok, cfg, docs_T, docs_S, golds=("Kestrel Bay",)):
     tr = make_traj(tok, QUESTION, list(golds), "bread recipes")
     t = tr.query_mask.index(1)
     pair = G.Pair(0, t, tr.completion_ids[t], tok(" Edwin", add_special_tokens=False)["input_ids"][0], (0.5, 0.5), t)
-    comps, _ = G.complete_stage([pair], [tr], policy=model, tokenizer=tok, cfg=cfg, complete=HFBackend(model, tok))
+    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=None, complete=HFBackend(model, tok), topk=2)
+    comps, _ = G.complete_stage([pair], [tr], ctx, cfg)
     got = [{"T": list(docs_T), "S": list(docs_S)}]
-    scores, _, _ = G.score_stage([pair], [tr], comps, got, policy=model, tokenizer=tok, retriever=None, cfg=cfg,
-                                 topk=2, corpus=CORPUS, rng=random.Random(0))
+    scores, _, _ = G.score_stage([pair], [tr], comps, got, ctx, cfg, corpus=CORPUS, rng=random.Random(0))
     (delta, gate), = G.gate_stage(scores, cfg)
     return delta, gate, scores[0]
 
@@ -93,17 +93,17 @@ def test_teacher_query_naming_the_answer_never_opens(smol, retriever):
     tr = make_traj(tok, "What does a lighthouse guide at night", ["ships"], "bread recipes")
     t = tr.query_mask.index(1)
     b, = tok(" ships", add_special_tokens=False)["input_ids"]  # the answer, one token: its query names it
+    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retriever, complete=HFBackend(model, tok),
+                     topk=2)
     for cfg in (IGSDConfig(), IGSDConfig(utility_state="query")):
         pair = G.Pair(0, t, tr.completion_ids[t], b, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-        G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(0), m=m)
+        G.verify_pairs([pair], [tr], ctx, cfg, corpus=CORPUS, rng=random.Random(0), m=m)
         assert pair.queries["T"].lower().startswith("ships")
         assert not pair.verified and pair.gate == 0.0 and m["alias_queries_dropped"] == 1
     pair = G.Pair(0, t, tr.completion_ids[t], b, (0.5, 0.5), t)
     m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-    G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=IGSDConfig(proposals="any"),
-                   topk=2, complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(0), m=m)
+    G.verify_pairs([pair], [tr], ctx, IGSDConfig(proposals="any"), corpus=CORPUS, rng=random.Random(0), m=m)
     assert pair.verified  # the paper's form verifies it
 
 
@@ -191,7 +191,7 @@ def test_critique_hint_and_term_with_critique_hindsight():
     build_index(CORPUS, d, kind="bm25", show_progress=False)
     retr = load_index(d)
     engine = RolloutEngine(model, tok, retr, RolloutConfig(), topk=2)
-    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retr, complete=engine.backend, topk=2)
+    ctx = AuxContext.of_engine(engine, model)
     batch = term.prepare([tr], len(tr.completion_ids), ctx)
     assert batch.metrics["hindsight_rows"] == 1 and batch.metrics["positions_verified"] == 2
 

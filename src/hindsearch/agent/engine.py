@@ -293,13 +293,18 @@ class RolloutEngine:
         t.f1 = f1_score(t.answer, t.golden_answers)
         t.reward = t.em
 
-    # ------------------------------------------------------------------ IGSD helper
-    @property
-    def query_completer(self) -> Backend | None:
-        """IGSD's query completer (``Backend.complete_queries``): None when the backend decodes this engine's model
-        in this process (HF: IGSD completes with the policy it is given, through an ``HFBackend`` of it), else the
-        backend (vLLM: its synced copy of the weights)."""
-        return None if self.backend.in_process else self.backend
+    # ------------------------------------------------------------------ the policy it decodes
+    def use_model(self, model: Any) -> None:
+        """Decode ``model`` from now on (the trainer's policy once TRL has wrapped it, e.g. with LoRA)."""
+        self.model = model
+        if hasattr(self.backend, "model"):
+            self.backend.model = model
+
+    def complete_queries(self, prefixes: list[list[int]], max_new_tokens: int, groups: Any = None,
+                         batch_size: int = 16) -> list[GenOutput]:
+        """IGSD's query completer: greedy completion to ``</search>`` by the backend this engine decodes with
+        (``Backend.complete_queries``)."""
+        return self.backend.complete_queries(prefixes, max_new_tokens, groups, batch_size)
 
 
 def make_backend(cfg: Any, model: Any, tokenizer: Any) -> Backend:

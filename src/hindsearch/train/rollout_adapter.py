@@ -14,8 +14,8 @@ so the order TRL expects is kept by construction.
 - ``env_mask`` = our ``gen_mask``: TRL multiplies it into the loss mask (``tool_mask``), so injected
   ``<information>`` blocks and invalid-action notices carry no policy loss, no KL and no entropy;
 - every other key is forwarded per sample to the reward functions: ``model_text`` (the text the model
-  itself wrote, ``Trajectory.model_text``), ``answered``, ``num_searches``; the dataset's
-  ``golden_answers`` column reaches them the same way.
+  itself wrote, ``Trajectory.model_text``), ``em`` (the engine's exact match, computed once per rollout),
+  ``answered``, ``num_searches``; the dataset's ``golden_answers`` column reaches them the same way.
 
 Rewards are plain TRL reward functions, ``f(completions, **columns) -> list[float]``, read from these columns
 (``hindsearch.train.reward_funcs``: ``em``, ``f1``, ``format`` and any registered or ``module:function`` one).
@@ -90,6 +90,7 @@ def rollout_output(trajs: Sequence[Trajectory], filler_id: int,
         out["env_mask"].append(mask)
         out["logprobs"].append(lps)
     out["model_text"] = [t.model_text(decode) for t in trajs]
+    out["em"] = [t.em for t in trajs]
     out["answered"] = [model_answered(t) for t in trajs]
     out["num_searches"] = [t.num_searches for t in trajs]
     return out

@@ -44,7 +44,7 @@ import gc
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +54,28 @@ from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
 
-
 # ---------------------------------------------------------------- validation (no model loads)
-def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
-    """Validate everything that does not need a model; errors name the key and what is allowed (``reward_funcs``:
-    the ones given from Python instead of ``train.reward_funcs``)."""
+@dataclass
+class Parts:
+    """What a run assembles once from its config, before any model loads: the method's terms and the reward
+    functions with TRL's ``reward_weights`` (None: 1 each)."""
+
+    terms: list[Any]
+    reward_funcs: list[Any]
+    reward_weights: list[float] | None
+
+    @classmethod
+    def of(cls, cfg: Config, reward_funcs: list[Any] | None = None) -> "Parts":
+        """``cfg.method``'s terms (objects only, no model) and ``reward_funcs`` (None: ``train.reward_funcs``)."""
+        from hindsearch.hindsight.registry import make_terms
+        from hindsearch.train.reward_funcs import reward_funcs_of
+
+        return cls(make_terms(cfg), *reward_funcs_of(cfg.train, reward_funcs))
+
+
+def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
+    """Validate everything that does not need a model and build the run's ``Parts``; errors name the key and what
+    is allowed (``reward_funcs``: the ones given from Python instead of ``train.reward_funcs``)."""
     cfg.validate()
     for key in ("train", "dev", "test"):
         p = getattr(cfg.data, key)
@@ -82,11 +99,12 @@ def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
     from hindsearch.hindsight.registry import make_terms
     from hindsearch.train.reward_funcs import reward_funcs_of
 
-    make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
+    terms = make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
     try:
-        reward_funcs_of(cfg.train, reward_funcs)  # a module:function reward that does not import fails here
+        funcs, weights = reward_funcs_of(cfg.train, reward_funcs)  # a module:function that does not import fails
     except (KeyError, ValueError) as e:
         raise ConfigError(str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
+    return Parts(terms, funcs, weights)
 
 
 # ---------------------------------------------------------------- trainer
@@ -101,22 +119,18 @@ def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
     model.config._name_or_path = str(folder)
 
 
-def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retriever: Any, train_records: list[Any],
-                  run_dir: Path, reward_funcs: list[Any] | None = None) -> Any:
-    """``HindsearchGRPOTrainer`` with the method's terms and their context, rewarded by ``reward_funcs`` (TRL reward
-    functions or registered names; None: ``train.reward_funcs``) plus the configured format reward."""
-    from hindsearch.hindsight.contract import AuxContext
-    from hindsearch.hindsight.registry import make_terms
-    from hindsearch.train.reward_funcs import reward_funcs_of
+def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, train_records: list[Any], run_dir: Path,
+                  parts: Parts | None = None) -> Any:
+    """``HindsearchGRPOTrainer`` over ``engine``'s rollouts with the run's ``parts`` (``preflight``'s; None:
+    ``Parts.of(cfg)``): the method's terms (their own models loaded here) and the reward functions."""
+    from hindsearch.models import lora_peft_config
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
-    from hindsearch.models import lora_peft_config
-
-    terms = make_terms(cfg)
+    parts = parts if parts is not None else Parts.of(cfg)
+    terms = parts.terms
     for term in terms:
-        if hasattr(term, "load_models"):  # a term's own models (HindSearch's judge_model) load here, not in prepare
+        if hasattr(term, "load_models"):  # a term's own models (HindSearch's judge_model), not in prepare
             term.load_models(cfg.model)
-    funcs, weights = reward_funcs_of(cfg.train, reward_funcs)
     peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
     if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
         base = getattr(model.config, "_name_or_path", "") or ""
@@ -126,27 +140,17 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     # one EMA copy of the policy per decay some term asks for (terms with the same decay read the same copy)
     decays = dict.fromkeys(getattr(t, "ema_decay", None) for t in terms)
     emas = {d: copy.deepcopy(model).eval() for d in decays if d is not None}
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever,
-                     complete=engine.query_completer, topk=cfg.retrieval.topk,
-                     device=next(model.parameters()).device) if terms else None
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.train.gradient_checkpointing:
         route_every_n_layers(model)
     trainer = HindsearchGRPOTrainer(
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
-        tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
-        reward_funcs=funcs, reward_weights=weights, rollout_seed=cfg.train.seed, emas=emas,
+        tokenizer=tokenizer, terms=terms, frozen=frozen, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
+        reward_funcs=parts.reward_funcs, reward_weights=parts.reward_weights, rollout_seed=cfg.train.seed, emas=emas,
         grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
         keep_steps=cfg.train.keep_steps,
         peft_config=peft_config)
     tensorboard_to(trainer, Path(run_dir) / TB_DIR)  # RUN/tb/, not RUN/checkpoints/runs/<date>_<host>/
-    if ctx is not None:
-        if ctx.frozen is None:
-            ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term
-        for m in (ctx.frozen, *emas.values()):
-            for p in m.parameters() if m is not None else ():
-                p.requires_grad_(False)
-        ctx.device = trainer.accelerator.device
     return trainer
 
 
@@ -415,7 +419,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     if resume is None and not str(cfg.out).strip():
         raise ConfigError("out = '': no run folder given (it would write into the current folder); "
                           "set out in the config or pass --out")
-    preflight(cfg, reward_funcs)
+    parts = preflight(cfg, reward_funcs)
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
@@ -442,7 +446,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
             marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
             if resume is not None:
                 ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
-            job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs, stop=stop)
+            job = _Job(cfg, run_dir, log, parts, retriever=retriever, stop=stop)
             job.threads = {"count": used_threads[0], "why": used_threads[1]}
             return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
 
@@ -501,14 +505,15 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 class _Job:
     """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Any, retriever: Any = None,
-                 reward_funcs: list[Any] | None = None, stop: StopRequest | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, log: Any, parts: Parts, retriever: Any = None,
+                 stop: StopRequest | None = None) -> None:
         from hindsearch.memory import StageMemory
 
         self.stop = stop  # set by stop_on_signals: a SIGTERM/SIGINT during training stops at a step's end
 
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
-        self.retriever, self.reward_funcs = retriever, reward_funcs  # from Python (run_train), else the config's
+        self.parts = parts  # the terms and reward functions, built once (preflight)
+        self.retriever = retriever  # from Python (run_train), else the config's
         self.mem = StageMemory()
         self.rows: dict[str, dict[str, Any]] = {}
         self.timings: dict[str, float] = {}
@@ -641,8 +646,7 @@ class _Job:
 
         cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
-        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir,
-                                reward_funcs=self.reward_funcs)
+        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.train, run_dir, self.parts)
         from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log

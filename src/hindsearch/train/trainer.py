@@ -62,7 +62,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +74,10 @@ from hindsearch.hindsight.registry import reduction_of
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
 from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, checked_loss, checked_positions, selected_logits,
-                                       sharded_training, term_inputs, update_shares)
+                                       term_inputs, update_shares)
 from hindsearch.train import vllm_glue as vg
-from hindsearch.train.callbacks import (
-    EMAUpdate,
-    FiniteWeights,
-    MetricsWriter,
-    SamplesWriter,
-    StepTimer,
-    gather_metrics,
-)
+from hindsearch.hindsight.contract import AuxContext
+from hindsearch.train.callbacks import EMATeachers, FiniteWeights, MetricsWriter, SamplesWriter, StepTimer, gather_metrics
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
 
 class KeepWeights(TrainerCallback):
@@ -140,7 +133,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         engine: Any,
         tokenizer: Any,
         terms: Sequence[Any] = (),
-        aux_ctx: Any = None,
+        frozen: Any = None,
         run_dir: str | Path | None = None,
         samples_per_step: int = 4,
         reward_funcs: Sequence[Any] = (),
@@ -167,13 +160,11 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                                      for r in train_records])
         self.engine = engine
         self.terms = list(terms)
-        self.aux_ctx = aux_ctx
         self._step_positions: dict[str, torch.Tensor] = {}  # per term: its [B, T] positions of the generation batch
         self.run_dir = Path(run_dir) if run_dir else None
         self.rollout_seed = rollout_seed
         self._last_trajs: list[Trajectory] = []
         self._vllm_attached = False
-        self.emas = dict(emas or {})  # decay -> EMA copy of the policy (the terms with that ema_decay read it)
         self.grad_share_steps = grad_share_steps
         self.grpo_scale = float(grpo_scale)  # train.grpo_scale: 0 = the hindsight terms alone
         self.timer = StepTimer(self.record_metrics)
@@ -189,18 +180,29 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             **kwargs,
         )
         self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
+        emas = dict(emas or {})  # decay -> a full EMA copy of the policy (the terms with that ema_decay read it)
+        if emas and self.is_fsdp_enabled:
+            raise ValueError("a term's teacher = 'ema' (hindsearch.teacher, igsd.teacher) is not supported under "
+                             "FSDP; use 'frozen' or 'live', or DeepSpeed ZeRO-3")
         for cb in (self.timer, FiniteWeights(self.check_finite_weights), MetricsWriter(self.run_dir),
-                   self.samples_writer, EMAUpdate(self)):
+                   self.samples_writer, *([EMATeachers(emas, self.accelerator)] if emas else [])):
             self.add_callback(cb)
         if keep_steps:
             bad = [s for s in keep_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
             if bad or self.run_dir is None:
                 raise ValueError(f"train.keep_steps must be optimizer steps >= 1 of a run with a folder, got {list(keep_steps)}")
             self.add_callback(KeepWeights(self, keep_steps))
-        if self.emas and sharded_training(self):
-            raise ValueError("a term's teacher = 'ema' (hindsearch.teacher, igsd.teacher) is not supported under ZeRO-3 or FSDP (the "
-                             "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
-                             "or 'live'")
+        policy = self.accelerator.unwrap_model(self.model)  # the object TRL trains (a PeftModel with LoRA)
+        if not self.use_vllm and engine.model is not policy:
+            engine.use_model(policy)  # once: the rollouts decode what is trained
+        self.aux_ctx: AuxContext | None = None  # the one context of the run's terms (``step`` set before each prepare)
+        if self.terms:
+            frozen = frozen if frozen is not None else self.ref_model  # TRL's reference copy when it keeps one
+            for m in (frozen, *emas.values()):
+                for p in m.parameters() if m is not None else ():
+                    p.requires_grad_(False)
+            self.aux_ctx = AuxContext(policy=policy, frozen=frozen, tokenizer=tokenizer, retriever=engine.retriever,
+                                      complete=engine, topk=engine.topk, device=self.accelerator.device, emas=emas)
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -227,10 +229,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
             ) as unwrapped:
                 was_training = unwrapped.training
-                unwrapped.eval()
-                self.engine.model = unwrapped
-                if hasattr(self.engine.backend, "model"):
-                    self.engine.backend.model = unwrapped
+                unwrapped.eval()  # the engine decodes this object (``aux_ctx.policy``, pointed at once)
                 try:
                     with torch.no_grad():
                         trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
@@ -292,14 +291,12 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         """Each term's ``prepare`` (no grad): its tensors into ``out`` under ``aux:<term>:<key>``, its metrics
         recorded; returns its per-trajectory samples by term name."""
         ctx = self.aux_ctx
-        ctx.step = self.state.global_step
-        ctx.policy = self.accelerator.unwrap_model(self.model)
-        ctx.device = device
+        ctx.step = self.state.global_step  # the context's one per-step field
         aux_samples: dict[str, list[dict]] = {}
         metrics: dict[str, float] = {}
         for term in self.terms:
             with torch.no_grad():
-                batch = term.prepare(trajs, T, replace(ctx, ema=self.emas.get(getattr(term, "ema_decay", None))))
+                batch = term.prepare(trajs, T, ctx)
             for k, v in batch.tensors.items():
                 if v.shape[0] != B:
                     raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
@@ -460,13 +457,3 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     def record_metrics(self, metrics: Mapping[str, float], summed: Callable[[str], bool] = lambda _k: False) -> None:
         """This process's values, reduced over the processes (``gather_metrics``), into TRL's ``_metrics``."""
         self._append_metrics(gather_metrics(metrics, self.accelerator, summed))
-
-    def optimizer_step_done(self) -> None:
-        """After each optimizer step: move each EMA teacher (one per decay a term asked for) toward the policy."""
-        if not self.emas:
-            return
-        policy = self.accelerator.unwrap_model(self.model)
-        with torch.no_grad():
-            for decay, ema in self.emas.items():
-                for pe, pp in zip(ema.parameters(), policy.parameters()):
-                    pe.lerp_(pp.detach().to(pe.dtype), 1.0 - decay)
