@@ -176,6 +176,36 @@ def test_two_steps_with_hindsight_terms(method, world, tok, tmp_path):
     assert any(name in s for s in samples if s["reward"] == 0), "failed rollouts carry no aux sample"
 
 
+def test_ema_teachers_follow_the_policy_bit_for_bit(world, tok, tmp_path):
+    """Two steps of hindsearch+igsd with both teachers ``ema`` (two decays, two copies): after each optimizer step
+    each EMA copy is exactly ``ema.lerp_(policy, 1 - decay)`` of the policy at that step's end, bit for bit (the
+    update ``train.callbacks.EMATeachers`` makes, as the hand-written one before it); the terms read the copies
+    from the run's one context."""
+    from transformers import TrainerCallback
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch+igsd"', 'hindsearch.teacher="ema"', 'igsd.teacher="ema"',
+                                         'hindsearch.judge_kind="oracle"', "hindsearch.ema_decay=0.5",
+                                         "train.kl_coef=0.0"])
+    trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:6], tmp_path / "run")
+    emas = trainer.aux_ctx.emas
+    assert sorted(emas) == [0.5, 0.99] and all(e is not model for e in emas.values())
+    expected = {d: [p.detach().clone() for p in e.parameters()] for d, e in emas.items()}
+
+    class Follow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):  # the policy as the EMA update saw it
+            for d, ps in expected.items():
+                for e, p in zip(ps, model.parameters()):
+                    e.lerp_(p.detach(), 1.0 - d)
+
+    trainer.add_callback(Follow())
+    trainer.train()
+    for d, ema in emas.items():
+        got = list(ema.parameters())
+        assert all(torch.equal(a, b) for a, b in zip(got, expected[d])), d
+        assert not all(torch.equal(a, b) for a, b in zip(got, model.parameters()))
+
+
 @pytest.mark.slow
 def test_run_train_end_to_end(tmp_path, monkeypatch):
     """The whole main job on a tiny world: world + index built, base eval, 1 GRPO step, eval, table, resume."""
