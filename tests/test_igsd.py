@@ -17,7 +17,7 @@ from hindsearch.hindsight import igsd as G
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight.methods.igsd import IGSDTerm
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs
-from hindsearch.models import load_tokenizer, tiny_random_model
+from hindsearch.models import tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.hindsight.contract import AuxContext
@@ -34,16 +34,6 @@ FACTS = [
     ("Tea", "Tea is brewed from dried leaves of the tea plant."),
 ]
 CORPUS = [Passage(id=str(i), contents=make_contents(t, x)) for i, (t, x) in enumerate(FACTS)]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok, seed=5)
 
 
 @pytest.fixture(scope="module")

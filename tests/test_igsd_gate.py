@@ -14,12 +14,12 @@ import torch
 
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.hindsight import igsd as G
+from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight.igsd.hints import group_summary, hint_lines
 from hindsearch.hindsight.judge import OracleJudge
 from hindsearch.hindsight.methods.igsd import IGSDConfig
 from hindsearch.hindsight.probe import gate_separation
-from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from test_igsd import CORPUS, _prefers, make_traj
 
@@ -107,11 +107,9 @@ def test_teacher_query_naming_the_answer_never_opens(smol, retriever):
     assert pair.verified  # the paper's form verifies it
 
 
-def test_unreachable_proposals_are_not_verified():
+def test_unreachable_proposals_are_not_verified(tok, model):
     """``proposals = reachable``: a teacher token the student never saw (not in its prompt, not earlier in its
     completion) is not proposed; the same token is proposed once the student has read it."""
-    tok = load_tokenizer("tiny-random")
-    model = tiny_random_model(tok, seed=5)
     x = tok(" Kestrel", add_special_tokens=False)["input_ids"][0]
     teacher = _prefers(model, x)
 
@@ -156,8 +154,7 @@ def test_gate_separation_counts_and_fisher_p():
     assert gate_separation(blind)["fisher_p"] > 0.2
 
 
-def test_group_hint_redacts_gold_and_lists_successes_first():
-    tok = load_tokenizer("tiny-random")
+def test_group_hint_redacts_gold_and_lists_successes_first(tok):
     fail = make_traj(tok, QUESTION, ["Kestrel Bay"], "bread recipes")
     win = make_traj(tok, QUESTION, ["Kestrel Bay"], "Edwin Marlow Kestrel Bay", reward=1.0)
     win.em = 1.0
@@ -171,16 +168,13 @@ def test_group_hint_redacts_gold_and_lists_successes_first():
     assert list(lines) == [0] and lines[0].startswith("Feedback on a previous attempt:")
 
 
-def test_critique_hint_and_term_with_critique_hindsight():
+def test_critique_hint_and_term_with_critique_hindsight(tok, model):
     """``hindsight = critique``: the teacher reads the judge's redacted critique (oracle judge here) and the term
     proposes from it; rows whose critique is unusable are not distilled."""
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import RolloutConfig
-    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.methods.igsd import IGSDTerm
 
-    tok = load_tokenizer("tiny-random")
-    model = tiny_random_model(tok, seed=5)
     tr = make_traj(tok, QUESTION, ["Kestrel Bay"], "bread recipes")
     tr.evidence = ["Edwin Marlow"]
     lines = hint_lines([tr], [0], "critique", OracleJudge(True, "", True))

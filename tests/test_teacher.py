@@ -9,17 +9,6 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.hindsight import teacher as T
-from hindsearch.models import load_tokenizer, tiny_random_model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok, seed=3)
 
 
 def _unpadded(model, prefix, cont, k=0):
