@@ -1,15 +1,6 @@
-"""The trainer's ``TrainerCallback``s and the reduction of step metrics over processes.
-
-- ``StepTimer``: the ``time/*`` split of each optimizer step;
-- ``MetricsWriter``: one line per optimizer step in ``metrics.jsonl``;
-- ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
-- ``EMATeachers``: the EMA teachers after each optimizer step (also under ZeRO-3);
-- ``FiniteWeights``: every weight finite after each optimizer step, before the step is logged or saved;
-- ``StopAtStepEnd``: a requested stop (SIGTERM, SIGINT: ``hindsearch.train.run.stop_on_signals``) saves a
-  checkpoint at the end of the step in progress and ends training there;
-- ``gather_metrics``: a process's step metrics reduced over all processes (summed where the caller says so: a
-  term's declared reductions, ``hindsight.registry.Metrics``; the rest averaged) before they go into TRL's
-  ``_metrics``.
+"""The trainer's ``TrainerCallback``s (step timing, ``metrics.jsonl`` and ``samples.jsonl`` writers, the EMA teachers,
+the finite-weights check, a stop at a step's end) and ``gather_metrics``, the reduction of a process's step metrics
+over all processes before they go into TRL's ``_metrics``.
 """
 
 from __future__ import annotations
@@ -152,7 +143,7 @@ class EMATeachers(TrainerCallback):
         plugin = AcceleratorState().deepspeed_plugin
         gathered = contextlib.nullcontext()
         if plugin is not None and plugin.zero_stage == 3:
-            import deepspeed  # optional: deepspeed (a ZeRO-3 run has it)
+            import deepspeed  # optional: gpu
 
             gathered = deepspeed.zero.GatheredParameters(list(policy.parameters()))  # read only: no modifier rank
         with gathered:

@@ -1,39 +1,10 @@
-"""The main job: ``run_train(cfg)`` = world + index -> policy -> warm-up -> dev eval -> GRPO -> dev eval.
+"""The main job: ``run_train(cfg)`` = data and index -> policy -> warm-up -> dev eval -> the method's steps -> dev eval.
 
-Order (everything that can fail on a bad config fails in ``preflight`` before a model loads):
-
-1. ``preflight``: ``Config.validate``, files named by the config exist, the method's terms can be
-   built, vLLM importable when asked for;
-2. data: the fictional world and its BM25 index are built on first use (cached under
-   ``data.world_dir``), or the configured QA files / index / retrieval server are used;
-3. the policy (``models.load_policy``), the dev EM of the base model;
-4. the protocol warm-up (``train.warmup.ensure_warmup``, cached by config hash) and its dev EM;
-5. ``train.steps`` GRPO steps through ``HindsearchGRPOTrainer`` (checkpoints under
-   ``RUN_DIR/checkpoints``), then the dev EM after RL;
-6. a table base / after warm-up / after RL (EM overall and by hop count, searches per question,
-   validity rate) printed and saved to ``RUN_DIR/summary.json``.
-
-``RUN_DIR`` holds ``config.toml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``,
-``checkpoints/``, ``eval/<stage>/``, ``summary.json`` and the marker ``.hindsearch-output.json``
-(kind ``run``, the config the run started with, and any config change allowed on a resume). A new
-run writes only into a new or empty folder or a run folder of ours without checkpoints.
-``run_train(cfg, resume=RUN_DIR)`` reloads ``RUN_DIR/config.toml`` (an edit of a training key since
-the start is refused unless ``allow_config_change``) and continues from the last complete checkpoint
-(checkpoints are written atomically and checked complete when written and when read; an incomplete
-one is set aside with a message naming it; finished evaluations are reused; log rows past the
-checkpoint, all of them when no complete checkpoint is left, and a torn last line are dropped, so
-no step is logged twice). ``RUN_DIR/.hindsearch.lock``
-keeps a second trainer out of the folder while one runs. A non-finite loss
-saves a checkpoint of the last good weights and stops with an error; a checkpoint is never saved with a
-non-finite weight, a resume first checks its checkpoint's torch files against their CRC-32s, and a
-resume whose first step makes a weight non-finite sets that checkpoint aside and falls back to the one
-before it.
-
-SIGTERM (a scheduler's preemption) and SIGINT (Ctrl-C) stop a run cleanly (``stop_on_signals``): during
-training, the step in progress ends, a checkpoint of it is saved and the run stops; before training (data,
-evaluations, warm-up), it stops at once (finished evaluation rows are kept). Either way the lock is released and
-one line says what was kept and how to continue (``--resume``, which writes no step twice); the exit status is
-128 + the signal. A second signal stops at once, keeping the newest complete checkpoint.
+Everything a bad config can break fails in ``preflight`` before a model loads; it also builds the run's ``Parts``
+(terms, reward functions) once. ``RUN_DIR`` holds ``config.toml``, ``metrics.jsonl``, ``samples.jsonl``,
+``checkpoints/``, ``eval/<stage>/`` and ``summary.json``; one trainer at a time (``.hindsearch.lock``). A resume
+(``resume=RUN_DIR``) continues from the last complete checkpoint and writes no step twice; SIGTERM/SIGINT stop at a
+step's end with a checkpoint. docs/runs.md describes the folder, resumes and stops in full.
 """
 
 from __future__ import annotations

@@ -1,61 +1,11 @@
 """``HindsearchGRPOTrainer``: a thin subclass of TRL 1.16's ``GRPOTrainer`` for multi-turn search agents.
 
-Objective: ``L = L_GRPO + sum_k lam_k * L_k`` where ``L_GRPO`` is TRL's loss exactly as TRL computes it
-(its ``loss_type``, PPO clipping, KL to the reference with ``beta``, schedulers) over rollouts whose
-injected tokens are masked out, and ``L_k`` are the hindsight terms of ``hindsearch.hindsight.contract``
-(HindSearch, IGSD; none for ``method = grpo``).
-
-What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
-
-1. **Rollouts** — TRL calls ``rollout_func(prompts, trainer)`` with each question already repeated
-   ``num_generations`` times; the dataset's ``prompt`` is the record id, so prompt ``i`` maps to one
-   trajectory ``i`` of our ``RolloutEngine`` (no regrouping). ``env_mask = gen_mask``: TRL turns it
-   into its ``tool_mask`` and multiplies it into every loss mask, so ``<information>`` blocks carry no
-   loss. The step's trajectories are kept for the aux terms.
-2. **Reward** — plain TRL reward functions (``train.reward_funcs``, ``hindsearch.train.reward_funcs``): by default
-   ``em_reward``, exact match of the last ``<answer>`` the model wrote (the rollout's ``model_text`` field) against
-   the dataset's ``golden_answers`` column, plus, if ``train.format_reward > 0``, a format term with that weight
-   (TRL's ``reward_weights``). Group advantages are TRL's.
-3. **Aux prepare** — after TRL's ``_generate_and_score_completions`` each term's ``prepare`` runs on the
-   trajectories (no grad); its ``[B, ...]`` tensors go into the inputs dict under ``aux:<term>:<key>``,
-   so TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and slice them with every other
-   row tensor; ``hs_index`` records which trajectory each row is.
-4. **Aux loss** — TRL 1.16 computes log-probs with a fused LM head that never materialises logits, so
-   we capture the backbone's last hidden state of the *same* forward TRL runs in ``_compute_loss`` (a
-   forward hook on ``model.base_model``) and project through the LM head **only the positions a term
-   distils** (``term.positions``: query/action tokens of failed rollouts, IGSD's verified positions), never
-   ``[B, T, V]``: ``logits[n]`` predicts ``completion_ids[idx[n]]`` (raw, not temperature-scaled). The hook
-   is installed only when there are terms, so plain GRPO pays nothing; in a single process a micro-batch in
-   which no term has a position (no eligible rollout, nothing verified) runs exactly GRPO's forward and
-   backward too (no hook, no LM head, no gradient share; the terms log their exact zeros). With several
-   processes every rank still applies the LM head once per ``compute_loss`` (``hindsearch.core.lockstep``).
-   ``<term>/grad_share`` is computed only when GRPO has a gradient and some term a position (else skipped,
-   or 0 without the two backwards).
-5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
-   (``record_metrics``), which TRL's ``log`` averages per optimizer step; on several processes each value
-   is first reduced over the processes (``gather_metrics``: as each term declares, ``Metrics.reductions``;
-   the rollout statistics are computed over every rank's rows). Our keys: the rollout statistics
-   ``rollout/*``, every term metric (``<term>/<key>``), ``loss/total`` and the time split ``time/rollout``,
-   ``time/reward``, ``time/aux_prepare``, ``time/update`` (the rest of the optimizer step: forward, backward,
-   reference log-probs, optimizer), ``time/step``, ``time/step_cpu``. The writers and the timing are
-   ``TrainerCallback``s: ``StepTimer`` (the time split), ``MetricsWriter`` (one line per optimizer step in
-   ``metrics.jsonl``), ``SamplesWriter`` (a few rollouts per step, with their turns and the terms' samples,
-   in ``samples.jsonl``), ``EMAUpdate`` (each EMA teacher, at its term's decay, after each optimizer step).
-
-A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
-checkpoint and stops with a clear error. A weight gone NaN or inf after an optimizer step (a corrupted optimizer
-state) raises ``fsutil.NonFiniteWeights`` before the step is logged or saved (``FiniteWeights``).
-
-vLLM (``rollout.backend = vllm``; GPU, tested on CPU against fake engines): TRL creates its vLLM engine
-(``use_vllm``; ``rollout.vllm_*`` set the mode, server and IS cap: ``vllm_grpo_fields``) and, before each
-step's ``rollout_func``, syncs the policy's weights into it (``sync_weights``: colocate loads them into the
-``LLM``, server mode broadcasts them over NCCL; both reset the prefix cache). ``_rollout`` hands TRL's
-``LLM`` (colocate) or a ``VLLMClient`` (server: TRL's on the main process, one per other process) to the
-engine's vLLM backend, so the same multi-turn loop runs on it and its trajectories carry vLLM's sampling
-log-probs. With ``vllm_enable_sleep_mode`` (``[train.trl]``) the colocated engine is woken for the rollout
-and put back to sleep (level 2) after the aux terms' ``prepare`` (IGSD completes queries through it).
-TRL recomputes the log-probs with the training model and applies token-level truncated importance
-sampling (``min(ratio, rollout.vllm_is_cap)``); ``vllm/*`` metrics log the mismatch (``rollout_adapter``).
+``L = L_GRPO + sum_k lam_k L_k``: TRL's loss as TRL computes it over our rollouts (``rollout_func``; injected tokens
+masked through ``env_mask``), plus the hindsight terms (``hindsight.contract``) on the logits of the same forward at
+the positions they ask for. The subclass receives the run's engine, terms, reward functions and frozen/EMA copies,
+builds the one ``AuxContext`` of the run, runs the terms' ``prepare`` after TRL's scoring, and logs through TRL's
+``_metrics`` (``train.callbacks``). A non-finite loss raises ``NonFiniteLoss`` before ``backward``. With
+``rollout.backend = vllm`` the engine decodes with TRL's vLLM engine (``train.vllm_glue``).
 """
 
 from __future__ import annotations
