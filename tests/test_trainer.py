@@ -143,14 +143,52 @@ def test_rollout_adapter_shapes(world, tok):
     assert [t.qid for t in trajs] == [r.id for r in recs for _ in range(2)]
     for ids, mask, lps, t in zip(out["completion_ids"], out["env_mask"], out["logprobs"], trajs):
         assert len(ids) == len(mask) == len(lps) and mask == t.gen_mask
-    assert "em" not in out  # the reward is computed by the reward function, not passed through
     golds = [r.golden_answers for r in recs for _ in range(2)]
     completions = tok.batch_decode(out["completion_ids"])
-    rewards = em_reward(completions, golden_answers=golds, model_text=out["model_text"])
-    assert rewards == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    computed = em_reward(completions, golden_answers=golds, model_text=out["model_text"])  # without the column
+    columns = {k: v for k, v in out.items() if k not in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+    rewards = em_reward(completions, golden_answers=golds, **columns)  # as TRL calls it: EM read from the rollouts
+    assert rewards == computed == out["em"] == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert 0 in out["env_mask"][0]  # the information block is masked
     with pytest.raises(KeyError, match="nope"):
         ra.records_for_prompts(["nope"], {})
+
+
+def test_one_context_and_one_engine_for_the_whole_run(world, tok, tmp_path, monkeypatch):
+    """The terms get the run's one ``AuxContext`` every step (only its ``step`` changes; no per-term copy), and the
+    trainer never re-points the rollout engine at the policy during training."""
+    from hindsearch.hindsight.methods.igsd import IGSDTerm
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="igsd"', "train.kl_coef=0.0", "igsd.max_positions_per_rollout=1",
+                                         "igsd.max_query_tokens=2", "igsd.n_controls=1"])
+    trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:4], tmp_path / "run")
+    seen, sets = [], []
+    prepare = IGSDTerm.prepare
+    monkeypatch.setattr(IGSDTerm, "prepare", lambda self, trajs, T, ctx: seen.append((ctx, ctx.step)) or
+                        prepare(self, trajs, T, ctx))
+    engine = trainer.engine
+    monkeypatch.setattr(type(engine), "__setattr__",
+                        lambda self, k, v: sets.append(k) or object.__setattr__(self, k, v))
+    trainer.train()
+    assert [step for _, step in seen] == [0, 1] and all(ctx is trainer.aux_ctx for ctx, _ in seen)
+    assert trainer.aux_ctx.policy is model and trainer.aux_ctx.complete is engine and engine.model is model
+    assert "model" not in sets and "backend" not in sets
+
+
+def test_em_is_computed_once_per_rollout(monkeypatch):
+    """The ``em`` reward reads the rollouts' own ``em`` column (the engine's exact match) instead of extracting and
+    matching the answer a second time; without the column it computes it."""
+    from hindsearch.train import reward_funcs as rf
+
+    def again(*_a, **_k):
+        raise AssertionError("EM computed a second time")
+
+    monkeypatch.setattr(rf, "exact_match", again)
+    monkeypatch.setattr(rf, "extract_answer", again)
+    assert rf.em_reward(["a", "b"], golden_answers=[["x"], ["y"]], model_text=["", ""], em=[1.0, 0.0]) == [1.0, 0.0]
+    with pytest.raises(AssertionError, match="second time"):
+        rf.em_reward(["a"], golden_answers=[["x"]], model_text=["<answer> x </answer>"])
 
 
 @pytest.mark.parametrize("method", ["hindsearch", "igsd"])
