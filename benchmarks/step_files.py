@@ -23,7 +23,8 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 
 def settings(method: str, model: str, world: str) -> list[str]:
     """The equivalence gate's two-step run (its ``train`` settings) for ``method``."""
-    return [f'method="{method}"', f'model.name="{model}"', 'model.device="cpu"', f'data.train="{world}/train.jsonl"',
+    return [f'method="{method}"', f'model.name="{model}"', 'model.device="cpu"',
+            f'data.train="{world}/train.jsonl"',
             f'data.dev="{world}/dev.jsonl"', f'retrieval.index_dir="{world}/index-bm25"', 'retrieval.kind="bm25"',
             "retrieval.topk=2", "rollout.max_turns=3", "rollout.max_new_tokens_per_turn=48",
             "rollout.max_total_tokens=1024", "rollout.temperature=0.7", "rollout.num_generations=4",

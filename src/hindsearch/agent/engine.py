@@ -1,8 +1,9 @@
 """Batched multi-turn Search-R1 rollouts with exact token masks (``RolloutEngine``).
 
-Each trajectory runs until it answers, stops or runs out of budget: a backend generates each turn (HF: the model
-core's decode loop, per-row scheduling; vLLM: turn by turn), ended turns are parsed (``protocol.parse_action``), their
-searches are served in one batched ``retrieve`` and the observation is injected with ``gen_mask = 0``. Generated ids
+Each trajectory runs until it answers, stops or runs out of budget: a backend generates each turn (HF: the
+model core's decode loop, per-row scheduling; vLLM: turn by turn), ended turns are parsed
+(``protocol.parse_action``), their searches are served in one batched ``retrieve`` and the observation is
+injected with ``gen_mask = 0``. Generated ids
 are never re-encoded; log-probs are of the sampled token before top-p; the answer, EM and F1 are computed once, from
 the model-written turns only. The turn and budget rules are in docs/protocol.md.
 """
