@@ -71,11 +71,11 @@ def one(mode: str, n: int, completion: int, vocab: int, hidden: int) -> dict:
     base = peak_mb()
     if mode == "all":
         logits = completion_logits(h, head, C)  # [B, C, V]
-        per = losses.topk_reverse_kl_per_token(logits, top_ids, top_lp)
+        per = losses.topk_divergence_per_token(logits, top_ids, top_lp, 1.0)
         loss = losses.agg(per, pos.float())
     else:
         logits, idx = selected_logits(h, head, C, pos)  # [N, V]
-        per = losses.topk_reverse_kl_per_token(logits, at(top_ids, idx), at(top_lp, idx))
+        per = losses.topk_divergence_per_token(logits, at(top_ids, idx), at(top_lp, idx), 1.0)
         loss = losses.agg(scatter(per, idx, (B, C)), scatter(torch.ones(len(idx)), idx, (B, C)))
     loss.backward()
     return {"mode": mode, "positions": n, "peak_added_mb": peak_mb() - base, "loss": float(loss)}

@@ -72,6 +72,8 @@ def main() -> None:
     from hindsearch.config import ModelConfig
     from hindsearch.hindsight.methods.igsd import IGSDConfig
     from hindsearch.data.world import ensure_world
+    from hindsearch.agent.hf_backend import HFBackend
+    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.igsd import run_igsd
     from hindsearch.models import load_policy, load_tokenizer, tiny_random_model
     from hindsearch.records import QARecord
@@ -97,8 +99,9 @@ def main() -> None:
     for r in range(args.repeats):
         for pc in (False, True):
             t0 = time.perf_counter()
-            _, m, samples = run_igsd(trajs, T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg,
-                                     topk=args.topk, rng=random.Random(r), prefix_cache=pc)
+            ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retriever,
+                             complete=HFBackend(model, tok), topk=args.topk)
+            _, m, samples = run_igsd(trajs, T, ctx, cfg, rng=random.Random(r), prefix_cache=pc)
             m["total"] = time.perf_counter() - t0
             print(f"repeat {r} {'prefix-cached' if pc else 'plain'}: " + ", ".join(f"{k.replace('time_', '')} {m[k]:.2f}s"
                   for k in (*PARTS, "total")), flush=True)

@@ -91,7 +91,7 @@ def child(args: argparse.Namespace) -> None:
                 model.train()
                 engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=cfg.retrieval.topk,
                                        backend=HFBackend(model, tok))
-                trainer = build_trainer(cfg, model, tok, engine, retriever, train, Path(tmp))
+                trainer = build_trainer(cfg, model, tok, engine, train, Path(tmp))
                 trainer.args.disable_tqdm = True
                 with mem.stage(stage):
                     trainer.train()

@@ -169,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
         model.train()
         engine = Engine(model, tok, retriever, replace(c.rollout, backend="hf"), topk=c.retrieval.topk,
                         backend=HFBackend(model, tok))
-        trainer = build_trainer(c, model, tok, engine, retriever, train, run)
+        trainer = build_trainer(c, model, tok, engine, train, run)
         cpu = CPUParts(trainer)
         t0 = time.perf_counter()
         trainer.train()

@@ -1079,7 +1079,7 @@ class Check:
                                   cfg.rollout.max_new_tokens_per_turn, backend_eos)
         engine = RolloutEngine(model, tok, retriever, replace(cfg.rollout, backend="hf"), topk=cfg.retrieval.topk,
                                backend=HFBackend(model, tok), logits_hook=hook)
-        trainer = build_trainer(cfg, model, tok, engine, retriever, records, run_dir)
+        trainer = build_trainer(cfg, model, tok, engine, records, run_dir)
         judges = install_fallback_judges(trainer, tok) if hook is not None else []
         phase: dict[str, float] = {}
         generate = trainer._generate_and_score_completions

@@ -45,6 +45,20 @@ def model(tok):
     return tiny_random_model(tok)
 
 
+@pytest.fixture(scope="session")
+def term_context():
+    """``term_context(model, tok, retriever=None, frozen=model, topk=2, **kw)``: the ``AuxContext`` a term gets in a
+    run, with ``model`` as the policy and an HF backend of it as the query completer."""
+    from hindsearch.agent.hf_backend import HFBackend
+    from hindsearch.hindsight.contract import AuxContext
+
+    def make(model, tok, retriever=None, frozen=None, topk=2, **kw):
+        return AuxContext(policy=model, frozen=model if frozen is None else frozen, tokenizer=tok,
+                          retriever=retriever, complete=HFBackend(model, tok), topk=topk, **kw)
+
+    return make
+
+
 def one_line_error(capsys, *needles: str) -> str:
     """The last stderr line of a CLI call that failed cleanly: no traceback, and every needle in that one line."""
     err = capsys.readouterr().err.strip()

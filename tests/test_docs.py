@@ -189,9 +189,9 @@ def test_the_python_retriever_and_reward_example_trains(monkeypatch, tmp_path):
     given: list[object] = []
     build = run.build_trainer
 
-    def spy(cfg, model, tok, engine, retriever, *a, **kw):
-        given.extend([retriever, engine.retriever])
-        return build(cfg, model, tok, engine, retriever, *a, **kw)
+    def spy(cfg, model, tok, engine, *a, **kw):
+        given.append(engine.retriever)  # the trainer's retriever is its engine's
+        return build(cfg, model, tok, engine, *a, **kw)
 
     monkeypatch.setenv("HINDSEARCH_CACHE", str(cache_dir().resolve()))  # the tiny model's tokenizer, from tmp_path
     monkeypatch.setattr(run, "build_trainer", spy)
@@ -201,7 +201,7 @@ def test_the_python_retriever_and_reward_example_trains(monkeypatch, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "runs/notebook-own-search/metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2] and scope["summary"]["steps"] == 2
     assert all("rewards/short_answer/mean" in r and "rewards/em_reward/mean" in r for r in rows)
-    assert given == [scope["notes"], scope["notes"]]
+    assert given == [scope["notes"]]
     assert scope["notes"].retrieve(["who wrote the first program", " "], 1) == [
         [scope["Passage"]("0", '"Ada Lovelace"\nAda Lovelace wrote the first published program.', 3.0)], []]
 

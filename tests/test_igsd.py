@@ -17,7 +17,7 @@ from hindsearch.hindsight import igsd as G
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight.methods.igsd import IGSDTerm
 from hindsearch.hindsight.teacher import igsd_prompt_ids, teacher_token_logprobs
-from hindsearch.models import load_tokenizer, tiny_random_model
+from hindsearch.models import tiny_random_model
 from hindsearch.records import Passage, Trajectory, Turn, make_contents
 from hindsearch.retrieval.factory import build_index, load_index
 from hindsearch.hindsight.contract import AuxContext
@@ -34,16 +34,6 @@ FACTS = [
     ("Tea", "Tea is brewed from dried leaves of the tea plant."),
 ]
 CORPUS = [Passage(id=str(i), contents=make_contents(t, x)) for i, (t, x) in enumerate(FACTS)]
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok, seed=5)
 
 
 @pytest.fixture(scope="module")
@@ -162,13 +152,12 @@ def _utility(model, tok, state, passages, gold):
     return float(lp[0].mean())
 
 
-def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever):
+def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever, term_context):
     tr = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow painter birthplace")
     cfg = IGSDConfig(positions="all", max_positions_per_rollout=2, max_query_tokens=4, n_controls=2, proposals="any",
                      utility_state="query")  # each side scored after its own query, as recomputed below
     T = len(tr.completion_ids) + 3
-    tens, m, samples = G.run_igsd([tr], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg,
-                                  topk=2, rng=random.Random(1))
+    tens, m, samples = G.run_igsd([tr], T, term_context(model, tok, retriever), cfg, rng=random.Random(1))
     assert m["positions_selected"] == 2 and m["positions_verified"] == 2 and m["completions"] == 4
     assert m["retrieval_calls"] == 1 and m["retrieval_queries"] + m["cache_hits"] == 4
     assert tens["igsd_mask"].sum() == 2 and all(torch.isfinite(v.float()).all() for v in tens.values())
@@ -193,7 +182,7 @@ def test_run_igsd_controls_shared_and_ig_recomputed(tok, model, retriever):
         assert rec["delta"] == pytest.approx(igs["T"] - igs["S"], abs=1e-4)
 
 
-def test_swapping_tokens_negates_delta_and_zeroes_gate(tok, model, retriever):
+def test_swapping_tokens_negates_delta_and_zeroes_gate(tok, model, retriever, term_context):
     tr = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "bread")
     t = tr.query_mask.index(1)
     a = tr.completion_ids[t]
@@ -203,32 +192,31 @@ def test_swapping_tokens_negates_delta_and_zeroes_gate(tok, model, retriever):
     for name, (x, y) in {"orig": (a, b), "swap": (b, a)}.items():
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-        G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(7), m=m)
+        G.verify_pairs([pair], [tr], term_context(model, tok, retriever), cfg, corpus=CORPUS, rng=random.Random(7), m=m)
         res[name] = pair
     assert res["orig"].queries["T"] == res["swap"].queries["S"]
     assert res["orig"].delta == pytest.approx(-res["swap"].delta, abs=1e-6) and res["orig"].delta != 0
     assert min(res["orig"].gate, res["swap"].gate) == 0.0
 
 
-def test_edge_cases_never_crash(tok, model, retriever):
+def test_edge_cases_never_crash(tok, model, retriever, term_context):
     from hindsearch.retrieval.client import RemoteRetriever
 
     tr = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay Harbour Town Of The North"], "Edwin Marlow")
     T = len(tr.completion_ids)
-    kw = dict(policy=model, teacher=model, tokenizer=tok, topk=2, rng=random.Random(0))
+    kw = dict(rng=random.Random(0))
     # no failed rollouts
     ok = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin", reward=1.0)
-    tens, m, _ = G.run_igsd([ok], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
+    tens, m, _ = G.run_igsd([ok], T, term_context(model, tok, retriever), IGSDConfig(proposals="any"), **kw)
     assert m["failed"] == 0 and tens["igsd_mask"].sum() == 0
     # no query tokens
     nq = make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "x")
     nq.query_mask = [0] * len(nq.query_mask)
-    tens, m, _ = G.run_igsd([nq], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
+    tens, m, _ = G.run_igsd([nq], T, term_context(model, tok, retriever), IGSDConfig(proposals="any"), **kw)
     assert m["rows_no_query"] == 1 and m["positions_selected"] == 0
     # never-closed completions, garbage queries with empty results, answer over budget, empty controls
     cfg = IGSDConfig(proposals="any", positions="all", max_query_tokens=1, max_answer_tokens=2, control="empty")
-    tens, m, s = G.run_igsd([tr], T, retriever=retriever, cfg=cfg, **kw)
+    tens, m, s = G.run_igsd([tr], T, term_context(model, tok, retriever), cfg, **kw)
     assert m["never_closed"] > 0 and m["answers_cut"] > 0 and m["positions_verified"] > 0
     assert all(torch.isfinite(v.float()).all() for v in tens.values()) and m["mean_delta"] == m["mean_delta"]
     assert all(all(c == [] for c in r["control_ids"]) for r in s[0]["igsd_pairs"])
@@ -238,11 +226,11 @@ def test_edge_cases_never_crash(tok, model, retriever):
     for t in [i for i, q in enumerate(agree.query_mask) if q]:
         _, top, _ = teacher_token_logprobs(model, [prompt], [agree.completion_ids], topk=1)
         agree.completion_ids[t] = int(top[0, t, 0])
-    tens, m, _ = G.run_igsd([agree], T, retriever=retriever, cfg=IGSDConfig(proposals="any"), **kw)
+    tens, m, _ = G.run_igsd([agree], T, term_context(model, tok, retriever), IGSDConfig(proposals="any"), **kw)
     assert m["teacher_agree"] == sum(agree.query_mask) and m["positions_selected"] == 0
     # a retriever that is down: pairs are not verified, errors counted
     dead = RemoteRetriever("http://127.0.0.1:9", timeout_s=0.5, retries=0)
-    tens, m, _ = G.run_igsd([tr], T, retriever=dead, cfg=IGSDConfig(proposals="any", positions="all", max_query_tokens=2), **kw)
+    tens, m, _ = G.run_igsd([tr], T, term_context(model, tok, dead), IGSDConfig(proposals="any", positions="all", max_query_tokens=2), **kw)
     assert m["retrieval_errors"] > 0 and m["positions_verified"] == 0 and tens["igsd_mask"].sum() == 0
 
 
@@ -254,8 +242,7 @@ def test_igsd_term_with_rollout_engine(tok, model, retriever, gate):
            make_traj(tok, "Where was Edwin Marlow born", ["Kestrel Bay"], "Edwin Marlow", reward=1.0)]
     T = max(len(t.completion_ids) for t in trs)
     term = IGSDTerm(IGSDConfig(proposals="any", hindsight="answer", positions="all", max_positions_per_rollout=3, max_query_tokens=3, gate=gate))
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tok, retriever=retriever,
-                     complete=engine.backend, topk=engine.topk, step=3)
+    ctx = AuxContext.of_engine(engine, frozen, step=3)
     batch = term.prepare(trs, T, ctx)
     assert batch.metrics["positions_verified"] == 3 and batch.metrics["completions"] == 6
     assert batch.samples[1] == {} and len(batch.samples[0]["igsd_pairs"]) == 3
@@ -292,8 +279,9 @@ def test_constructed_case_teacher_query_finds_evidence(retriever):
     for name, (x, y) in {"orig": (a, b), "swap": (b, a)}.items():
         pair = G.Pair(0, t, x, y, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-        G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(3), m=m)
+        G.verify_pairs([pair], [tr], AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retriever,
+                                                complete=HFBackend(model, tok), topk=2),
+                       cfg, corpus=CORPUS, rng=random.Random(3), m=m)
         out[name] = pair
     p = out["orig"]
     assert "Edwin" in p.queries["T"] and "Edwin Marlow" in [d.bare_title for d in p.docs["T"]]
@@ -302,7 +290,7 @@ def test_constructed_case_teacher_query_finds_evidence(retriever):
     assert out["swap"].gate == 0.0
 
 
-def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever):
+def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever, term_context):
     """Prefix-cached utilities / greedy completions (groups sharing a prefix, chunked micro-batches, ragged
     lengths, an identical state twice, an empty answer) equal the plain full-sequence ones; the whole
     driver gives the same u, IG, delta and gate with and without the prefix cache."""
@@ -327,8 +315,8 @@ def test_cached_prefix_utility_and_completion_equal_plain(tok, model, retriever)
     assert [x for o in cached for x in o.logprobs] == pytest.approx([x for o in plain for x in o.logprobs], abs=1e-4)
     cfg = IGSDConfig(proposals="any", positions="all", max_positions_per_rollout=1, max_query_tokens=3, n_controls=2)
     T = max(len(t.completion_ids) for t in trs)
-    runs = [G.run_igsd(trs[:2], T, policy=model, teacher=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       rng=random.Random(4), batch_size=2, prefix_cache=pc) for pc in (True, False)]
+    runs = [G.run_igsd(trs[:2], T, term_context(model, tok, retriever), cfg, rng=random.Random(4), batch_size=2,
+                       prefix_cache=pc) for pc in (True, False)]
     assert runs[0][1]["utility_evals"] == runs[1][1]["utility_evals"] > 0
     assert torch.allclose(runs[0][0]["igsd_gate"], runs[1][0]["igsd_gate"], atol=1e-4)
     for ra, rb in zip(runs[0][2], runs[1][2]):

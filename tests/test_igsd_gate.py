@@ -14,12 +14,12 @@ import torch
 
 from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.hindsight import igsd as G
+from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight import losses as L
 from hindsearch.hindsight.igsd.hints import group_summary, hint_lines
 from hindsearch.hindsight.judge import OracleJudge
 from hindsearch.hindsight.methods.igsd import IGSDConfig
 from hindsearch.study.probe import gate_separation
-from hindsearch.models import load_tokenizer, tiny_random_model
 from hindsearch.retrieval.factory import build_index, load_index
 from test_igsd import CORPUS, _prefers, make_traj
 
@@ -50,10 +50,10 @@ def _scored(model, tok, cfg, docs_T, docs_S, golds=("Kestrel Bay",)):
     tr = make_traj(tok, QUESTION, list(golds), "bread recipes")
     t = tr.query_mask.index(1)
     pair = G.Pair(0, t, tr.completion_ids[t], tok(" Edwin", add_special_tokens=False)["input_ids"][0], (0.5, 0.5), t)
-    comps, _ = G.complete_stage([pair], [tr], policy=model, tokenizer=tok, cfg=cfg, complete=HFBackend(model, tok))
+    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=None, complete=HFBackend(model, tok), topk=2)
+    comps, _ = G.complete_stage([pair], [tr], ctx, cfg)
     got = [{"T": list(docs_T), "S": list(docs_S)}]
-    scores, _, _ = G.score_stage([pair], [tr], comps, got, policy=model, tokenizer=tok, retriever=None, cfg=cfg,
-                                 topk=2, corpus=CORPUS, rng=random.Random(0))
+    scores, _, _ = G.score_stage([pair], [tr], comps, got, ctx, cfg, corpus=CORPUS, rng=random.Random(0))
     (delta, gate), = G.gate_stage(scores, cfg)
     return delta, gate, scores[0]
 
@@ -93,25 +93,23 @@ def test_teacher_query_naming_the_answer_never_opens(smol, retriever):
     tr = make_traj(tok, "What does a lighthouse guide at night", ["ships"], "bread recipes")
     t = tr.query_mask.index(1)
     b, = tok(" ships", add_special_tokens=False)["input_ids"]  # the answer, one token: its query names it
+    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retriever, complete=HFBackend(model, tok),
+                     topk=2)
     for cfg in (IGSDConfig(), IGSDConfig(utility_state="query")):
         pair = G.Pair(0, t, tr.completion_ids[t], b, (0.5, 0.5), t)
         m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-        G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=cfg, topk=2,
-                       complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(0), m=m)
+        G.verify_pairs([pair], [tr], ctx, cfg, corpus=CORPUS, rng=random.Random(0), m=m)
         assert pair.queries["T"].lower().startswith("ships")
         assert not pair.verified and pair.gate == 0.0 and m["alias_queries_dropped"] == 1
     pair = G.Pair(0, t, tr.completion_ids[t], b, (0.5, 0.5), t)
     m = dict.fromkeys(G.METRIC_KEYS, 0.0)
-    G.verify_pairs([pair], [tr], policy=model, tokenizer=tok, retriever=retriever, cfg=IGSDConfig(proposals="any"),
-                   topk=2, complete=HFBackend(model, tok), corpus=CORPUS, rng=random.Random(0), m=m)
+    G.verify_pairs([pair], [tr], ctx, IGSDConfig(proposals="any"), corpus=CORPUS, rng=random.Random(0), m=m)
     assert pair.verified  # the paper's form verifies it
 
 
-def test_unreachable_proposals_are_not_verified():
+def test_unreachable_proposals_are_not_verified(tok, model):
     """``proposals = reachable``: a teacher token the student never saw (not in its prompt, not earlier in its
     completion) is not proposed; the same token is proposed once the student has read it."""
-    tok = load_tokenizer("tiny-random")
-    model = tiny_random_model(tok, seed=5)
     x = tok(" Kestrel", add_special_tokens=False)["input_ids"][0]
     teacher = _prefers(model, x)
 
@@ -156,8 +154,7 @@ def test_gate_separation_counts_and_fisher_p():
     assert gate_separation(blind)["fisher_p"] > 0.2
 
 
-def test_group_hint_redacts_gold_and_lists_successes_first():
-    tok = load_tokenizer("tiny-random")
+def test_group_hint_redacts_gold_and_lists_successes_first(tok):
     fail = make_traj(tok, QUESTION, ["Kestrel Bay"], "bread recipes")
     win = make_traj(tok, QUESTION, ["Kestrel Bay"], "Edwin Marlow Kestrel Bay", reward=1.0)
     win.em = 1.0
@@ -171,16 +168,13 @@ def test_group_hint_redacts_gold_and_lists_successes_first():
     assert list(lines) == [0] and lines[0].startswith("Feedback on a previous attempt:")
 
 
-def test_critique_hint_and_term_with_critique_hindsight():
+def test_critique_hint_and_term_with_critique_hindsight(tok, model):
     """``hindsight = critique``: the teacher reads the judge's redacted critique (oracle judge here) and the term
     proposes from it; rows whose critique is unusable are not distilled."""
     from hindsearch.agent.engine import RolloutEngine
     from hindsearch.config import RolloutConfig
-    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.methods.igsd import IGSDTerm
 
-    tok = load_tokenizer("tiny-random")
-    model = tiny_random_model(tok, seed=5)
     tr = make_traj(tok, QUESTION, ["Kestrel Bay"], "bread recipes")
     tr.evidence = ["Edwin Marlow"]
     lines = hint_lines([tr], [0], "critique", OracleJudge(True, "", True))
@@ -191,7 +185,7 @@ def test_critique_hint_and_term_with_critique_hindsight():
     build_index(CORPUS, d, kind="bm25", show_progress=False)
     retr = load_index(d)
     engine = RolloutEngine(model, tok, retr, RolloutConfig(), topk=2)
-    ctx = AuxContext(policy=model, frozen=model, tokenizer=tok, retriever=retr, complete=engine.backend, topk=2)
+    ctx = AuxContext.of_engine(engine, model)
     batch = term.prepare([tr], len(tr.completion_ids), ctx)
     assert batch.metrics["hindsight_rows"] == 1 and batch.metrics["positions_verified"] == 2
 

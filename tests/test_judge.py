@@ -16,22 +16,12 @@ from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, HindSearch
 from hindsearch.hindsight.methods.igsd import IGSDTerm
 from hindsearch.hindsight.registry import make_terms
 from hindsearch.hindsight.teacher import teacher_token_logprobs
-from hindsearch.models import load_tokenizer, tiny_random_model
+from hindsearch.models import tiny_random_model
 from hindsearch.records import Trajectory, Turn
 from hindsearch.hindsight.contract import AuxContext
 from test_hindsight_losses import loss_from_full_logits
 
 TEMPLATE = HindSearchConfig().judge_template
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok, seed=1)
 
 
 @pytest.fixture(scope="module")

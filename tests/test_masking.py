@@ -133,7 +133,7 @@ def test_aux_term_gets_aligned_logits_of_the_same_forward(world, tok, tmp_path):
     probe = ProbeTerm(tok.pad_token_id)
     trainer.terms = [probe]
     trainer.aux_ctx = AuxContext(policy=model, frozen=None, tokenizer=tok, retriever=retriever,
-                                 complete=trainer.engine.query_completer, topk=cfg.retrieval.topk)
+                                 complete=trainer.engine, topk=cfg.retrieval.topk)
     torch.manual_seed(0)
     trainer.current_gradient_accumulation_steps = 1
     inputs = trainer._prepare_inputs([row(r) for r in records[:2] for _ in range(2)])  # shuffles rows
@@ -180,7 +180,7 @@ def test_non_finite_loss_stops_before_backward(world, tok, tmp_path):  # noqa: F
     trainer, model = make_trainer(cfg, tok, retriever, records, tmp_path / "run")
     trainer.terms = [NaNTerm(tok.pad_token_id)]
     trainer.aux_ctx = AuxContext(policy=model, frozen=None, tokenizer=tok, retriever=retriever,
-                                 complete=trainer.engine.query_completer, topk=cfg.retrieval.topk)
+                                 complete=trainer.engine, topk=cfg.retrieval.topk)
     inputs = generation_inputs(trainer, records[:1])
     with pytest.raises(NonFiniteLoss, match="non-finite training loss"):
         trainer.compute_loss(model, inputs)

@@ -132,7 +132,7 @@ def worker(d: Path, methods: list[str], unsynced: str, watchdog_s: float) -> Non
         model = AutoModelForCausalLM.from_pretrained(d / "init")
         model.train()
         engine = Engine(model, tok, retriever, cfg.rollout, all_gold=rank != 0)
-        trainer = build_trainer(cfg, model, tok, engine, retriever, records, d / f"run-{method}")
+        trainer = build_trainer(cfg, model, tok, engine, records, d / f"run-{method}")
         counts = {"policy": 0, "ref": 0}
         emulate_sharding(trainer.accelerator.unwrap_model(trainer.model), "policy", counts)
         assert trainer.aux_ctx.frozen is trainer.ref_model  # beta > 0: the judge and teacher are TRL's reference

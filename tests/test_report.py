@@ -77,7 +77,7 @@ def run_dir(tmp_path_factory):
     ensure_on_disk(model, tok, run / "init")
     model.train()
     engine = scripted_engine(model, tok, retriever, cfg.rollout)
-    trainer = build_trainer(cfg, model, tok, engine, retriever, w.splits["train"][:4], run)
+    trainer = build_trainer(cfg, model, tok, engine, w.splits["train"][:4], run)
     trainer.train()
     return run
 

@@ -9,17 +9,6 @@ import torch
 
 from hindsearch.agent import protocol
 from hindsearch.hindsight import teacher as T
-from hindsearch.models import load_tokenizer, tiny_random_model
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return load_tokenizer("tiny-random")
-
-
-@pytest.fixture(scope="module")
-def model(tok):
-    return tiny_random_model(tok, seed=3)
 
 
 def _unpadded(model, prefix, cont, k=0):
@@ -75,10 +64,11 @@ def test_empty_and_errors(tok, model):
 
 
 def test_select_teacher():
-    ctx = SimpleNamespace(frozen="F", policy="P", ema=None)
+    ctx = SimpleNamespace(frozen="F", policy="P", emas={0.9: "E"})
     assert T.select_teacher("frozen", ctx) == "F" and T.select_teacher("live", ctx) == "P"
-    with pytest.raises(ValueError, match="ema"):
-        T.select_teacher("ema", ctx)
+    assert T.select_teacher("ema", ctx, 0.9) == "E"
+    with pytest.raises(ValueError, match=r"emas\[0.5\]"):
+        T.select_teacher("ema", ctx, 0.5)
     with pytest.raises(ValueError, match="one of"):
         T.select_teacher("other", ctx)
 

@@ -82,7 +82,7 @@ def make_trainer(cfg, tok, retriever, records, run_dir, seed=0):
     ensure_on_disk(model, tok, run_dir / "init")
     model.train()
     engine = ScriptedEngine(model, tok, retriever, cfg.rollout)
-    return build_trainer(cfg, model, tok, engine, retriever, records, run_dir), model
+    return build_trainer(cfg, model, tok, engine, records, run_dir), model
 
 
 def test_two_grpo_steps_then_resume(world, tok, tmp_path):
@@ -143,14 +143,52 @@ def test_rollout_adapter_shapes(world, tok):
     assert [t.qid for t in trajs] == [r.id for r in recs for _ in range(2)]
     for ids, mask, lps, t in zip(out["completion_ids"], out["env_mask"], out["logprobs"], trajs):
         assert len(ids) == len(mask) == len(lps) and mask == t.gen_mask
-    assert "em" not in out  # the reward is computed by the reward function, not passed through
     golds = [r.golden_answers for r in recs for _ in range(2)]
     completions = tok.batch_decode(out["completion_ids"])
-    rewards = em_reward(completions, golden_answers=golds, model_text=out["model_text"])
-    assert rewards == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
+    computed = em_reward(completions, golden_answers=golds, model_text=out["model_text"])  # without the column
+    columns = {k: v for k, v in out.items() if k not in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
+    rewards = em_reward(completions, golden_answers=golds, **columns)  # as TRL calls it: EM read from the rollouts
+    assert rewards == computed == out["em"] == [t.em for t in trajs] == [1.0, 0.0, 1.0, 0.0]
     assert 0 in out["env_mask"][0]  # the information block is masked
     with pytest.raises(KeyError, match="nope"):
         ra.records_for_prompts(["nope"], {})
+
+
+def test_one_context_and_one_engine_for_the_whole_run(world, tok, tmp_path, monkeypatch):
+    """The terms get the run's one ``AuxContext`` every step (only its ``step`` changes; no per-term copy), and the
+    trainer never re-points the rollout engine at the policy during training."""
+    from hindsearch.hindsight.methods.igsd import IGSDTerm
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="igsd"', "train.kl_coef=0.0", "igsd.max_positions_per_rollout=1",
+                                         "igsd.max_query_tokens=2", "igsd.n_controls=1"])
+    trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:4], tmp_path / "run")
+    seen, sets = [], []
+    prepare = IGSDTerm.prepare
+    monkeypatch.setattr(IGSDTerm, "prepare", lambda self, trajs, T, ctx: seen.append((ctx, ctx.step)) or
+                        prepare(self, trajs, T, ctx))
+    engine = trainer.engine
+    monkeypatch.setattr(type(engine), "__setattr__",
+                        lambda self, k, v: sets.append(k) or object.__setattr__(self, k, v))
+    trainer.train()
+    assert [step for _, step in seen] == [0, 1] and all(ctx is trainer.aux_ctx for ctx, _ in seen)
+    assert trainer.aux_ctx.policy is model and trainer.aux_ctx.complete is engine and engine.model is model
+    assert "model" not in sets and "backend" not in sets
+
+
+def test_em_is_computed_once_per_rollout(monkeypatch):
+    """The ``em`` reward reads the rollouts' own ``em`` column (the engine's exact match) instead of extracting and
+    matching the answer a second time; without the column it computes it."""
+    from hindsearch.train import reward_funcs as rf
+
+    def again(*_a, **_k):
+        raise AssertionError("EM computed a second time")
+
+    monkeypatch.setattr(rf, "exact_match", again)
+    monkeypatch.setattr(rf, "extract_answer", again)
+    assert rf.em_reward(["a", "b"], golden_answers=[["x"], ["y"]], model_text=["", ""], em=[1.0, 0.0]) == [1.0, 0.0]
+    with pytest.raises(AssertionError, match="second time"):
+        rf.em_reward(["a"], golden_answers=[["x"]], model_text=["<answer> x </answer>"])
 
 
 @pytest.mark.parametrize("method", ["hindsearch", "igsd"])
@@ -174,6 +212,36 @@ def test_two_steps_with_hindsight_terms(method, world, tok, tmp_path):
     assert torch.isfinite(torch.tensor(row["loss"]))
     samples = [json.loads(x) for x in (run / "samples.jsonl").read_text().splitlines()]
     assert any(name in s for s in samples if s["reward"] == 0), "failed rollouts carry no aux sample"
+
+
+def test_ema_teachers_follow_the_policy_bit_for_bit(world, tok, tmp_path):
+    """Two steps of hindsearch+igsd with both teachers ``ema`` (two decays, two copies): after each optimizer step
+    each EMA copy is exactly ``ema.lerp_(policy, 1 - decay)`` of the policy at that step's end, bit for bit (the
+    update ``train.callbacks.EMATeachers`` makes, as the hand-written one before it); the terms read the copies
+    from the run's one context."""
+    from transformers import TrainerCallback
+
+    w, retriever = world
+    cfg = Config.load(None, OVERRIDES + ['method="hindsearch+igsd"', 'hindsearch.teacher="ema"', 'igsd.teacher="ema"',
+                                         'hindsearch.judge_kind="oracle"', "hindsearch.ema_decay=0.5",
+                                         "train.kl_coef=0.0"])
+    trainer, model = make_trainer(cfg, tok, retriever, w.splits["train"][:6], tmp_path / "run")
+    emas = trainer.aux_ctx.emas
+    assert sorted(emas) == [0.5, 0.99] and all(e is not model for e in emas.values())
+    expected = {d: [p.detach().clone() for p in e.parameters()] for d, e in emas.items()}
+
+    class Follow(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):  # the policy as the EMA update saw it
+            for d, ps in expected.items():
+                for e, p in zip(ps, model.parameters()):
+                    e.lerp_(p.detach(), 1.0 - d)
+
+    trainer.add_callback(Follow())
+    trainer.train()
+    for d, ema in emas.items():
+        got = list(ema.parameters())
+        assert all(torch.equal(a, b) for a, b in zip(got, expected[d])), d
+        assert not all(torch.equal(a, b) for a, b in zip(got, model.parameters()))
 
 
 @pytest.mark.slow
@@ -331,7 +399,7 @@ def test_trainer_vllm_rollouts_is_correction_and_metrics(kind, world, tok, tmp_p
     model.train()
     init = copy.deepcopy(model).eval()
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
-    trainer = build_trainer(cfg, model, tok, engine, retriever, records, run)
+    trainer = build_trainer(cfg, model, tok, engine, records, run)
     assert trainer.args.vllm_importance_sampling_mode == "token_truncate"
     assert trainer.args.vllm_importance_sampling_clip_max == 2.0 and trainer.args.vllm_mode == mode
     assert trainer.args.vllm_max_model_length == cfg.rollout.max_total_tokens
@@ -396,7 +464,7 @@ def test_colocate_tensor_parallel_is_refused(world, tok, tmp_path, monkeypatch):
     ensure_on_disk(model, tok, tmp_path / "init")
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
     with pytest.raises(ValueError, match="tensor parallel size 1"):
-        build_trainer(cfg, model, tok, engine, retriever, records, tmp_path / "run")
+        build_trainer(cfg, model, tok, engine, records, tmp_path / "run")
 
 
 def test_server_mode_client_on_every_process(monkeypatch, tok):
@@ -468,7 +536,7 @@ def test_trainer_vllm_sampler_with_the_trainers_distribution_gives_unit_ratios(w
 
     monkeypatch.setattr(gt, "VLLMGeneration", Gen)
     engine = RolloutEngine(model, tok, retriever, cfg.rollout, topk=2, backend=HFBackend(model, tok))
-    trainer = build_trainer(cfg, model, tok, engine, retriever, records, run)
+    trainer = build_trainer(cfg, model, tok, engine, records, run)
     trainer.train()
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert sampler.calls >= 2 and [r["step"] for r in rows] == [1, 2]
@@ -481,9 +549,7 @@ def test_trainer_vllm_sampler_with_the_trainers_distribution_gives_unit_ratios(w
 
 def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
     """Ranks must run the same backwards (sharded LM head): the term norms are taken before the zero check."""
-    import types
-
-    from hindsearch.train.aux_loss import sharded_training, update_shares
+    from hindsearch.train.aux_loss import update_shares
 
     h = torch.randn(2, 3, 4, requires_grad=True)
     calls = []
@@ -495,13 +561,6 @@ def test_update_shares_runs_every_backward_even_when_grpo_has_no_gradient():
     shares = update_shares(h.sum(), [("hind", 2 * h.sum())], [h])
     assert shares == {"hind": pytest.approx(2.0)}
 
-    plugin = types.SimpleNamespace(zero_stage=3)
-    fake = types.SimpleNamespace(is_fsdp_enabled=False, is_deepspeed_enabled=True,
-                                 accelerator=types.SimpleNamespace(state=types.SimpleNamespace(deepspeed_plugin=plugin)))
-    assert sharded_training(fake)
-    plugin.zero_stage = 2
-    assert not sharded_training(fake)
-    assert sharded_training(types.SimpleNamespace(is_fsdp_enabled=True, accelerator=None))
 
 
 def test_metric_reduction_over_processes():
@@ -590,7 +649,7 @@ def test_a_step_with_nothing_to_distil_is_grpos_step(method, world, tok, tmp_pat
         ensure_on_disk(model, tok, tmp_path / m / "init")
         model.train()
         engine = NoSearchEngine(model, tok, retriever, cfg.rollout)
-        trainer = build_trainer(cfg, model, tok, engine, retriever, records, tmp_path / m)
+        trainer = build_trainer(cfg, model, tok, engine, records, tmp_path / m)
         n = {"lm_head": 0, "frozen": 0}
         model.get_output_embeddings().register_forward_hook(lambda *_: n.__setitem__("lm_head", n["lm_head"] + 1))
         if trainer.aux_ctx is not None:  # the LM judge and the frozen teacher (IGSD's proposer too)
@@ -629,8 +688,7 @@ def test_with_several_processes_the_lm_head_still_runs_on_every_micro_batch(worl
     model = tiny_random_model(tok, seed=0, num_hidden_layers=1)
     ensure_on_disk(model, tok, tmp_path / "init")
     model.train()
-    trainer = build_trainer(cfg, model, tok, NoSearchEngine(model, tok, retriever, cfg.rollout), retriever,
-                            w.splits["train"][:2], tmp_path)
+    trainer = build_trainer(cfg, model, tok, NoSearchEngine(model, tok, retriever, cfg.rollout), w.splits["train"][:2], tmp_path)
     losses, empty_heads = [], []
     trainer.compute_loss = (lambda f: lambda *a, **k: losses.append(1) or f(*a, **k))(trainer.compute_loss)
     model.get_output_embeddings().register_forward_hook(

@@ -257,8 +257,7 @@ def test_every_second_layer_checkpointed_through_trl_steps_with_unchanged_weight
         model = tiny_random_model(tok, seed=0, num_hidden_layers=4)
         ensure_on_disk(model, tok, run / "init")
         model.train()
-        trainer = build_trainer(cfg, model, tok, ScriptedEngine(model, tok, retriever, cfg.rollout), retriever,
-                                w.splits["train"][:4], run)
+        trainer = build_trainer(cfg, model, tok, ScriptedEngine(model, tok, retriever, cfg.rollout), w.splits["train"][:4], run)
         trainer.train()
         flags = [bool(getattr(layer, "gradient_checkpointing", False)) for layer in model.model.layers]
         assert flags == ([False] * 4 if name == "plain" else [True, False, True, False]), (name, flags)

@@ -271,10 +271,8 @@ def rollout_with(backend_kind, model, tok, retriever, records, scripts, **cfg):
     em = VLLMEmulator(tok, ContextScript([eng.prompt_ids(r.question) for r in records], scripts))
     eos = stop_token_ids(tok, model)
     fake = FakeLLM(em) if backend_kind == "colocate" else FakeClient(em)
-    assert eng.query_completer is None  # HF: IGSD decodes the policy itself (with its shared-prefix cache)
     eng.backend = VLLMBackend(fake, eos) if backend_kind == "colocate" else VLLMServerBackend(
         fake, lambda ids: tok.decode(ids, skip_special_tokens=False), eos)
-    assert eng.query_completer is eng.backend  # vLLM: IGSD's matched completions go through its backend
     return eng.rollout(records, seed=0), fake
 
 

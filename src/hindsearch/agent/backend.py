@@ -32,9 +32,7 @@ class Backend(Protocol):
     """Generates rows of token contexts (HF on CPU/GPU, vLLM on GPU)."""
 
     in_process: bool
-    """Whether it decodes the engine's model in this process (HF: True; vLLM: False). An in-process backend's
-    model may be a generation-time view of the policy (``unwrap_model_for_generation``), so IGSD completes with
-    the policy it is given instead (``RolloutEngine.query_completer``)."""
+    """Whether it decodes the engine's model in this process (HF: True; vLLM: False)."""
 
     def generate(
         self,

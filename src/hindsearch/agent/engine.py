@@ -1,51 +1,11 @@
-"""Batched multi-turn Search-R1 rollouts with exact token masks.
+"""Batched multi-turn Search-R1 rollouts with exact token masks (``RolloutEngine``).
 
-``RolloutEngine.rollout`` runs every trajectory of a batch until it ends, turn by turn:
-
-1. generation (a ``backend.Backend``, one ``generate`` call for the whole rollout): our own sampling loop so
-   the sampled ids, their log-probs and the seed are exact; each row stops by ``core.sampling.stop_reason``:
-   EOS, else the first ``</search>`` / ``</answer>`` in its decoded tail, else its token budget;
-2. at each stop the backend calls the engine back (``_on_stop``) with the rows whose turns ended together: each
-   turn is parsed with ``protocol.parse_action`` (``end_turn``); their searches go to the retriever in one
-   batched ``retrieve`` call (``serve``; bounded retries; a failure is recorded on the affected trajectories,
-   which get an empty information block and go on);
-3. the observation (``protocol.information_block`` or ``protocol.INVALID_NOTICE``) is tokenized on its own
-   (no special tokens), appended with ``gen_mask = 0`` and queued for the row's next turn.
-
-Scheduling. The HF backend is the model core's decode loop (``core.decode``): **per row**, a row whose turn
-ends is served at once (its searches batched with those of the rows whose turns end at the same decode step),
-its observation is prefilled on its saved keys/values and it rejoins decoding at the next step, without waiting
-for the slowest row. The vLLM backend is **turn-level**: all active rows generate a turn, then all of the
-turn's searches go in ONE batched call. A row's greedy trajectory does not depend on the schedule.
-
-Exactness: ``completion_ids`` are exactly the sampled ids plus the injected ids; generated
-ids are never decoded and re-encoded (decoding is only used to find stop strings, parse the
-action and compute ``query_mask`` from per-token character offsets).
-
-Turn rule (Search-R1): at most ``max_turns`` action turns (a search or an invalid turn
-each use one), then one final turn that must answer; a search in that final turn is not
-executed and the trajectory ends with stop_reason ``max_turns``.
-
-Budget rule (``max_total_tokens`` = prompt + completion): a turn may generate at most
-``min(max_new_tokens_per_turn, room left)`` tokens; a turn cut by the total budget is
-``truncated`` and ends the trajectory (``length``); an observation that does not fit is cut
-to the room left and the trajectory ends (``length``). A turn cut only by
-``max_new_tokens_per_turn`` without a complete action is an invalid turn (notice injected).
-
-Log-probs: ``log softmax(logits / T)`` of the sampled token (T = 1 when greedy), before
-top-p filtering, i.e. what a trainer recomputes from the same logits; 0.0 on injected tokens.
-
-Answer: ``protocol.extract_answer`` over the model-written turns only (never the prompt nor
-injected text: Search-R1's invalid notice itself contains ``<answer> and </answer>``).
-
-Stop reasons: ``answer``, ``eos``, ``max_turns``, ``length``, ``error`` (prompt alone over budget).
-
-Cost: with the HF backend each trajectory's keys/values are kept across turns: a turn feeds only the tokens
-not yet cached (the last sampled token plus the injected ids). The vLLM backend gets full contexts (vLLM's prefix
-caching does the same job there).
-
-Several processes: the HF backend's decode loop is one lockstep region (``core.lockstep``) for the whole
-rollout; every rank calls ``generate`` once per rollout, with no row left included.
+Each trajectory runs until it answers, stops or runs out of budget: a backend generates each turn (HF: the
+model core's decode loop, per-row scheduling; vLLM: turn by turn), ended turns are parsed
+(``protocol.parse_action``), their searches are served in one batched ``retrieve`` and the observation is
+injected with ``gen_mask = 0``. Generated ids
+are never re-encoded; log-probs are of the sampled token before top-p; the answer, EM and F1 are computed once, from
+the model-written turns only. The turn and budget rules are in docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -293,13 +253,18 @@ class RolloutEngine:
         t.f1 = f1_score(t.answer, t.golden_answers)
         t.reward = t.em
 
-    # ------------------------------------------------------------------ IGSD helper
-    @property
-    def query_completer(self) -> Backend | None:
-        """IGSD's query completer (``Backend.complete_queries``): None when the backend decodes this engine's model
-        in this process (HF: IGSD completes with the policy it is given, through an ``HFBackend`` of it), else the
-        backend (vLLM: its synced copy of the weights)."""
-        return None if self.backend.in_process else self.backend
+    # ------------------------------------------------------------------ the policy it decodes
+    def use_model(self, model: Any) -> None:
+        """Decode ``model`` from now on (the trainer's policy once TRL has wrapped it, e.g. with LoRA)."""
+        self.model = model
+        if hasattr(self.backend, "model"):
+            self.backend.model = model
+
+    def complete_queries(self, prefixes: list[list[int]], max_new_tokens: int, groups: Any = None,
+                         batch_size: int = 16) -> list[GenOutput]:
+        """IGSD's query completer: greedy completion to ``</search>`` by the backend this engine decodes with
+        (``Backend.complete_queries``)."""
+        return self.backend.complete_queries(prefixes, max_new_tokens, groups, batch_size)
 
 
 def make_backend(cfg: Any, model: Any, tokenizer: Any) -> Backend:

@@ -1,18 +1,8 @@
 """Rollout generation with a transformers causal LM (the reference ``Backend``; CPU or GPU).
 
-``generate`` is the model core's decode loop (``hindsearch.core.decode.decode``): our own sampling, so the sampled
-ids, their log-probs and the seed are exact; each row stops by ``core.sampling.stop_reason`` (an EOS id, else a
-stop string in its decoded tail, else its token budget). With ``on_stop`` (the rollout engine's turn callback)
-rows are scheduled per row: a row whose turn ends keeps its keys/values, gets its observation queued and rejoins
-the running batch at the next step, without waiting for the others; earlier turns are never re-read.
-
-``complete_queries`` is the query completer (``backend.Backend``): greedy, to ``</search>``; with ``groups`` each
-group's shared prefix is read from one KV cache and identical prefixes are decoded once (``core.decode.decode_shared``),
-else a plain batched ``decode``.
-
-Several processes: the decode loop is one lockstep region (``core.lockstep``), so a rank whose rows finish earlier
-runs pad-token forwards until every rank is done (the policy is sharded under FSDP, and under ZeRO-3 with
-``ds3_gather_for_generation = false``).
+``generate`` is the model core's decode loop with per-row scheduling (a row whose turn ends keeps its keys/values and
+rejoins at the next step); ``complete_queries`` completes greedily to ``</search>``, reading each group's shared
+prefix from one KV cache. Both are lockstep regions of the model core on several processes.
 """
 
 from __future__ import annotations

@@ -1,29 +1,15 @@
-"""Contract between the GRPO trainer and the hindsight terms (HindSearch, IGSD).
+"""The contract between the GRPO trainer and the hindsight terms (HindSearch, IGSD).
 
-An auxiliary term adds ``lam * L_aux`` to TRL's GRPO loss without touching it:
-
-1. ``prepare`` runs once per generation batch, right after the rollouts are scored and
-   before any optimisation step. It sees the step's trajectories (rewards known) and
-   returns per-sample tensors aligned with the trainer's right-padded completion ids
-   (``[B, T, ...]``, ``T`` = padded completion length, row ``i`` = trajectory ``i``), plus
-   step metrics and auditable sample records (critiques, verified query pairs, ...).
-   Everything here runs without grad (judge, teacher forward, query completion, retrieval).
-2. ``loss`` runs inside ``compute_loss`` on the student's logits of the **same** forward pass
-   that TRL uses for the GRPO loss (no second policy forward), and returns a scalar with grad
-   plus metrics. Only the positions some term asks for (``positions``) are projected through the
-   LM head: ``logits[n]`` are the raw (not temperature-scaled) logits that predict
-   ``completion_ids[idx[n, 0], idx[n, 1]]``; a term reads its own positions out of them.
-
-A term must return an exact zero (still a tensor attached to ``logits``) when it has nothing
-to distil (no failed rollouts, no query tokens, all gates zero), never NaN.
-
-A term is registered with its options and metric declarations (``hindsight/registry.py: register_method``); it
-sees the run only through ``AuxContext``: models, tokenizer, retriever, the rollout engine's query completer and
-top-k, the step and the device, never the engine or the whole config.
+A term adds ``lam * L_term`` to TRL's GRPO loss. ``prepare`` runs once per generation batch (no grad) on the scored
+trajectories and returns per-row tensors aligned with the right-padded completion ids; ``loss`` runs inside
+``compute_loss`` on the logits, at the positions the terms ask for (``positions``), of the same forward TRL's loss
+uses, and returns an exact zero (a tensor attached to the logits, never NaN) when it has nothing to distil. A term
+sees the run only through ``AuxContext``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -32,13 +18,23 @@ import torch
 from hindsearch.records import Trajectory
 
 if TYPE_CHECKING:
-    from hindsearch.agent.backend import Backend
     from hindsearch.hindsight.registry import Metrics
     from hindsearch.retrieval.base import Retriever
 
+
+class QueryCompleter(Protocol):
+    """What completes IGSD's proposed queries: the rollout engine (``RolloutEngine.complete_queries``, through
+    whatever backend it decodes with) or any ``agent.backend.Backend``."""
+
+    def complete_queries(self, prefixes: list[list[int]], max_new_tokens: int, groups: Any = None,
+                         batch_size: int = 16) -> list[Any]: ...
+
+
 @dataclass
 class AuxContext:
-    """What a term may use while preparing a batch (all models in eval mode, no grad)."""
+    """What a term may use while preparing a batch (all models in eval mode, no grad). A run builds one (the
+    trainer, when it is constructed); ``step`` is its only per-step field, set by the trainer before each
+    ``prepare``."""
 
     policy: torch.nn.Module | None
     """The current policy (unwrapped ``PreTrainedModel``); never updated by a term."""
@@ -48,16 +44,22 @@ class AuxContext:
     """The policy's tokenizer (``PreTrainedTokenizerBase``)."""
     retriever: Retriever | None
     """The retriever the rollouts used (``retrieve(queries, topk)``)."""
-    complete: Backend | None = None
-    """The rollout engine's query completer (``RolloutEngine.query_completer``: a backend whose ``complete_queries``
-    decodes elsewhere, vLLM) or None when the policy decodes in this process (IGSD then completes on an HF backend of
-    ``policy``, the same greedy decoding)."""
+    complete: QueryCompleter | None = None
+    """The query completer: the rollout engine, which decodes the policy with its own backend (HF or vLLM)."""
     topk: int = 3
     """Passages per search of the rollouts (``retrieval.topk``)."""
-    step: int = 0
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
-    ema: torch.nn.Module | None = None
-    """The EMA copy of the policy at the term's own decay, when the term asked for one (``ema_decay``), else None."""
+    emas: Mapping[float, torch.nn.Module] = field(default_factory=dict)
+    """The EMA copies of the policy by decay, one per ``ema_decay`` some term asked for."""
+    step: int = 0
+    """The optimizer steps done before this batch (the one per-step field)."""
+
+    @classmethod
+    def of_engine(cls, engine: Any, frozen: torch.nn.Module | None = None, **kw: Any) -> "AuxContext":
+        """The context of terms that train the policy ``engine`` rolls out: its model, tokenizer, retriever and
+        top-k, the engine as the query completer."""
+        return cls(policy=engine.model, frozen=frozen, tokenizer=engine.tokenizer, retriever=engine.retriever,
+                   complete=engine, topk=engine.topk, **kw)
 
 
 @dataclass
@@ -78,7 +80,7 @@ class AuxTerm(Protocol):
     metrics: Metrics
     """Every metric key ``prepare`` and ``loss`` return, with its reduction over processes, and the report's panels."""
     ema_decay: float | None
-    """The decay of the EMA teacher this term reads from ``AuxContext.ema`` (None: it needs none)."""
+    """The decay of the EMA teacher this term reads from ``AuxContext.emas`` (None: it needs none)."""
     lam: float
     """Weight of the term in ``L = L_GRPO + lam * L_aux``."""
     aggregation: str

@@ -1,46 +1,7 @@
-"""Pure loss functions of the hindsight terms (HindSearch, IGSD).
-
-Per-token losses are separate from their aggregation (verl style): every per-token function
-returns ``[B, T]`` (or ``[N]``) values and ``agg(loss, mask, mode)`` reduces them. Nothing here
-touches a model; inputs are tensors, outputs are tensors. Everything is NaN-free on empty masks
-(the reductions divide by ``max(count, 1)`` and masked-out entries are selected away with
-``torch.where``, so a ``-inf`` or NaN outside the mask never leaks in).
-
-HindSearch (critique-conditioned self-distillation on search tokens of failed rollouts)::
-
-    w_t    = clamp(lT_t - lS_t, 0, 1)                    (detached)
-    L_hind = - sum_t w_t * lS_t * m_t / max(sum_t m_t, 1)
-
-with ``lS``/``lT`` the student's/teacher's log-prob of the sampled token and ``m`` the mask of
-distilled tokens of failed rollouts (query tokens, optionally the action-opening tokens). On failed
-rollouts this form is close to zero by construction: a competent teacher puts *less* mass on the
-decisive tokens of a failed query (``w = 0`` there) and it never raises a token the student did not
-sample. The alternatives:
-
-* ``signed`` (on-policy-distillation style): the unclamped per-token gap as an advantage,
-  ``a_t = clip(lT_t - lS_t, -c, c)`` (detached), ``L = - sum_t a_t * lS_t * m_t / max(sum m, 1)``:
-  tokens the teacher likes less are pushed down, tokens it likes more are pushed up.
-* ``one_sided``: the lowering half of ``signed``, ``a_t = clip(lT_t - lS_t, -c, 0)``: a failed token is lowered
-  where the teacher likes it less and nothing is ever raised (one-sided per token; restricted to the decisions
-  to answer, ``distill_on = answer_decision``, it only lowers "answer now" where the teacher would search again).
-* ``reverse_kl`` and ``jsd`` (``topk_reverse_kl_per_token``, ``topk_jsd_per_token``) compare the two
-  distributions on the teacher's top-k token ids (k = 50 by default) **plus one tail bucket** holding the
-  remaining mass of each distribution (``1 - sum of its top-k probabilities``): k + 1 outcomes that sum to 1 for
-  both. Nothing is renormalised, so the student's sampled token always has a gradient, through its own id when it is
-  in the teacher's top-k and through the tail bucket when it is not.
-
-IGSD (information-gain-gated candidate-pair distillation)::
-
-    p_T = softmax(teacher logits at {b_t, a_t}),  p_S = softmax(student logits at {b_t, a_t})
-    g_t = gate(delta_t)                                   (detached)
-    L_igsd = sum_t g_t * KL(p_T || p_S) / num_positions
-
-Registries (verl ``core_algos`` style): ``DIVERGENCES``, ``GATE_FNS`` and ``AGGREGATIONS`` map a
-config name to its function (``register_divergence`` / ``register_gate`` / ``register_aggregation``
-add one). The names a config may use are declared once, on the config fields
-(``hindsearch.divergence``, ``igsd.gate``, ``hindsearch.aggregation`` / ``igsd.aggregation``); a test
-checks that every declared name is registered. The reduction mode is a config field of each term,
-never a constant here.
+"""Pure loss functions of the hindsight terms (HindSearch, IGSD): per-token losses ``[B, T]`` (or ``[N]``), their
+reductions (``agg``), the divergence, gate and aggregation registries, and IGSD's gated pair KL. Nothing here
+touches a model; every function is NaN-free on empty masks. The formulas and how they relate to TRL's
+self-distillation code are in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -162,53 +123,24 @@ def signed_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
     return (lT.detach() - lS.detach()).clamp(-clip, clip)
 
 
-def _log1mexp(x: Tensor) -> Tensor:
-    """``log(1 - exp(x))`` for ``x <= 0``, stable at both ends (clamped just below 0)."""
-    x = x.clamp(max=-1e-7)
-    return torch.where(x > -0.693, torch.log(-torch.expm1(x)), torch.log1p(-torch.exp(x)))
+def topk_divergence_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor,
+                              alpha: float) -> Tensor:
+    """TRL's ``compute_divergence`` (``alpha = 1``: ``KL(p_S || p_T)``, ``0.5``: JSD) over the teacher's top-k ids
+    plus TRL's tail bucket (``add_tail_bucket``: the mass outside the k ids), in float32.
 
-
-def tail_logp(topk_logp: Tensor) -> Tensor:
-    """Top-k log-probs ``[..., k]`` (normalised over the full vocabulary) → ``[..., k + 1]`` with the tail bucket last.
-
-    The tail bucket is ``log(1 - sum_j p_j)``, the mass outside the k ids.
+    ``student_logits [..., V]``, ``teacher_topk_ids [..., k]`` (long), ``teacher_topk_logp [..., k]`` (the teacher's
+    full-vocabulary log-probs of those ids) → ``[...]``. The student's log-probs come from its full softmax, so the
+    tail bucket carries the gradient of every id outside the teacher's top-k.
     """
-    lp = topk_logp.float()
-    tail = _log1mexp(torch.logsumexp(lp, dim=-1, keepdim=True))
-    return torch.cat([lp, tail], dim=-1)
+    import warnings
 
+    with warnings.catch_warnings():  # trl.experimental's import notice (the two helpers are pinned by tests)
+        warnings.simplefilter("ignore")
+        from trl.experimental.sdpo.loss_utils import add_tail_bucket, compute_divergence
 
-def _tail_support_logp(student_logits: Tensor, topk_ids: Tensor, teacher_topk_logp: Tensor) -> tuple[Tensor, Tensor]:
-    """Student and teacher log-probs on the teacher's top-k ids plus a tail bucket → two ``[B, T, k + 1]``.
-
-    The student's top-k log-probs are taken from its full-vocabulary softmax (``logsumexp`` over V),
-    so the tail bucket carries the gradient of every id outside the teacher's top-k.
-    """
     lg = student_logits.float()
-    s = lg.gather(-1, topk_ids) - torch.logsumexp(lg, dim=-1, keepdim=True)
-    return tail_logp(s), tail_logp(teacher_topk_logp)
-
-
-def topk_reverse_kl_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
-    """``KL(p_S || p_T)`` per token over the teacher's top-k ids plus a tail bucket.
-
-    ``student_logits [B, T, V]``, ``teacher_topk_ids [B, T, k]`` (long), ``teacher_topk_logp [B, T, k]``
-    (the teacher's full-vocabulary log-probs of those ids) → ``[B, T]``.
-    """
-    log_ps, log_pt = _tail_support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
-    return (log_ps.exp() * (log_ps - log_pt)).sum(-1)
-
-
-def topk_jsd_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor) -> Tensor:
-    """Jensen-Shannon divergence per token over the teacher's top-k ids plus a tail bucket.
-
-    ``JSD = 0.5 KL(p_T || M) + 0.5 KL(p_S || M)``, ``M = (p_T + p_S) / 2``; shapes as ``topk_reverse_kl_per_token``.
-    """
-    log_ps, log_pt = _tail_support_logp(student_logits, teacher_topk_ids, teacher_topk_logp)
-    log_m = torch.logsumexp(torch.stack([log_ps, log_pt]), dim=0) - torch.log(torch.tensor(2.0))
-    kl_t = (log_pt.exp() * (log_pt - log_m)).sum(-1)
-    kl_s = (log_ps.exp() * (log_ps - log_m)).sum(-1)
-    return 0.5 * (kl_t + kl_s)
+    s = lg.gather(-1, teacher_topk_ids) - torch.logsumexp(lg, dim=-1, keepdim=True)
+    return compute_divergence(add_tail_bucket(s), add_tail_bucket(teacher_topk_logp.float()), alpha)
 
 
 # ---------------------------------------------------------------------------------------- divergences
@@ -281,12 +213,12 @@ def _one_sided(x: DistillInputs) -> Tensor:
 
 @register_divergence("reverse_kl", needs_topk=True)
 def _reverse_kl(x: DistillInputs) -> Tensor:
-    return topk_reverse_kl_per_token(x.logits, x.topk_ids, x.topk_logp)
+    return topk_divergence_per_token(x.logits, x.topk_ids, x.topk_logp, 1.0)
 
 
 @register_divergence("jsd", needs_topk=True)
 def _jsd(x: DistillInputs) -> Tensor:
-    return topk_jsd_per_token(x.logits, x.topk_ids, x.topk_logp)
+    return topk_divergence_per_token(x.logits, x.topk_ids, x.topk_logp, 0.5)
 
 
 def gap_diagnostics(lT: Tensor, lS: Tensor, mask: Tensor, eps: float = 1e-4) -> dict[str, float]:

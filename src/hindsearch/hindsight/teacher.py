@@ -1,12 +1,6 @@
-"""Teacher contexts and teacher-forced log-probs of the student's completion.
-
-The teacher sees the student's question with a hindsight line added to the user message
-(``protocol.FEEDBACK_TEMPLATE`` with a critique for HindSearch, ``protocol.GOLD_HINDSIGHT_TEMPLATE``
-with the first gold answer for IGSD), the chat template applied, followed by **exactly** the
-student's completion ids. ``score_continuations`` (``hindsearch.core.scoring``) scores any
-batch of (prefix, continuation) id lists in padded forwards; row ``i``'s scores equal those of an unpadded
-forward of ``prefix_i + continuation_i`` (tested). ``out[i, t]`` is the log-prob of ``continuation_i[t]``
-given ``prefix_i + continuation_i[:t]``.
+"""Teacher prompts, the teacher a term reads (``select_teacher``), the positions a term distils
+(``distill_weights``, ``ready_decision_mask``) and teacher-forced log-probs of the student's completion: row ``i``,
+column ``t`` of ``teacher_token_logprobs`` scores ``completion_i[t]`` after ``teacher_prompt_i + completion_i[:t]``.
 """
 
 from __future__ import annotations
@@ -33,13 +27,14 @@ def igsd_prompt_ids(tokenizer: Any, question: str, golds: Sequence[str]) -> list
     return protocol.encode_prompt(tokenizer, question, protocol.GOLD_HINDSIGHT_TEMPLATE.format(answer=golds[0]))
 
 
-def select_teacher(kind: str, ctx: Any) -> Any:
-    """``frozen`` → ``ctx.frozen``, ``live`` → ``ctx.policy``, ``ema`` → ``ctx.ema`` (must exist)."""
+def select_teacher(kind: str, ctx: Any, ema_decay: float | None = None) -> Any:
+    """``frozen`` → ``ctx.frozen``, ``live`` → ``ctx.policy``, ``ema`` → ``ctx.emas[ema_decay]`` (must exist)."""
     if kind not in TEACHERS:
         raise ValueError(f"teacher = {kind!r} is not one of {TEACHERS}")
-    model = {"frozen": ctx.frozen, "live": ctx.policy, "ema": ctx.ema}[kind]
+    model = ctx.emas.get(ema_decay) if kind == "ema" else {"frozen": ctx.frozen, "live": ctx.policy}[kind]
     if model is None:
-        raise ValueError(f"teacher = {kind!r} but the trainer provided no such model (AuxContext.{kind if kind != 'live' else 'policy'} is None)")
+        what = {"frozen": "frozen", "live": "policy", "ema": f"emas[{ema_decay}]"}[kind]
+        raise ValueError(f"teacher = {kind!r} but the trainer provided no such model (AuxContext.{what} is None)")
     return model
 
 

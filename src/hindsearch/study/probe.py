@@ -224,15 +224,15 @@ def igsd_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, seed: int = 
     """
     import random
 
+    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.igsd import run_igsd
 
     rows = [t for t in failed if any(t.query_mask)]
     if not rows:
         return {}
     T = max(len(t.completion_ids) for t in rows)
-    _, m, _ = run_igsd(rows, T, policy=engine.model, teacher=engine.model, tokenizer=engine.tokenizer,
-                       retriever=engine.retriever, cfg=cfg.igsd, topk=getattr(engine, "topk", None) or cfg.retrieval.topk,
-                       rng=random.Random(seed))
+    _, m, _ = run_igsd(rows, T, AuxContext.of_engine(engine), cfg.igsd, rng=random.Random(seed),
+                       teacher=engine.model)
     n = m["positions_considered"]
     out = {"positions_considered": n, "teacher_differs": (n - m["teacher_agree"]) / n if n else 0.0,
            "pairs_verified": m["positions_verified"], "frac_delta_pos": m["frac_delta_pos"]}
@@ -294,6 +294,7 @@ def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, set
     import copy
     import random
 
+    from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.igsd import run_igsd
     from hindsearch.hindsight.igsd.hints import hint_lines
     from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, make_judge
@@ -310,10 +311,8 @@ def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any, set
         if icfg.hindsight != "answer":
             judge = make_judge(HindSearchConfig(judge_kind=icfg.judge_kind), engine.model, engine.tokenizer)
             hints = hint_lines(rows, [i for i, t in enumerate(rows) if t.failed], icfg.hindsight, judge)
-        _, m, samples = run_igsd(rows, T, policy=engine.model, teacher=engine.model, tokenizer=engine.tokenizer,
-                                 retriever=engine.retriever, cfg=icfg,
-                                 topk=getattr(engine, "topk", None) or cfg.retrieval.topk, rng=random.Random(seed),
-                                 hints=hints)
+        _, m, samples = run_igsd(rows, T, AuxContext.of_engine(engine), icfg, rng=random.Random(seed),
+                                 teacher=engine.model, hints=hints)
         g = gate_separation(pair_outcomes(rows, samples))
         g.update(proposals=m["proposals"], gold_share=m["proposals_gold"] / m["proposals"] if m["proposals"] else 0.0,
                  unreachable=m["positions_unreachable"], alias_dropped=m["alias_queries_dropped"],

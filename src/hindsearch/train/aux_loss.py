@@ -1,6 +1,6 @@
 """The trainer's side of the hindsight terms, as pure functions: tensor keys of the terms' inputs, the LM head
-applied only at the positions the terms need, each term's share of the update, the checks of what a term returns,
-the non-finite-loss error and the sharded-training check."""
+applied only at the positions the terms need, each term's share of the update, the checks of what a term returns
+and the non-finite-loss error."""
 
 from __future__ import annotations
 
@@ -107,11 +107,3 @@ def update_shares(grpo_loss: torch.Tensor, weighted: Sequence[tuple[str, torch.T
     base = gnorm(grpo_loss)
     norms = {name: gnorm(x) for name, x in weighted}
     return {name: v / base for name, v in norms.items()} if base > 0.0 else {}
-
-
-def sharded_training(trainer: Any) -> bool:
-    """True when the policy's parameters are sharded across processes (DeepSpeed ZeRO-3 or FSDP)."""
-    if getattr(trainer, "is_fsdp_enabled", False):
-        return True
-    plugin = getattr(getattr(trainer.accelerator, "state", None), "deepspeed_plugin", None)
-    return bool(getattr(trainer, "is_deepspeed_enabled", False) and plugin is not None and plugin.zero_stage == 3)

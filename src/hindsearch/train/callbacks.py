@@ -1,19 +1,11 @@
-"""The trainer's ``TrainerCallback``s and the reduction of step metrics over processes.
-
-- ``StepTimer``: the ``time/*`` split of each optimizer step;
-- ``MetricsWriter``: one line per optimizer step in ``metrics.jsonl``;
-- ``SamplesWriter``: a few rollouts per step, with their turns and the terms' samples, in ``samples.jsonl``;
-- ``EMAUpdate``: the EMA teacher after each optimizer step;
-- ``FiniteWeights``: every weight finite after each optimizer step, before the step is logged or saved;
-- ``StopAtStepEnd``: a requested stop (SIGTERM, SIGINT: ``hindsearch.train.run.stop_on_signals``) saves a
-  checkpoint at the end of the step in progress and ends training there;
-- ``gather_metrics``: a process's step metrics reduced over all processes (summed where the caller says so: a
-  term's declared reductions, ``hindsight.registry.Metrics``; the rest averaged) before they go into TRL's
-  ``_metrics``.
+"""The trainer's ``TrainerCallback``s (step timing, ``metrics.jsonl`` and ``samples.jsonl`` writers, the EMA teachers,
+the finite-weights check, a stop at a step's end) and ``gather_metrics``, the reduction of a process's step metrics
+over all processes before they go into TRL's ``_metrics``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -130,14 +122,33 @@ class SamplesWriter(TrainerCallback):
         self.pending = []
 
 
-class EMAUpdate(TrainerCallback):
-    """After each optimizer step: the EMA teacher moves toward the policy (``optimizer_step_done``)."""
+class EMATeachers(TrainerCallback):
+    """After each optimizer step each EMA teacher (a full copy of the policy per decay) moves toward the policy,
+    ``ema <- ema + (1 - decay) (policy - ema)``. Under ZeRO-3 the policy's shards are gathered for the update on
+    every process (TRL's ``SyncRefModelCallback`` pattern)."""
 
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer
+    def __init__(self, emas: Mapping[float, Any], accelerator: Any) -> None:
+        self.emas, self.accelerator = dict(emas), accelerator
 
-    def on_step_end(self, args, state, control, **kwargs):
-        self.trainer.optimizer_step_done()
+    @staticmethod
+    @torch.no_grad()
+    def update(ema: torch.nn.Module, policy: torch.nn.Module, decay: float) -> None:
+        for pe, pp in zip(ema.parameters(), policy.parameters(), strict=True):
+            pe.lerp_(pp.detach().to(pe.dtype), 1.0 - decay)
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        from accelerate.state import AcceleratorState
+
+        policy = self.accelerator.unwrap_model(model)
+        plugin = AcceleratorState().deepspeed_plugin
+        gathered = contextlib.nullcontext()
+        if plugin is not None and plugin.zero_stage == 3:
+            import deepspeed  # optional: gpu
+
+            gathered = deepspeed.zero.GatheredParameters(list(policy.parameters()))  # read only: no modifier rank
+        with gathered:
+            for decay, ema in self.emas.items():
+                self.update(ema, policy, decay)
 
 
 class StopAtStepEnd(TrainerCallback):

@@ -55,9 +55,12 @@ def _answers(name: str, completions: Sequence[Any], golden_answers: Sequence[Seq
 
 @register_reward("em")
 def em_reward(completions: Sequence[Any], golden_answers: Sequence[Sequence[str]], model_text: Sequence[str],
-              **_: Any) -> list[float]:
+              em: Sequence[float] | None = None, **_: Any) -> list[float]:
     """Exact match of the last ``<answer>`` the model wrote (``model_text``, the rollout's extra field) against the
-    dataset's ``golden_answers`` column (``hindsearch.answers.exact_match``)."""
+    dataset's ``golden_answers`` column (``hindsearch.answers.exact_match``); the rollouts' own ``em`` column (the
+    engine's exact match of the same answer, computed once per rollout) when they hand one over."""
+    if em is not None and len(em) == len(completions) == len(golden_answers) == len(model_text):
+        return [float(e) for e in em]
     answers = _answers("em_reward", completions, golden_answers, model_text)
     return [exact_match(a, gold) for a, gold in zip(answers, golden_answers)]
 

@@ -1,32 +1,10 @@
 """Pure glue between our multi-turn rollouts and TRL's ``GRPOTrainer`` (no TRL import here).
 
-TRL's ``rollout_func(prompts, trainer)`` receives the generation batch's prompts with every
-question already repeated ``num_generations`` times (TRL's ``RepeatSampler``; on several
-processes a group may be split across ranks, rewards are gathered before group normalisation).
-We therefore map prompt ``i`` to one trajectory ``i`` (``records_for_prompts``), never regrouping,
-so the order TRL expects is kept by construction.
-
-``rollout_output`` turns trajectories into the dict TRL wants:
-
-- ``prompt_ids`` / ``completion_ids``: exactly the ids the engine produced (generated + injected);
-- ``logprobs``: the sampling log-prob of each generated token (0.0 on injected tokens); TRL only
-  uses them for importance-sampling correction with vLLM (and the off-policy mask);
-- ``env_mask`` = our ``gen_mask``: TRL multiplies it into the loss mask (``tool_mask``), so injected
-  ``<information>`` blocks and invalid-action notices carry no policy loss, no KL and no entropy;
-- every other key is forwarded per sample to the reward functions: ``model_text`` (the text the model
-  itself wrote, ``Trajectory.model_text``), ``answered``, ``num_searches``; the dataset's
-  ``golden_answers`` column reaches them the same way.
-
-Rewards are plain TRL reward functions, ``f(completions, **columns) -> list[float]``, read from these columns
-(``hindsearch.train.reward_funcs``: ``em``, ``f1``, ``format`` and any registered or ``module:function`` one).
-
-Step statistics (``row_stats`` per trajectory, ``rollout_metrics`` over the rows) are computed from
-small per-row records, so on several processes the rows of all ranks are gathered first and the
-statistics are those of the whole generation batch (groups may be split across ranks).
-
-vLLM log-prob mismatch (``truncated_is_ratio``, ``mismatch_sums``, ``mismatch_metrics``): the trainer's
-recomputed log-probs ``pi_train`` against the sampler's ``pi_vllm`` on generated tokens, and TRL's
-token-level truncated importance-sampling ratio ``min(exp(log pi_train - log pi_vllm), cap)``.
+Prompt ``i`` of TRL's ``rollout_func`` is one trajectory ``i`` (``records_for_prompts``; no regrouping).
+``rollout_output`` hands TRL exactly the engine's ids, the sampling log-probs, ``env_mask`` = ``gen_mask`` (no loss on
+injected text) and, per sample, the reward functions' columns: ``model_text``, ``em`` (the engine's exact match,
+computed once per rollout), ``answered``, ``num_searches`` (the dataset adds ``golden_answers``). Step statistics
+come from small per-row records (gathered over processes first), and the vLLM log-prob mismatch metrics from sums.
 """
 
 from __future__ import annotations
@@ -90,6 +68,7 @@ def rollout_output(trajs: Sequence[Trajectory], filler_id: int,
         out["env_mask"].append(mask)
         out["logprobs"].append(lps)
     out["model_text"] = [t.model_text(decode) for t in trajs]
+    out["em"] = [t.em for t in trajs]
     out["answered"] = [model_answered(t) for t in trajs]
     out["num_searches"] = [t.num_searches for t in trajs]
     return out

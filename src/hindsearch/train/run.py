@@ -1,39 +1,10 @@
-"""The main job: ``run_train(cfg)`` = world + index -> policy -> warm-up -> dev eval -> GRPO -> dev eval.
+"""The main job: ``run_train(cfg)`` = data and index -> policy -> warm-up -> dev eval -> the method's steps -> dev eval.
 
-Order (everything that can fail on a bad config fails in ``preflight`` before a model loads):
-
-1. ``preflight``: ``Config.validate``, files named by the config exist, the method's terms can be
-   built, vLLM importable when asked for;
-2. data: the fictional world and its BM25 index are built on first use (cached under
-   ``data.world_dir``), or the configured QA files / index / retrieval server are used;
-3. the policy (``models.load_policy``), the dev EM of the base model;
-4. the protocol warm-up (``train.warmup.ensure_warmup``, cached by config hash) and its dev EM;
-5. ``train.steps`` GRPO steps through ``HindsearchGRPOTrainer`` (checkpoints under
-   ``RUN_DIR/checkpoints``), then the dev EM after RL;
-6. a table base / after warm-up / after RL (EM overall and by hop count, searches per question,
-   validity rate) printed and saved to ``RUN_DIR/summary.json``.
-
-``RUN_DIR`` holds ``config.toml`` (resolved), ``metrics.jsonl``, ``samples.jsonl``,
-``checkpoints/``, ``eval/<stage>/``, ``summary.json`` and the marker ``.hindsearch-output.json``
-(kind ``run``, the config the run started with, and any config change allowed on a resume). A new
-run writes only into a new or empty folder or a run folder of ours without checkpoints.
-``run_train(cfg, resume=RUN_DIR)`` reloads ``RUN_DIR/config.toml`` (an edit of a training key since
-the start is refused unless ``allow_config_change``) and continues from the last complete checkpoint
-(checkpoints are written atomically and checked complete when written and when read; an incomplete
-one is set aside with a message naming it; finished evaluations are reused; log rows past the
-checkpoint, all of them when no complete checkpoint is left, and a torn last line are dropped, so
-no step is logged twice). ``RUN_DIR/.hindsearch.lock``
-keeps a second trainer out of the folder while one runs. A non-finite loss
-saves a checkpoint of the last good weights and stops with an error; a checkpoint is never saved with a
-non-finite weight, a resume first checks its checkpoint's torch files against their CRC-32s, and a
-resume whose first step makes a weight non-finite sets that checkpoint aside and falls back to the one
-before it.
-
-SIGTERM (a scheduler's preemption) and SIGINT (Ctrl-C) stop a run cleanly (``stop_on_signals``): during
-training, the step in progress ends, a checkpoint of it is saved and the run stops; before training (data,
-evaluations, warm-up), it stops at once (finished evaluation rows are kept). Either way the lock is released and
-one line says what was kept and how to continue (``--resume``, which writes no step twice); the exit status is
-128 + the signal. A second signal stops at once, keeping the newest complete checkpoint.
+Everything a bad config can break fails in ``preflight`` before a model loads; it also builds the run's ``Parts``
+(terms, reward functions) once. ``RUN_DIR`` holds ``config.toml``, ``metrics.jsonl``, ``samples.jsonl``,
+``checkpoints/``, ``eval/<stage>/`` and ``summary.json``; one trainer at a time (``.hindsearch.lock``). A resume
+(``resume=RUN_DIR``) continues from the last complete checkpoint and writes no step twice; SIGTERM/SIGINT stop at a
+step's end with a checkpoint. docs/runs.md describes the folder, resumes and stops in full.
 """
 
 from __future__ import annotations
@@ -44,7 +15,7 @@ import gc
 import json
 import os
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,11 +25,28 @@ from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 
 
-
 # ---------------------------------------------------------------- validation (no model loads)
-def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
-    """Validate everything that does not need a model; errors name the key and what is allowed (``reward_funcs``:
-    the ones given from Python instead of ``train.reward_funcs``)."""
+@dataclass
+class Parts:
+    """What a run assembles once from its config, before any model loads: the method's terms and the reward
+    functions with TRL's ``reward_weights`` (None: 1 each)."""
+
+    terms: list[Any]
+    reward_funcs: list[Any]
+    reward_weights: list[float] | None
+
+    @classmethod
+    def of(cls, cfg: Config, reward_funcs: list[Any] | None = None) -> "Parts":
+        """``cfg.method``'s terms (objects only, no model) and ``reward_funcs`` (None: ``train.reward_funcs``)."""
+        from hindsearch.hindsight.registry import make_terms
+        from hindsearch.train.reward_funcs import reward_funcs_of
+
+        return cls(make_terms(cfg), *reward_funcs_of(cfg.train, reward_funcs))
+
+
+def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
+    """Validate everything that does not need a model and build the run's ``Parts``; errors name the key and what
+    is allowed (``reward_funcs``: the ones given from Python instead of ``train.reward_funcs``)."""
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.retrieval.factory import check_kind
 
@@ -86,11 +74,12 @@ def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> None:
     from hindsearch.hindsight.registry import make_terms
     from hindsearch.train.reward_funcs import reward_funcs_of
 
-    make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
+    terms = make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
     try:
-        reward_funcs_of(cfg.train, reward_funcs)  # a module:function reward that does not import fails here
+        funcs, weights = reward_funcs_of(cfg.train, reward_funcs)  # a module:function that does not import fails
     except (KeyError, ValueError) as e:
         raise ConfigError(str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
+    return Parts(terms, funcs, weights)
 
 
 # ---------------------------------------------------------------- trainer
@@ -105,22 +94,18 @@ def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
     model.config._name_or_path = str(folder)
 
 
-def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retriever: Any, train_records: list[Any],
-                  run_dir: Path, reward_funcs: list[Any] | None = None) -> Any:
-    """``HindsearchGRPOTrainer`` with the method's terms and their context, rewarded by ``reward_funcs`` (TRL reward
-    functions or registered names; None: ``train.reward_funcs``) plus the configured format reward."""
-    from hindsearch.hindsight.contract import AuxContext
-    from hindsearch.hindsight.registry import make_terms
-    from hindsearch.train.reward_funcs import reward_funcs_of
+def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, train_records: list[Any], run_dir: Path,
+                  parts: Parts | None = None) -> Any:
+    """``HindsearchGRPOTrainer`` over ``engine``'s rollouts with the run's ``parts`` (``preflight``'s; None:
+    ``Parts.of(cfg)``): the method's terms (their own models loaded here) and the reward functions."""
+    from hindsearch.models import lora_peft_config
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
-    from hindsearch.models import lora_peft_config
-
-    terms = make_terms(cfg)
+    parts = parts if parts is not None else Parts.of(cfg)
+    terms = parts.terms
     for term in terms:
-        if hasattr(term, "load_models"):  # a term's own models (HindSearch's judge_model) load here, not in prepare
+        if hasattr(term, "load_models"):  # a term's own models (HindSearch's judge_model), not in prepare
             term.load_models(cfg.model)
-    funcs, weights = reward_funcs_of(cfg.train, reward_funcs)
     peft_config = lora_peft_config(cfg.model.lora)  # None without LoRA; TRL wraps the policy with it
     if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
         base = getattr(model.config, "_name_or_path", "") or ""
@@ -130,27 +115,17 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, retrieve
     # one EMA copy of the policy per decay some term asks for (terms with the same decay read the same copy)
     decays = dict.fromkeys(getattr(t, "ema_decay", None) for t in terms)
     emas = {d: copy.deepcopy(model).eval() for d in decays if d is not None}
-    ctx = AuxContext(policy=model, frozen=frozen, tokenizer=tokenizer, retriever=retriever,
-                     complete=engine.query_completer, topk=cfg.retrieval.topk,
-                     device=next(model.parameters()).device) if terms else None
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.train.gradient_checkpointing:
         route_every_n_layers(model)
     trainer = HindsearchGRPOTrainer(
         model=model, args=grpo_args(cfg, run_dir / "checkpoints", nproc), train_records=train_records, engine=engine,
-        tokenizer=tokenizer, terms=terms, aux_ctx=ctx, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
-        reward_funcs=funcs, reward_weights=weights, rollout_seed=cfg.train.seed, emas=emas,
+        tokenizer=tokenizer, terms=terms, frozen=frozen, run_dir=run_dir, samples_per_step=cfg.train.samples_per_step,
+        reward_funcs=parts.reward_funcs, reward_weights=parts.reward_weights, rollout_seed=cfg.train.seed, emas=emas,
         grad_share_steps=cfg.train.grad_share_steps, grpo_scale=cfg.train.grpo_scale,
         keep_steps=cfg.train.keep_steps,
         peft_config=peft_config)
     tensorboard_to(trainer, Path(run_dir) / TB_DIR)  # RUN/tb/, not RUN/checkpoints/runs/<date>_<host>/
-    if ctx is not None:
-        if ctx.frozen is None:
-            ctx.frozen = trainer.ref_model  # the initial policy, already loaded by TRL for the KL term
-        for m in (ctx.frozen, *emas.values()):
-            for p in m.parameters() if m is not None else ():
-                p.requires_grad_(False)
-        ctx.device = trainer.accelerator.device
     return trainer
 
 
@@ -419,7 +394,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
     if resume is None and not str(cfg.out).strip():
         raise ConfigError("out = '': no run folder given (it would write into the current folder); "
                           "set out in the config or pass --out")
-    preflight(cfg, reward_funcs)
+    parts = preflight(cfg, reward_funcs)
     from hindsearch import upstream_warnings
 
     upstream_warnings.install()  # also from Python, not only the CLI: known upstream notices once each
@@ -446,7 +421,7 @@ def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: 
             marker = check_resume_config(cfg, run_dir, allow_config_change, log) if resume is not None else None
             if resume is not None:
                 ckpt = last_checkpoint(run_dir, log=log if rank0 else None)
-            job = _Job(cfg, run_dir, log, retriever=retriever, reward_funcs=reward_funcs, stop=stop)
+            job = _Job(cfg, run_dir, log, parts, retriever=retriever, stop=stop)
             job.threads = {"count": used_threads[0], "why": used_threads[1]}
             return _run_locked(job, resume, ckpt, t_start, marker if rank0 else None)
 
@@ -505,14 +480,15 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 class _Job:
     """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
 
-    def __init__(self, cfg: Config, run_dir: Path, log: Any, retriever: Any = None,
-                 reward_funcs: list[Any] | None = None, stop: StopRequest | None = None) -> None:
+    def __init__(self, cfg: Config, run_dir: Path, log: Any, parts: Parts, retriever: Any = None,
+                 stop: StopRequest | None = None) -> None:
         from hindsearch.memory import StageMemory
 
         self.stop = stop  # set by stop_on_signals: a SIGTERM/SIGINT during training stops at a step's end
 
         self.cfg, self.run_dir, self.log = cfg, run_dir, log
-        self.retriever, self.reward_funcs = retriever, reward_funcs  # from Python (run_train), else the config's
+        self.parts = parts  # the terms and reward functions, built once (preflight)
+        self.retriever = retriever  # from Python (run_train), else the config's
         self.mem = StageMemory()
         self.rows: dict[str, dict[str, Any]] = {}
         self.timings: dict[str, float] = {}
@@ -645,8 +621,7 @@ class _Job:
 
         cfg, run_dir, setup = self.cfg, self.run_dir, self.setup
         model.train()
-        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.retriever, setup.train, run_dir,
-                                reward_funcs=self.reward_funcs)
+        trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.train, run_dir, self.parts)
         from hindsearch.train.steps import use_progress
 
         if not getattr(trainer.args, "disable_tqdm", False):  # a bar on a terminal, plain lines in a log

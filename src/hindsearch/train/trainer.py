@@ -1,68 +1,17 @@
 """``HindsearchGRPOTrainer``: a thin subclass of TRL 1.16's ``GRPOTrainer`` for multi-turn search agents.
 
-Objective: ``L = L_GRPO + sum_k lam_k * L_k`` where ``L_GRPO`` is TRL's loss exactly as TRL computes it
-(its ``loss_type``, PPO clipping, KL to the reference with ``beta``, schedulers) over rollouts whose
-injected tokens are masked out, and ``L_k`` are the hindsight terms of ``hindsearch.hindsight.contract``
-(HindSearch, IGSD; none for ``method = grpo``).
-
-What the subclass wires (the math lives in ``rollout_adapter`` and the terms):
-
-1. **Rollouts** — TRL calls ``rollout_func(prompts, trainer)`` with each question already repeated
-   ``num_generations`` times; the dataset's ``prompt`` is the record id, so prompt ``i`` maps to one
-   trajectory ``i`` of our ``RolloutEngine`` (no regrouping). ``env_mask = gen_mask``: TRL turns it
-   into its ``tool_mask`` and multiplies it into every loss mask, so ``<information>`` blocks carry no
-   loss. The step's trajectories are kept for the aux terms.
-2. **Reward** — plain TRL reward functions (``train.reward_funcs``, ``hindsearch.train.reward_funcs``): by default
-   ``em_reward``, exact match of the last ``<answer>`` the model wrote (the rollout's ``model_text`` field) against
-   the dataset's ``golden_answers`` column, plus, if ``train.format_reward > 0``, a format term with that weight
-   (TRL's ``reward_weights``). Group advantages are TRL's.
-3. **Aux prepare** — after TRL's ``_generate_and_score_completions`` each term's ``prepare`` runs on the
-   trajectories (no grad); its ``[B, ...]`` tensors go into the inputs dict under ``aux:<term>:<key>``,
-   so TRL's ``shuffle_sequence_dict`` / ``split_tensor_dict`` permute and slice them with every other
-   row tensor; ``hs_index`` records which trajectory each row is.
-4. **Aux loss** — TRL 1.16 computes log-probs with a fused LM head that never materialises logits, so
-   we capture the backbone's last hidden state of the *same* forward TRL runs in ``_compute_loss`` (a
-   forward hook on ``model.base_model``) and project through the LM head **only the positions a term
-   distils** (``term.positions``: query/action tokens of failed rollouts, IGSD's verified positions), never
-   ``[B, T, V]``: ``logits[n]`` predicts ``completion_ids[idx[n]]`` (raw, not temperature-scaled). The hook
-   is installed only when there are terms, so plain GRPO pays nothing; in a single process a micro-batch in
-   which no term has a position (no eligible rollout, nothing verified) runs exactly GRPO's forward and
-   backward too (no hook, no LM head, no gradient share; the terms log their exact zeros). With several
-   processes every rank still applies the LM head once per ``compute_loss`` (``hindsearch.core.lockstep``).
-   ``<term>/grad_share`` is computed only when GRPO has a gradient and some term a position (else skipped,
-   or 0 without the two backwards).
-5. **Logging** — TRL's conventions: every metric goes into TRL's ``self._metrics[mode][key]`` lists
-   (``record_metrics``), which TRL's ``log`` averages per optimizer step; on several processes each value
-   is first reduced over the processes (``gather_metrics``: as each term declares, ``Metrics.reductions``;
-   the rollout statistics are computed over every rank's rows). Our keys: the rollout statistics
-   ``rollout/*``, every term metric (``<term>/<key>``), ``loss/total`` and the time split ``time/rollout``,
-   ``time/reward``, ``time/aux_prepare``, ``time/update`` (the rest of the optimizer step: forward, backward,
-   reference log-probs, optimizer), ``time/step``, ``time/step_cpu``. The writers and the timing are
-   ``TrainerCallback``s: ``StepTimer`` (the time split), ``MetricsWriter`` (one line per optimizer step in
-   ``metrics.jsonl``), ``SamplesWriter`` (a few rollouts per step, with their turns and the terms' samples,
-   in ``samples.jsonl``), ``EMAUpdate`` (each EMA teacher, at its term's decay, after each optimizer step).
-
-A non-finite loss raises ``NonFiniteLoss`` before ``backward`` (weights untouched); ``run.py`` saves a
-checkpoint and stops with a clear error. A weight gone NaN or inf after an optimizer step (a corrupted optimizer
-state) raises ``fsutil.NonFiniteWeights`` before the step is logged or saved (``FiniteWeights``).
-
-vLLM (``rollout.backend = vllm``; GPU, tested on CPU against fake engines): TRL creates its vLLM engine
-(``use_vllm``; ``rollout.vllm_*`` set the mode, server and IS cap: ``vllm_grpo_fields``) and, before each
-step's ``rollout_func``, syncs the policy's weights into it (``sync_weights``: colocate loads them into the
-``LLM``, server mode broadcasts them over NCCL; both reset the prefix cache). ``_rollout`` hands TRL's
-``LLM`` (colocate) or a ``VLLMClient`` (server: TRL's on the main process, one per other process) to the
-engine's vLLM backend, so the same multi-turn loop runs on it and its trajectories carry vLLM's sampling
-log-probs. With ``vllm_enable_sleep_mode`` (``[train.trl]``) the colocated engine is woken for the rollout
-and put back to sleep (level 2) after the aux terms' ``prepare`` (IGSD completes queries through it).
-TRL recomputes the log-probs with the training model and applies token-level truncated importance
-sampling (``min(ratio, rollout.vllm_is_cap)``); ``vllm/*`` metrics log the mismatch (``rollout_adapter``).
+``L = L_GRPO + sum_k lam_k L_k``: TRL's loss as TRL computes it over our rollouts (``rollout_func``; injected tokens
+masked through ``env_mask``), plus the hindsight terms (``hindsight.contract``) on the logits of the same forward at
+the positions they ask for. The subclass receives the run's engine, terms, reward functions and frozen/EMA copies,
+builds the one ``AuxContext`` of the run, runs the terms' ``prepare`` after TRL's scoring, and logs through TRL's
+``_metrics`` (``train.callbacks``). A non-finite loss raises ``NonFiniteLoss`` before ``backward``. With
+``rollout.backend = vllm`` the engine decodes with TRL's vLLM engine (``train.vllm_glue``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -75,16 +24,10 @@ from hindsearch.hindsight.registry import reduction_of
 from hindsearch.records import QARecord, Trajectory
 from hindsearch.train import rollout_adapter as ra
 from hindsearch.train.aux_loss import (NonFiniteLoss, aux_key, checked_loss, checked_positions, selected_logits,
-                                       sharded_training, term_inputs, update_shares)
+                                       term_inputs, update_shares)
 from hindsearch.train import vllm_glue as vg
-from hindsearch.train.callbacks import (
-    EMAUpdate,
-    FiniteWeights,
-    MetricsWriter,
-    SamplesWriter,
-    StepTimer,
-    gather_metrics,
-)
+from hindsearch.hindsight.contract import AuxContext
+from hindsearch.train.callbacks import EMATeachers, FiniteWeights, MetricsWriter, SamplesWriter, StepTimer, gather_metrics
 from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
 
 class KeepWeights(TrainerCallback):
@@ -140,7 +83,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         engine: Any,
         tokenizer: Any,
         terms: Sequence[Any] = (),
-        aux_ctx: Any = None,
+        frozen: Any = None,
         run_dir: str | Path | None = None,
         samples_per_step: int = 4,
         reward_funcs: Sequence[Any] = (),
@@ -167,13 +110,11 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                                      for r in train_records])
         self.engine = engine
         self.terms = list(terms)
-        self.aux_ctx = aux_ctx
         self._step_positions: dict[str, torch.Tensor] = {}  # per term: its [B, T] positions of the generation batch
         self.run_dir = Path(run_dir) if run_dir else None
         self.rollout_seed = rollout_seed
         self._last_trajs: list[Trajectory] = []
         self._vllm_attached = False
-        self.emas = dict(emas or {})  # decay -> EMA copy of the policy (the terms with that ema_decay read it)
         self.grad_share_steps = grad_share_steps
         self.grpo_scale = float(grpo_scale)  # train.grpo_scale: 0 = the hindsight terms alone
         self.timer = StepTimer(self.record_metrics)
@@ -189,18 +130,29 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             **kwargs,
         )
         self.samples_writer = SamplesWriter(self.run_dir, samples_per_step)
+        emas = dict(emas or {})  # decay -> a full EMA copy of the policy (the terms with that ema_decay read it)
+        if emas and self.is_fsdp_enabled:
+            raise ValueError("a term's teacher = 'ema' (hindsearch.teacher, igsd.teacher) is not supported under "
+                             "FSDP; use 'frozen' or 'live', or DeepSpeed ZeRO-3")
         for cb in (self.timer, FiniteWeights(self.check_finite_weights), MetricsWriter(self.run_dir),
-                   self.samples_writer, EMAUpdate(self)):
+                   self.samples_writer, *([EMATeachers(emas, self.accelerator)] if emas else [])):
             self.add_callback(cb)
         if keep_steps:
             bad = [s for s in keep_steps if not isinstance(s, int) or isinstance(s, bool) or s < 1]
             if bad or self.run_dir is None:
                 raise ValueError(f"train.keep_steps must be optimizer steps >= 1 of a run with a folder, got {list(keep_steps)}")
             self.add_callback(KeepWeights(self, keep_steps))
-        if self.emas and sharded_training(self):
-            raise ValueError("a term's teacher = 'ema' (hindsearch.teacher, igsd.teacher) is not supported under ZeRO-3 or FSDP (the "
-                             "EMA update reads the policy's full parameters, which are sharded there); use 'frozen' "
-                             "or 'live'")
+        policy = self.accelerator.unwrap_model(self.model)  # the object TRL trains (a PeftModel with LoRA)
+        if not self.use_vllm and engine.model is not policy:
+            engine.use_model(policy)  # once: the rollouts decode what is trained
+        self.aux_ctx: AuxContext | None = None  # the one context of the run's terms (``step`` set before each prepare)
+        if self.terms:
+            frozen = frozen if frozen is not None else self.ref_model  # TRL's reference copy when it keeps one
+            for m in (frozen, *emas.values()):
+                for p in m.parameters() if m is not None else ():
+                    p.requires_grad_(False)
+            self.aux_ctx = AuxContext(policy=policy, frozen=frozen, tokenizer=tokenizer, retriever=engine.retriever,
+                                      complete=engine, topk=engine.topk, device=self.accelerator.device, emas=emas)
 
     # ------------------------------------------------------------------ rollouts
     def _rollout(self, prompts: list[Any], trainer: Any) -> dict[str, list]:
@@ -227,10 +179,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
                 self.model_wrapped, self.accelerator, gather_deepspeed3_params=self.args.ds3_gather_for_generation
             ) as unwrapped:
                 was_training = unwrapped.training
-                unwrapped.eval()
-                self.engine.model = unwrapped
-                if hasattr(self.engine.backend, "model"):
-                    self.engine.backend.model = unwrapped
+                unwrapped.eval()  # the engine decodes this object (``aux_ctx.policy``, pointed at once)
                 try:
                     with torch.no_grad():
                         trajs = self.engine.rollout(records, num_generations=1, greedy=False, seed=seed)
@@ -292,14 +241,12 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
         """Each term's ``prepare`` (no grad): its tensors into ``out`` under ``aux:<term>:<key>``, its metrics
         recorded; returns its per-trajectory samples by term name."""
         ctx = self.aux_ctx
-        ctx.step = self.state.global_step
-        ctx.policy = self.accelerator.unwrap_model(self.model)
-        ctx.device = device
+        ctx.step = self.state.global_step  # the context's one per-step field
         aux_samples: dict[str, list[dict]] = {}
         metrics: dict[str, float] = {}
         for term in self.terms:
             with torch.no_grad():
-                batch = term.prepare(trajs, T, replace(ctx, ema=self.emas.get(getattr(term, "ema_decay", None))))
+                batch = term.prepare(trajs, T, ctx)
             for k, v in batch.tensors.items():
                 if v.shape[0] != B:
                     raise RuntimeError(f"aux term {term.name!r}: tensor {k!r} has {v.shape[0]} rows, batch is {B}")
@@ -460,13 +407,3 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
     def record_metrics(self, metrics: Mapping[str, float], summed: Callable[[str], bool] = lambda _k: False) -> None:
         """This process's values, reduced over the processes (``gather_metrics``), into TRL's ``_metrics``."""
         self._append_metrics(gather_metrics(metrics, self.accelerator, summed))
-
-    def optimizer_step_done(self) -> None:
-        """After each optimizer step: move each EMA teacher (one per decay a term asked for) toward the policy."""
-        if not self.emas:
-            return
-        policy = self.accelerator.unwrap_model(self.model)
-        with torch.no_grad():
-            for decay, ema in self.emas.items():
-                for pe, pp in zip(ema.parameters(), policy.parameters()):
-                    pe.lerp_(pp.detach().to(pe.dtype), 1.0 - decay)

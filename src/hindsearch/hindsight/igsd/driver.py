@@ -10,39 +10,35 @@ from typing import Any
 
 import torch
 
-from hindsearch.agent.backend import Backend
+from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight.igsd.types import METRIC_KEYS, Pair
 from hindsearch.hindsight.igsd.propose import propose_pairs
 from hindsearch.hindsight.igsd.stages import verify_pairs
+from hindsearch.hindsight.teacher import select_teacher
 from hindsearch.records import Passage, Trajectory
 
 
 def run_igsd(
     trajs: Sequence[Trajectory],
     completion_len: int,
-    *,
-    policy: Any,
-    teacher: Any,
-    tokenizer: Any,
-    retriever: Any,
+    ctx: AuxContext,
     cfg: Any,
-    topk: int,
-    complete: Backend | None = None,
-    corpus: Sequence[Passage] | None = None,
+    *,
     rng: random.Random | None = None,
+    teacher: Any = None,
+    hints: dict[int, str] | None = None,
+    corpus: Sequence[Passage] | None = None,
     batch_size: int = 16,
     prefix_cache: bool = True,
-    hints: dict[int, str] | None = None,
 ) -> tuple[dict[str, torch.Tensor], dict[str, float], list[dict[str, Any]]]:
     """The batched IGSD driver for one step → (tensors, metrics, samples) as in ``AuxBatch``.
 
     Tensors (``B = len(trajs)``, ``T = completion_len``): ``igsd_mask [B, T]`` (1 at verified
     positions), ``igsd_gate [B, T]``, ``igsd_a``/``igsd_b [B, T]`` (long), ``igsd_pT [B, T, 2]``
-    (teacher pair distribution over ``(b, a)``). ``complete``: the query completer (``Backend.complete_queries``)
-    when it is not ``policy`` decoded here, e.g. a vLLM backend (``RolloutEngine.query_completer``); None completes
-    with an ``HFBackend`` of ``policy``. Random controls come from ``control_sampler``. ``prefix_cache`` (default)
-    reads each rollout's shared prefix from one KV cache in completion and scoring (same numbers, much cheaper).
-    ``hints``: row -> the teacher's hint line when ``cfg.hindsight`` is not ``answer`` (``igsd.hints``).
+    (teacher pair distribution over ``(b, a)``). The teacher is ``teacher``, else ``cfg.teacher``'s model of ``ctx``; matched
+    completions go through ``ctx.complete``, retrieval through ``ctx.retriever`` with ``ctx.topk``, scoring through
+    ``ctx.policy``. ``hints``: row -> the teacher's hint line when ``cfg.hindsight`` is not ``answer``
+    (``igsd.hints``). ``prefix_cache`` (default) reads each rollout's shared prefix from one KV cache (same numbers).
     """
     rng = rng or random.Random(0)
     B, T = len(trajs), completion_len
@@ -54,12 +50,15 @@ def run_igsd(
     m: dict[str, float] = dict.fromkeys(METRIC_KEYS, 0.0)
     samples: list[dict[str, Any]] = [{} for _ in trajs]
     t0 = time.perf_counter()
+    tokenizer = ctx.tokenizer
+    if teacher is None:
+        teacher = select_teacher(cfg.teacher, ctx, getattr(cfg, "ema_decay", None))
     pairs = propose_pairs(trajs, T, teacher, tokenizer, cfg, rng, m, batch_size, hints)
     m["hindsight_rows"] = float(len(hints)) if hints is not None else m["failed"] - m["rows_no_query"]
     m["positions_selected"] = float(len(pairs))
     m["time_proposal"] = time.perf_counter() - t0
-    controls = verify_pairs(pairs, trajs, policy=policy, tokenizer=tokenizer, retriever=retriever, cfg=cfg, topk=topk,
-                            complete=complete, corpus=corpus, rng=rng, m=m, batch_size=batch_size, prefix_cache=prefix_cache)
+    controls = verify_pairs(pairs, trajs, ctx, cfg, corpus=corpus, rng=rng, m=m, batch_size=batch_size,
+                            prefix_cache=prefix_cache)
     done = [(p, c) for p, c in zip(pairs, controls) if p.verified]
     for p, ctl in done:
         tens["igsd_mask"][p.row, p.t] = 1.0

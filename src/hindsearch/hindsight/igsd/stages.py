@@ -1,5 +1,6 @@
 """Stages 2-5 of IGSD's verification: complete -> execute -> score -> gate, each a function with typed inputs
-and outputs that returns its own metrics; ``verify_pairs`` runs them in order and fills the ``Pair`` records."""
+and outputs that returns its own metrics; ``verify_pairs`` runs them in order and fills the ``Pair`` records.
+Models, tokenizer, retriever and query completer come from the term's ``AuxContext``."""
 
 from __future__ import annotations
 
@@ -11,10 +12,9 @@ from typing import Any
 import torch
 
 from hindsearch.agent import protocol
-from hindsearch.agent.backend import Backend
-from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.core.scoring import score_continuations, shared_prefix_utilities
 from hindsearch.hindsight import losses
+from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight.igsd.types import (SIDES, Completion, StageMetrics, Pair, Scored, Side)
 from hindsearch.records import Passage, Trajectory
 from hindsearch.answers import answer_in_text
@@ -58,7 +58,6 @@ class QueryCache:
         return [self.docs[q] for q in queries]
 
 
-
 def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[int]]:
     """Context ids (info block + ``<answer>``) and the gold answer's ids, tokenized naturally (module doc, 4)."""
     ctx = list(tokenizer(info + protocol.ANSWER_OPEN, add_special_tokens=False)["input_ids"])
@@ -67,7 +66,6 @@ def answer_split(tokenizer: Any, info: str, gold: str) -> tuple[list[int], list[
     while c < min(len(ctx), len(full)) and ctx[c] == full[c]:
         c += 1
     return full[:c], full[c:]
-
 
 
 def control_sampler(
@@ -85,15 +83,13 @@ def control_sampler(
     return lambda k: rng.sample(pool, min(k, len(pool)))
 
 
-
 def complete_stage(
-    pairs: Sequence[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, cfg: Any,
-    complete: Backend | None, batch_size: int = 16, prefix_cache: bool = True,
+    pairs: Sequence[Pair], trajs: Sequence[Trajectory], ctx: AuxContext, cfg: Any, batch_size: int = 16,
+    prefix_cache: bool = True,
 ) -> tuple[list[dict[Side, Completion]], StageMetrics]:
-    """Both proposals of every pair completed greedily by the current policy, in one batched call of THE query
-    completer (``Backend.complete_queries``): ``complete`` (a backend with its own copy of the policy, e.g. vLLM),
-    or None for an ``HFBackend`` of ``policy``; with ``prefix_cache`` each rollout's shared prefix is computed once
-    (``groups``: rollout and search). A completion is cut after ``</search>``, its EOS dropped."""
+    """Both proposals of every pair completed greedily by the current policy, in one batched call of the query
+    completer ``ctx.complete`` (the rollout engine's backend); with ``prefix_cache`` each rollout's shared prefix is
+    computed once (``groups``: rollout and search). A completion is cut after ``</search>``, its EOS dropped."""
     t0 = time.perf_counter()
     prefixes, keys, groups = [], [], []
     for k, p in enumerate(pairs):
@@ -102,8 +98,10 @@ def complete_stage(
             prefixes.append(list(tr.prompt_ids) + list(tr.completion_ids[: p.t]) + [tok])
             keys.append((k, side))
             groups.append((p.row, p.q_start))  # same rollout and search: prompt + completion[:q_start] shared
-    completer = complete if complete is not None else HFBackend(policy, tokenizer)
-    outs = completer.complete_queries(prefixes, cfg.max_query_tokens, groups if prefix_cache else None, batch_size)
+    if ctx.complete is None:
+        raise ValueError("IGSD needs a query completer (AuxContext.complete: the rollout engine)")
+    tokenizer = ctx.tokenizer
+    outs = ctx.complete.complete_queries(prefixes, cfg.max_query_tokens, groups if prefix_cache else None, batch_size)
     m: StageMetrics = {"completions": float(len(prefixes)), "never_closed": 0.0}
     close = protocol.search_close_ids(tokenizer)
     res: list[dict[Side, Completion]] = [{} for _ in pairs]
@@ -119,7 +117,6 @@ def complete_stage(
         res[k][side] = Completion(query, pre + kept + ([] if closed else close), closed)
     m["time_completion"] = time.perf_counter() - t0
     return res, m
-
 
 
 def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk: int
@@ -139,7 +136,6 @@ def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk:
     return got, m
 
 
-
 def shared_state(traj: Trajectory, q_start: int, close: Sequence[int]) -> list[int]:
     """The state ``utility_state = shared`` scores every document set of a pair after: prompt + the completion
     through the rollout's own search at ``q_start`` as it was issued (its turn's generated tokens, ``</search>``
@@ -155,15 +151,17 @@ def shared_state(traj: Trajectory, q_start: int, close: Sequence[int]) -> list[i
 
 def score_stage(
     pairs: Sequence[Pair], trajs: Sequence[Trajectory], comps: Sequence[dict[Side, Completion]],
-    got: Sequence[dict[Side, list[Passage] | None]], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
-    topk: int, corpus: Sequence[Passage] | None, rng: random.Random, batch_size: int = 16, prefix_cache: bool = True,
+    got: Sequence[dict[Side, list[Passage] | None]], ctx: AuxContext, cfg: Any, *, corpus: Sequence[Passage] | None,
+    rng: random.Random, batch_size: int = 16, prefix_cache: bool = True,
 ) -> tuple[list[Scored | None], list[list[list[Passage]]], StageMetrics]:
-    """``u(D)`` of each side's documents and of ``n_controls`` shared control sets, in one batched pass
-    (identical sequences scored once) → ``(scores, controls, metrics)``; ``None`` / ``[]`` for a pair whose
-    retrieval failed. ``prefix_cache`` scores with ``core.scoring.shared_prefix_utilities``, else full-sequence forwards (same numbers)."""
+    """``u(D)`` under ``ctx.policy`` of each side's documents and of ``n_controls`` shared control sets (``ctx.topk``
+    passages each), in one batched pass (identical sequences scored once) → ``(scores, controls, metrics)``; ``None``
+    / ``[]`` for a pair whose retrieval failed. ``prefix_cache`` scores with ``core.scoring.shared_prefix_utilities``,
+    else full-sequence forwards (same numbers)."""
     t0 = time.perf_counter()
     m: StageMetrics = {"answers_cut": 0.0}
-    draw = control_sampler(retriever, corpus, [d for g in got for ds in g.values() if ds for d in ds], rng)
+    tokenizer = ctx.tokenizer
+    draw = control_sampler(ctx.retriever, corpus, [d for g in got for ds in g.values() if ds for d in ds], rng)
     seqs: dict[tuple, int] = {}
     slot_state: list[list[int]] = []
     slot_ctx: list[list[int]] = []
@@ -193,14 +191,14 @@ def score_stage(
             controls.append([])
             continue
         gold, grp = trajs[p.row].golden_answers[0], (p.row, p.q_start)
-        ctl = [draw(topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
+        ctl = [draw(ctx.topk) if cfg.control == "random" else [] for _ in range(cfg.n_controls)]
         controls.append(ctl)
         s0 = shared_state(trajs[p.row], p.q_start, close) if cfg.utility_state == "shared" else None
         st = {s: s0 if s0 is not None else comps[k][s].state for s in SIDES}
         plan.append({s: (slot(st[s], got[k][s], gold, grp), [slot(st[s], c, gold, grp) for c in ctl])
                      for s in SIDES})
     m["utility_evals"] = float(len(conts))
-    u = _utilities(policy, slot_state, slot_ctx, conts, slot_group, batch_size, prefix_cache)
+    u = _utilities(ctx.policy, slot_state, slot_ctx, conts, slot_group, batch_size, prefix_cache)
     scores: list[Scored | None] = []
     for pk in plan:
         if pk is None:
@@ -213,7 +211,6 @@ def score_stage(
     return scores, controls, m
 
 
-
 def _utilities(policy: Any, states: list[list[int]], ctxs: list[list[int]], conts: list[list[int]],
                groups: list[tuple[int, int]], batch_size: int, prefix_cache: bool) -> list[float]:
     """``u`` of every scored sequence (mean answer-token log-prob)."""
@@ -222,7 +219,6 @@ def _utilities(policy: Any, states: list[list[int]], ctxs: list[list[int]], cont
     lp, _, _ = score_continuations(policy, [s + c for s, c in zip(states, ctxs)], conts, 0, batch_size)
     lens = torch.tensor([max(len(c), 1) for c in conts], dtype=torch.float)
     return (lp.sum(-1) / lens).tolist()
-
 
 
 def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, float] | None]:
@@ -240,17 +236,14 @@ def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, f
     return out
 
 
-
 def verify_pairs(
-    pairs: list[Pair], trajs: Sequence[Trajectory], *, policy: Any, tokenizer: Any, retriever: Any, cfg: Any,
-    topk: int, complete: Backend | None, corpus: Sequence[Passage] | None, rng: random.Random, m: dict[str, float],
-    batch_size: int = 16, prefix_cache: bool = True,
+    pairs: list[Pair], trajs: Sequence[Trajectory], ctx: AuxContext, cfg: Any, *, corpus: Sequence[Passage] | None,
+    rng: random.Random, m: dict[str, float], batch_size: int = 16, prefix_cache: bool = True,
 ) -> list[list[list[Passage]]]:
     """complete -> execute -> score -> gate for ``pairs``; each stage's results are written into its ``Pair``
     (the auditable record) and its metrics added to ``m``. Returns each pair's control sets (``[]`` for
     pairs that could not be verified)."""
-    comps, mc = complete_stage(pairs, trajs, policy=policy, tokenizer=tokenizer, cfg=cfg, complete=complete,
-                               batch_size=batch_size, prefix_cache=prefix_cache)
+    comps, mc = complete_stage(pairs, trajs, ctx, cfg, batch_size, prefix_cache)
     for p, c in zip(pairs, comps):
         for s in SIDES:
             p.queries[s], p.states[s], p.closed[s] = c[s].query, c[s].state, c[s].closed
@@ -259,9 +252,8 @@ def verify_pairs(
         keep = [k for k in keep if not answer_in_text(trajs[pairs[k].row].golden_answers, comps[k]["T"].query)]
         m["alias_queries_dropped"] = m.get("alias_queries_dropped", 0.0) + len(pairs) - len(keep)
     kp, kc = [pairs[k] for k in keep], [comps[k] for k in keep]
-    got, me = execute_stage(kc, retriever, topk)
-    scores, kept_controls, ms = score_stage(kp, trajs, kc, got, policy=policy, tokenizer=tokenizer,
-                                            retriever=retriever, cfg=cfg, topk=topk, corpus=corpus, rng=rng,
+    got, me = execute_stage(kc, ctx.retriever, ctx.topk)
+    scores, kept_controls, ms = score_stage(kp, trajs, kc, got, ctx, cfg, corpus=corpus, rng=rng,
                                             batch_size=batch_size, prefix_cache=prefix_cache)
     for stage in (mc, me, ms):
         for key, v in stage.items():

@@ -335,7 +335,7 @@ class HindSearchTerm:
             use, texts = self._shuffle(trajectories, use, texts, ctx.step, met, samples)
         met["critiques"] = float(len(use))
         t0 = time.perf_counter()
-        teacher = select_teacher(c.teacher, ctx)
+        teacher = select_teacher(c.teacher, ctx, self.ema_decay)
         prompts = [hindsearch_prompt_ids(ctx.tokenizer, trajectories[i].question, texts[i]) for i in use]
         comps = [through_last_query(trajectories[i].completion_ids, masks[i], T) for i in use]  # exact
         lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=k)

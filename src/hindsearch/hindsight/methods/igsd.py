@@ -20,7 +20,6 @@ from hindsearch.hindsight.igsd import run_igsd
 from hindsearch.hindsight.igsd.hints import hint_lines
 from hindsearch.hindsight.igsd.types import METRIC_KEYS
 from hindsearch.hindsight.registry import Metrics, register_method
-from hindsearch.hindsight.teacher import select_teacher
 from hindsearch.records import Trajectory
 
 
@@ -118,12 +117,9 @@ class IGSDTerm:
     def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
         """Propose, verify and gate the teacher's query tokens of the failed rollouts (``run_igsd``): matched
         completions through ``ctx.complete``, retrieval through ``ctx.retriever`` with ``ctx.topk``."""
-        tens, met, samples = run_igsd(
-            trajectories, completion_len, policy=ctx.policy, teacher=select_teacher(self.cfg.teacher, ctx),
-            tokenizer=ctx.tokenizer, retriever=ctx.retriever, cfg=self.cfg, topk=ctx.topk, complete=ctx.complete,
-            corpus=self.corpus, rng=random.Random(self.seed * 1_000_003 + ctx.step),
-            hints=self.hints(trajectories, ctx),
-        )
+        tens, met, samples = run_igsd(trajectories, completion_len, ctx, self.cfg,
+                                      rng=random.Random(self.seed * 1_000_003 + ctx.step),
+                                      hints=self.hints(trajectories, ctx), corpus=self.corpus)
         return AuxBatch(tens, met, samples)
 
     def hints(self, trajectories: list[Trajectory], ctx: AuxContext) -> dict[int, str] | None:

@@ -185,7 +185,7 @@ PROBE_GAPS = ("query_lT_minus_lS", "query_lT_minus_neutral", "action_lT_minus_lS
 
 def probe_view(path: Path) -> dict[str, Any] | None:
     """The teacher-probe table of ``path/probe.json`` (``hindsearch probe``; the columns of
-    ``hindsight.probe.format_probe``), ``{"error"}`` when unreadable, None when absent."""
+    ``study.probe.format_probe``), ``{"error"}`` when unreadable, None when absent."""
     p = Path(path) / "probe.json"
     if not p.exists():
         return None
