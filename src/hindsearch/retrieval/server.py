@@ -5,8 +5,8 @@ pydantic model does); ``GET /health`` reports the index and the limits. Bad requ
 a 4xx JSON ``{"error": ...}``, 500 for a retriever failure, 503 for a passage store changed on disk.
 Every input is bounded (``ServerLimits``: queries, characters, hits, body bytes, uploads per client,
 waiting and unsent answers, timeouts), so memory stays bounded. Binds 127.0.0.1 by default;
-``/docs`` only with ``docs=True``. The contract, the limits and the admission rules:
-docs/protocol.md.
+``/docs`` and ``/openapi.json`` only with ``docs=True``. The contract, the limits and the admission
+rules: docs/protocol.md.
 """
 
 from __future__ import annotations
