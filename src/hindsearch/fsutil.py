@@ -1,30 +1,12 @@
-"""Safe output folders: replace only what hindsearch wrote, atomic publishes, PID locks, atomic checkpoints.
+"""Safe output folders (replace only what hindsearch wrote), atomic publishes, PID locks, checkpoints.
 
-* ``expand_out(path)`` is the one place an output path's ``~`` is expanded (every ``--out`` and
-  ``--resume`` goes through it, in ``check_replaceable`` and in ``hindsearch.cli.main``).
-* ``check_replaceable(out, is_ours)`` refuses an ``--out`` that is a file, the current folder (or
-  one above it), or a non-empty folder hindsearch did not write (``is_ours`` looks for the
-  folder's marker file: ``index.json`` for an index, ``world.json`` for a world).
-  A folder that is ours is still refused when it holds a file its maker did not write (``strays``: not among the
-  files its marker lists, or, for a marker without the list, written after the marker), since replacing the
-  folder would delete it.
-  ``guard_output(out, kind)`` is the same check for the commands that write into their folder
-  (train, eval, data mini): the folder is ours when its marker ``.hindsearch-output.json`` names
-  ``kind``; ``claim_output`` writes that marker before anything else is written.
-* ``staging(out)`` yields a temporary sibling folder to build into and removes it when the build
-  fails; ``publish(tmp, out)`` renames it into place (the old folder is moved aside first and
-  deleted only after the rename).
-* ``FolderLock(folder)`` holds ``folder/.hindsearch.lock`` (PID, host, process start time) for one
-  writer; a second writer gets ``FolderLocked`` naming the holder. A lock whose process is gone
-  (or whose PID was reused by another process) is stale and taken over, with a message.
-* ``AtomicCheckpoints`` (a ``Trainer`` mixin) makes a transformers ``Trainer`` write each checkpoint into a
-  staging folder, check it is complete (``checkpoint_problem``: weights, optimizer, scheduler, RNG
-  state, trainer state, all present and readable), mark it complete with every file's size and
-  rename it into place; ``complete_checkpoints(dir)`` checks again when reading and lists the
-  checkpoints a resume may use, newest first, with the reasons others were skipped. It never saves a
-  model holding a NaN or inf weight (``NonFiniteWeights``); ``corrupted_checkpoint`` checks the CRC-32s of
-  the torch files a resume is about to read.
-* ``iter_jsonl`` / ``read_jsonl`` are the one JSONL reader (``JSONL_MODES``: strict, skip-bad, drop-torn-tail).
+``expand_out`` is the one place an output path's ``~`` is expanded. ``check_replaceable`` /
+``guard_output`` / ``claim_output`` refuse an ``--out`` hindsearch did not write (or holding a file
+it did not write); ``staging`` + ``publish`` build beside and rename into place; ``FolderLock``
+holds one writer per folder (a stale lock is taken over); ``AtomicCheckpoints`` writes each
+checkpoint complete or not at all and never saves a non-finite weight, and ``complete_checkpoints``
+lists those a resume may use. ``iter_jsonl`` / ``read_jsonl`` are the one JSONL reader
+(``JSONL_MODES``). The user-facing rules: docs/runs.md, "Output folders".
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
-"""The Search-R1 protocol: every text rule of the agent, byte-compatible with Search-R1's released code.
+"""The Search-R1 protocol: every text rule of the agent, byte-compatible with Search-R1's code.
 
-Every other module takes these rules from here; none keeps a copy.
-
-- **Tags**: ``<search>``/``</search>``, ``<answer>``/``</answer>``, ``<think>``, ``<information>``; ``TAG_RE``
-  finds any of them (a judge critique holding one is an agent action, not a critique).
-- **Prompt**: ``make_prompt``: the exact Search-R1 instruction (a ``?`` appended to the question when missing),
-  with an optional hindsight line (``FEEDBACK_TEMPLATE``, ``GOLD_HINDSIGHT_TEMPLATE``), wrapped in the
-  tokenizer's chat template when it has one; ``encode_prompt``: its ids, the one rule of rollouts, teachers
-  and warm-up demos.
-- **Parse**: ``parse_action``: the first ``<(search|answer)>(.*?)</\\1>`` match of a turn (DOTALL), content
-  stripped; anything else is an invalid action. ``extract_answer``: the content of the **last** ``<answer>`` of
-  the completion only (never the prompt: the example ``<answer> Beijing </answer>`` in the instruction must not
-  count).
-- **Stop strings**: a turn ends at the first ``</search>`` or ``</answer>`` (``STOP_STRINGS``; the decoder's
-  window over which it looks for them is the model core's); a query completion ends at ``</search>``
-  (``cut_at_search_close``, ``query_text``).
-- **Observations**: ``format_docs`` / ``information_block``: ``Doc {i}(Title: {title}) {text}\\n`` per
-  passage, wrapped as ``\\n\\n<information>{docs}</information>\\n\\n`` (docs stripped, as Search-R1);
-  ``INVALID_NOTICE``: Search-R1's fixed notice for an invalid turn.
-- **Demo segmentation**: ``segments_from_text`` splits a completion's text into model-written and injected
-  segments (information blocks, the notice).
-- **Token masks**: ``query_token_mask``: THE query mask, used alike by the rollouts (on the sampled ids of a
-  turn) and the warm-up demos (on the ids of a model-written segment): 1 on the tokens whose character span
-  (``token_char_spans``: incremental decoding of the ids themselves, so it needs no offsets and works on any
-  sampled ids) overlaps the stripped query of the turn's first action when that action is a search.
-  ``action_mask`` / ``decision_mask``: the tokens where a turn after an information block chooses to search
-  again or answer.
+Every other module takes these rules from here; none keeps a copy: the tags (``TAG_RE``), the prompt
+(``make_prompt``, ``encode_prompt``), action parsing (``parse_action``, ``extract_answer``: the last
+``<answer>`` of the completion only), the stop strings, the observations (``information_block``,
+``INVALID_NOTICE``), demo segmentation (``segments_from_text``) and THE token masks
+(``query_token_mask``, ``action_mask``, ``decision_mask``). The rules in prose: docs/protocol.md.
 """
 
 from __future__ import annotations

@@ -1,41 +1,12 @@
-"""vLLM turn generation (GPU): the same ``backend.Backend`` interface as ``hf_backend.HFBackend``, in two modes.
+"""vLLM turn generation (GPU): the ``backend.Backend`` interface of ``HFBackend``, in two modes.
 
-- **colocate** (``VLLMBackend``): a ``vllm.LLM`` in the training process (TRL's ``vllm_mode = colocate``;
-  the trainer hands over TRL's own ``LLM`` and TRL syncs the weights into it before each step's rollouts).
-- **server** (``VLLMServerBackend``): TRL's ``VLLMClient`` against a ``trl vllm-serve`` server
-  (``vllm_mode = server``; TRL pushes the weights over NCCL before each step's rollouts).
-
-Each turn is one batch of requests on token-id prompts (the full context: prompt + completion so far;
-vLLM's prefix cache re-reads nothing it has seen) with the stop strings ``</search>`` / ``</answer>``
-kept in the output, ``logprobs = 0`` (the sampled token's log-prob only) and a per-row token budget.
-With ``on_stop`` (the rollout engine's callback) the backend is turn-level: every active row generates its
-turn, the callback sees all of them at once and queues observations, and the rows that go on generate the next
-turn from their whole new context.
-
-Exactness (the HF backend is the reference): the returned ids are vLLM's sampled ``token_ids``, never
-its text. vLLM stops on a stop string found in the *decoded* text, so the last token may carry
-characters after the stop (``</search`` + ``>.``): that whole token is kept, as the HF backend keeps it.
-The finish reason is decided from the ids, in the HF backend's order: last id an EOS/stop-token id ->
-``eos`` (vLLM reports ``length`` when EOS is the last token the budget allowed, and ``stop`` with an int
-``stop_reason`` for generation-config stop ids); else a stop string -> ``stop``; else ``length``.
-
-Log-probs: vLLM's log-prob of the sampled token; ``processed_logprobs`` (temperature-scaled, as the HF
-backend and TRL's recomputation) when the engine runs with ``logprobs_mode = processed_logprobs``, which
-TRL's colocate ``LLM`` and ``trl vllm-serve`` both set. A position vLLM could not score is NaN (TRL's
-importance-sampling correction then leaves that token uncorrected and keeps it out of the mismatch).
-
-What TRL 1.16's ``VLLMClient.generate`` cannot send or return, and what we do instead (server mode):
-- ``max_tokens`` is one value per request: rows are grouped by budget, one request per distinct budget
-  (sent concurrently);
-- stop strings and ``include_stop_str_in_output`` are not parameters: they go in ``generation_kwargs``,
-  which the client copies into the ``/v1/completions`` body;
-- ``seed`` is one value per request, so identical prompts (a GRPO group's first turn) would sample the same
-  completion: no seed is sent and server-mode sampling is not reproducible from ``train.seed``;
-- ``finish_reason`` / ``stop_reason`` are dropped by the client: the finish is decided from the ids as
-  above (stop string found in ``tokenizer.decode(ids)``).
-
-``vllm`` is an optional extra (``pip install vllm``); importing this module without it is fine,
-constructing a colocate backend raises a clear error.
+``VLLMBackend`` drives TRL's colocated ``vllm.LLM``; ``VLLMServerBackend`` drives TRL's
+``VLLMClient`` against ``trl vllm-serve``. Both return vLLM's sampled ids (never re-tokenised text),
+keep the stop strings in the output, decide the finish reason from the ids in the HF backend's
+order, and return vLLM's (processed) log-prob of each sampled token, NaN where vLLM gave none.
+Server mode sends one request per distinct budget and no seed (not reproducible from
+``train.seed``). ``vllm`` is an optional extra: importing this module without it is fine. The
+details: docs/gpu.md, "vLLM rollouts".
 """
 
 from __future__ import annotations

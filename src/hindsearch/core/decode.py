@@ -1,27 +1,11 @@
 """THE decode loop: every id a model generates outside TRL's training step is sampled here.
 
-Rows. Every row carries a pending-token queue and its own stop state. The queue is what the row must feed before
-it samples: its context at first (prefilled as one chunk), later the last id it sampled plus an injected
-observation. After each decode step every live row has sampled one id (``sample_tokens``; greedy or sampled) and
-is checked by THE stop rule (``sampling.stop_reason``: EOS, a stop string, its budget). A row that stops:
-
-- without an ``on_stop`` callback, leaves (its ``GenOutput`` is final);
-- with one, is handed to it together with every row that stopped at the same step (one call, so a caller can
-  batch their retrieval). The callback returns, per row, ``(ids to queue, budget)`` to go on, or None to leave.
-  A row that goes on keeps its keys/values (``model.save_row``) and rejoins the running batch at the next step:
-  only its queue (the last sampled id and the observation) is fed on top of its saved cache (``model.resume``),
-  and the new rows are merged into the running batch (``model.cat_steps``). The others never wait for it.
-  Where the cache cannot be merged (``model.mergeable``: sliding-window layers), a row that goes on waits until
-  the running batch is empty and every waiting row re-reads its whole context (a turn-synchronous schedule).
-
-A row's greedy ids do not depend on the other rows of its batch, so the schedule changes no greedy result.
-Finished rows leave the batch and the cache (``batch_select_indices``).
-
-Entry points: ``decode`` (contexts; optionally ``on_stop``, and ``max_rows`` to start at most that many rows
-together, the next ones when the batch is empty) and ``decode_shared`` (prefixes of one group read their common
-prefix from one KV cache, identical prefixes decoded once). Each is one lockstep region (``core.lockstep``): with
-several processes every rank calls it at the same point with its own rows (none included) and runs as many
-forwards as the busiest rank; one process runs exactly the forwards it needs.
+Every row has its own pending-token queue and stop state (THE stop rule, ``sampling.stop_reason``).
+A stopped row leaves, or, with ``on_stop``, is handed with the rows that stopped at the same step to
+the callback, which may queue an observation: the row then rejoins the running batch on its saved
+cache (or, where caches cannot be merged, waits for a turn-synchronous re-read). A row's greedy ids
+do not depend on the other rows of its batch. Entry points: ``decode`` and ``decode_shared`` (shared
+prefixes read from one cache); each is one lockstep region (``core.lockstep``).
 """
 
 from __future__ import annotations

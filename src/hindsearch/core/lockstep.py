@@ -1,65 +1,12 @@
-"""Lockstep forwards across processes: every rank runs the same number of forwards through a sharded model.
+"""Lockstep forwards: every rank runs the same number of forwards through a sharded model.
 
-Why: under DeepSpeed ZeRO-3 or FSDP a model's weights are split over the ranks, and every forward
-all-gathers them layer by layer: a forward is a sequence of collectives that every rank must join.
-The hindsight path runs a data-dependent number of forwards on each rank (judge and teacher forwards
-only for failed rollouts, IGSD's completions and scores only for verified positions, greedy decode
-loops that stop when their rows close ``</search>``, rollout turns that end at different steps). A
-rank with less work would move on to the next collective (the gradient all-reduce) while another
-still gathers weights: training hangs.
-
-The rule (the ``synced_gpus`` idea of ``transformers.generate``, applied to whole regions):
-
-- a **region** (``lockstep(dummy)``) is a stretch of code that every rank enters at the same point
-  (the code reaching it must not depend on the rank's data) and whose forwards all go through ONE model;
-- inside it, every forward is announced with ``forward(model, **inputs)``: one all-reduce (max) of a flag saying
-  "I run a forward now", then the forward;
-- a rank leaving the region keeps answering that all-reduce with "no" and, whenever another rank
-  said "yes", runs ``dummy()`` (one forward of one pad token through the same model; its result is
-  discarded), until every rank says "no". So every rank runs ``max_r forwards_r`` forwards in the
-  region, and the forwards' collectives pair up one to one. The cost is one 1-element all-reduce per
-  forward and, on the ranks with less work, 1-token forwards while they would otherwise wait.
-
-Regions do not nest: a ``lockstep`` opened inside another one joins the outer region (callers only
-nest regions of the same model). Nothing here does anything unless ``torch.distributed`` is
-initialised with more than one process (``active()``): a single process runs exactly the code and
-the forwards it ran before (no collective, no dummy forward, same results bit for bit).
-
-Who opens the regions: the model core does, and nobody else. Every decode (``core.decode``) and every scoring
-call (``core.scoring``) is one region around all its forwards (every rank calls it at the same point, with its own
-rows, none included), so no caller needs to know about the lockstep. The regions of one training step:
-
-==============================  ======================================  =====================================
-region                          model                                   sharded under ZeRO-3 / FSDP?
-==============================  ======================================  =====================================
-policy rollout (HF backend)     the policy (TRL's unwrapped model)      yes under FSDP, and under ZeRO-3 with
-                                                                        ``ds3_gather_for_generation = False``
-LM judge critiques (decode)     ``frozen`` (default) or judge_model     see below
-teacher log-probs (HindSearch,  ``frozen`` / ``live`` (policy) / ``ema``  see below
-neutral control, IGSD propose)
-IGSD matched completion         the policy                              yes
-IGSD utility scoring            the policy                              yes
-==============================  ======================================  =====================================
-
-Which models are sharded (``train/run.py: build_trainer``):
-
-- the **policy** is ``accelerator.prepare``'d: sharded under ZeRO-3 and FSDP (TRL's rollout gathers
-  it for generation only when ``ds3_gather_for_generation`` is true; FSDP is never gathered);
-- ``frozen`` with ``train.kl_coef > 0`` (the presets) and no LoRA is TRL's ``ref_model``, which TRL
-  prepares with ``prepare_deepspeed`` / ``prepare_fsdp``: **sharded**;
-- ``frozen`` with ``train.kl_coef = 0`` or LoRA is ``copy.deepcopy(policy)`` taken before the trainer
-  exists, and ``ema`` is always such a copy, and a separate ``hindsearch.judge_model`` is loaded by
-  ``models.load_policy``: these are **unsharded frozen copies** (never ``accelerator.prepare``'d),
-  a full copy of the weights on every rank: ``n_params x bytes_per_param`` each, e.g. Qwen2.5-3B
-  (3.09e9 params) in bf16 = 6.2 GB per copy per GPU, Qwen2.5-7B (7.62e9) = 15.2 GB. Their
-  forwards issue no collective, so they would not need the lockstep; they go through it anyway
-  (one uniform rule, no shardedness detection that could be wrong), which costs one 1-element
-  all-reduce per forward and dummy forwards on a rank that would otherwise wait.
-
-The loss side needs nothing here: the hindsight losses reuse the hidden states of TRL's own training
-forward (the same number on every rank) and apply the LM head once per ``compute_loss`` on every
-rank, even with no selected position (a single process skips the LM head, and the hidden-state capture,
-on a micro-batch with nothing to distil: no collective to pair there).
+Under ZeRO-3 or FSDP each forward is a chain of collectives, so ranks with data-dependent work would
+hang. Inside a region (``lockstep(dummy)``, entered by every rank at the same point, one model) each
+forward is announced with ``forward(model, **inputs)``; a rank with less work answers with
+``dummy()`` pad forwards until every rank is done. Regions do not nest (an inner one joins the
+outer). With one process (``active()`` false) nothing here runs: same forwards, same results bit for
+bit. Only the model core (``core.decode``, ``core.scoring``) opens regions. Which models are
+sharded: docs/gpu.md, "Multi-GPU".
 """
 
 from __future__ import annotations

@@ -1,23 +1,10 @@
 """Read and write retrieval corpora in wiki-18 format (one ``Passage`` per row).
 
-Accepted inputs:
-
-* ``.jsonl`` (streamed): one JSON object per line with ``contents`` (``'"Title"\\ntext'``)
-  or ``text`` (+ optional ``title``, then contents = ``'"title"\\ntext'``), and an id under
-  ``id``, ``_id`` or ``docid`` (str or int; missing -> the 1-based line number);
-* ``.json``: a list of such objects (HippoRAG's ``{title, text}`` corpora), ids default to
-  the 1-based list position; or an object mapping each title to its text as a list of sentences
-  (HotpotQA's context format, e.g. HippoRAG's ``hotpotqa_train_corpus.json``) or as one string:
-  the sentences are joined as they are (HotpotQA sentences carry their leading space), contents =
-  ``'"title"\ntext'``, ids = the 1-based position in the object;
-* either of them gzip-compressed (``.jsonl.gz``, ``.json.gz``: wiki-18 as ``data fetch`` writes it),
-  read transparently.
-
-A bad row (invalid JSON, nested too deep, an integer past Python's 4,300 digits, not an object, no
-text, wrong types, an id an earlier row already has) raises ``CorpusError`` naming the file and
-line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``. Ids are unique: evidence
-recall and the paired results are keyed by passage id, so a second passage under one id would be
-credited to the first. Blank lines are ignored.
+Reads ``.jsonl`` (streamed), ``.json`` (a list of rows, or HotpotQA's title -> sentences object) and
+their gzipped forms. A bad row, or an id an earlier row already has, raises ``CorpusError`` naming
+the file and line, or with ``skip_bad=True`` is skipped and counted in ``CorpusStats``; blank lines
+are ignored. Ids are unique, since evidence recall and the paired results are keyed by passage id.
+The fields read per format: docs/data.md, "Formats read".
 """
 
 from __future__ import annotations

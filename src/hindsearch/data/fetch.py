@@ -1,34 +1,10 @@
 """``hindsearch data fetch``: download the paper-scale data from the Hugging Face hub (needs network).
 
-What is fetched (``--out DIR``; each dataset repo is mirrored under its own folder):
-
-* ``train``: Search-R1's NQ+HotpotQA sets (``PeterJinGo/nq_hotpotqa_train``):
-  ``nq_hotpotqa_train/train.parquet`` and ``nq_hotpotqa_train/test.parquet``;
-* ``test``: the seven benchmarks as FlashRAG publishes them (``RUC-NLPIR/FlashRAG_datasets``), at
-  their paths in that repo: ``nq/test.jsonl``, ``triviaqa/test.jsonl``, ``popqa/test.jsonl``,
-  ``hotpotqa/dev.jsonl``, ``2wikimultihopqa/dev.jsonl``, ``musique/dev.jsonl``, ``bamboogle/test.jsonl``;
-* ``wiki18``: the wiki-18 corpus Search-R1 retrieves from (``PeterJinGo/wiki-18-corpus``):
-  ``wiki18/wiki-18.jsonl.gz`` (``hindsearch index`` and ``--corpus`` read it gzipped);
-* ``e5index``: Search-R1's prebuilt e5-base-v2 ``IndexFlatIP`` over that corpus
-  (``PeterJinGo/wiki-18-e5-index``, two parts), joined into ``wiki18/e5_Flat.index`` (about 65 GB;
-  the parts are deleted once joined);
-* ``all``: all of the above.
-
-Downloading is ``huggingface_hub.hf_hub_download(repo_type="dataset", local_dir=...)``: ETag
-checks (a rerun sends one HEAD per file and downloads nothing when the ETag is unchanged; with a
-pinned commit it sends nothing), a dropped connection is resumed with an HTTP ``Range`` request,
-a download goes to a temporary file under ``<local_dir>/.cache/huggingface/`` and is moved to its
-final path only when complete, so a failed download never leaves a partial file where the data
-belongs. ``HF_TOKEN`` (or ``hf auth login``) authenticates, ``HF_ENDPOINT`` (or ``endpoint=``)
-points at a mirror, ``HF_HUB_OFFLINE=1`` uses only what is already on disk. An unreachable hub
-is retried with ``huggingface_hub``'s backoff (about 23 s) before one error line names the file.
-
-After downloading, each file is checked by row count (QA files are parsed with
-``hindsearch.data.qa.load_qa``, so a format change fails loudly; the e5 index is measured by the caller's
-``index_shape``, FAISS's ``hindsearch.retrieval.dense.faiss_shape`` from the command line)
-and recorded in ``fetch.json`` with the repo, the commit it came from (``X-Repo-Commit``), its
-size and rows. A source's ``revision`` pins a commit; none is pinned yet (their commits were not
-known when this was written), so each download records the commit it got.
+``--what`` picks ``train``, ``test``, ``wiki18``, ``e5index`` or ``all``; each dataset repo is
+mirrored under ``--out`` through ``huggingface_hub.hf_hub_download`` (ETag checks, resumed
+downloads, never a partial file where the data belongs). Each file is then checked by its row count
+and recorded in ``fetch.json`` with its repo, commit, size and rows. The sources, paths and checks:
+docs/data.md, "The paper-scale data".
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Load question-answer sets in the formats the field uses and normalise them to ``QARecord``.
 
-``load_qa(path)`` reads ``.jsonl``, ``.json`` (a list, or JSON Lines despite the name as
-MIGRES ships them) and ``.parquet`` files, and recognises per row:
-
-* FlashRAG / Search-R1 / PopQA / our world: ``question`` + ``golden_answers`` (list, numpy
-  array or str; Search-R1's ``reward_model.ground_truth.target`` as a fallback); PopQA's
-  original ``possible_answers`` (list or JSON string);
-* HotpotQA distractor and 2WikiMultihopQA: ``question``, ``answer``, ``supporting_facts``,
-  ``context`` -> evidence = the supporting titles (2Wiki also keeps ``evidences``);
-* MuSiQue: ``paragraphs`` with ``is_supporting``, ``answer`` + ``answer_aliases``;
-* IRCoT: ``question_text``, ``answers_objects`` (spans / number / date), ``contexts``;
-* plain ``{question, answer}`` lists (answer str or list; TrustMargin 2Wiki, Agentic-RAG,
-  MIGRES odqa).
-
-A bad row (a line that is not UTF-8 or not JSON, nested too deep, an integer past Python's 4,300
-digits, an empty question, missing or empty answers, ``golden_answers`` given as an object or as
-NaN/Infinity) raises ``QAError`` naming the file and line (or list item / parquet row); with
-``skip_bad=True`` (``hindsearch eval --skip-bad``) it is skipped, counted in ``QAStats`` and logged.
-A file that cannot be read as a whole (a ``.json`` document that is not UTF-8 or not JSON, a fake
-or truncated parquet file) raises ``QAError`` naming the file. ``paragraphs_of(row)`` returns the paragraphs a
-self-contained multi-hop row ships with (used by ``hindsearch data mini``). ``load_hf`` reads
-a Hugging Face dataset through ``datasets`` for users with network.
+``load_qa(path)`` reads ``.jsonl``, ``.json`` and ``.parquet`` rows of FlashRAG / Search-R1 / PopQA,
+HotpotQA, 2WikiMultihopQA, MuSiQue, IRCoT and plain ``{question, answer}`` lists. A bad row raises
+``QAError`` naming the file and line (or list item / parquet row), or with ``skip_bad=True`` is
+skipped and counted in ``QAStats``; an unreadable file raises ``QAError`` naming it.
+``paragraphs_of(row)`` returns a multi-hop row's own paragraphs; ``load_hf`` reads a Hugging Face
+dataset. The fields read per format: docs/data.md, "Formats read".
 """
 
 from __future__ import annotations

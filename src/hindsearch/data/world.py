@@ -1,27 +1,11 @@
 """A deterministic, seeded fictional encyclopedia: passages plus one- and two-hop questions.
 
-A search agent can only be tested on facts it cannot already know, so the default data of
-hindsearch is invented. ``generate_world(seed)`` builds countries, cities, people,
-organisations and works whose names are made of random syllables, links them with typed
-relations (located in, capital, born in, birth year, spouse, employer, founded by,
-headquarters, founding year, author, publication year), and writes one Wikipedia-like
-passage (bare title + 50-150 words) per entity. Distractors are built in: people share
-surnames and first names, cities share name stems ("Velmor", "New Velmor"), many entities
-share attributes (birth city, employer, years), and passages carry filler sentences that
-mention other entities.
-
-Questions:
-
-* one-hop ("Where was X born?"): evidence = X's passage, which states the answer;
-* two-hop bridge ("What is the capital of the country where X was born?"): evidence = X's
-  passage (names the bridge entity) and the bridge's passage (states the answer). The
-  answer never occurs in the first passage, so it takes a second search.
-
-Every record's ``evidence`` lists bare passage titles; ``metadata`` holds ``relation``
-(``r`` or ``r1>r2``), ``subject``, and for two-hop ``bridge`` (the intermediate entity) and
-``hop_questions`` (the two single-hop sub-questions). Splits are disjoint and about half
-one-hop, half two-hop. ``write_world`` writes ``corpus.jsonl`` (wiki-18 format),
-``train/dev/test.jsonl`` and ``world.json``; ``ensure_world`` builds once and caches.
+A search agent can only be tested on facts it cannot already know, so the default data is invented:
+``generate_world(seed)`` builds entities with random-syllable names, typed relations and built-in
+distractors, one Wikipedia-like passage each, and one-hop and two-hop (bridge) questions whose
+``evidence`` lists the passage titles that answer them. ``write_world`` writes ``corpus.jsonl``,
+``train/dev/test.jsonl`` and ``world.json``; ``ensure_world`` builds once and caches. The world's
+design and question records: docs/data.md, "The fictional world".
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
-"""A HindSearch judge behind an OpenAI-compatible chat-completions endpoint (``hindsearch.judge_kind = openai``).
+"""A HindSearch judge behind an OpenAI-compatible chat-completions endpoint (``judge_kind = openai``).
 
-``OpenAIJudge`` sends the same judge message as the in-process judge (``judge.judge_prompt_with_steps``: the
-``judge_template``, its prompt budget counted with the policy's tokenizer) as one user chat message to
-``POST {judge_url}/chat/completions`` (greedy: ``temperature = 0``, ``max_tokens = critique_max_tokens``), up to
-``judge_concurrency`` requests at once, and cleans, redacts and checks each answer exactly as the in-process judge
-does (``judge.finish``). vLLM's ``vllm serve``, SGLang, TGI and hosted APIs speak this schema.
-
-Nothing is lost, nothing hangs:
-
-- each attempt gives up after ``judge_timeout_s`` (a slow or trickling answer included); a timeout, a dropped
-  connection, a 429 or a 5xx is retried ``judge_retries`` times, pausing ``judge_backoff_s * 2**k`` (at least
-  the server's ``Retry-After``, at most ``judge_timeout_s``);
-- a request that still fails, another 4xx, or an answer that is not a chat completion with a text message
-  becomes that rollout's error critique (``Critique.error``: no distillation for it, counted in ``judge_errors``);
-- 401, 403 and 404 are the run's configuration (the key, the URL, the model name), so they stop the run
-  (``JudgeRejected``) with the server's message;
-- a request whose every attempt failed to connect means the endpoint is down: the requests not yet sent are not
-  sent, and the batch raises ``JudgeUnavailable`` naming the URL, after at most the retries' pauses and
-  connect timeouts.
+``OpenAIJudge`` sends the in-process judge's message (``judge.judge_prompt_with_steps``) to
+``{judge_url}/chat/completions`` greedily, ``judge_concurrency`` at a time, and cleans each answer
+as the in-process judge does (``judge.finish``). Nothing is lost, nothing hangs: timeouts, 429s and
+5xxs are retried with backoff; a request that still fails becomes that rollout's error critique;
+401/403/404 stop the run (``JudgeRejected``); an endpoint that never connects raises
+``JudgeUnavailable``. The options: docs/methods.md; serving one: docs/gpu.md.
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""The ``Retriever`` protocol and the on-disk index folder (``hindsearch.retrieval.factory`` builds and loads).
+"""The ``Retriever`` protocol and the on-disk index folder (``retrieval.factory`` builds and loads).
 
-An index folder holds:
-
-* ``index.json``: kind (``bm25``, ``dense``, a plugin's), encoder (dense), n_docs, the corpus' SHA-256, byte size
-  and skipped-row count, creation time and format version;
-* ``passages.jsonl`` (``{"id", "contents"}`` rows, itself a valid wiki-18 corpus) and
-  ``offsets.npy`` (int64 byte offsets, length n_docs + 1): passages are read on demand
-  (``os.pread``, not a memory map: a store truncated under a running server cannot kill it
-  with SIGBUS; the offsets, 8 bytes a passage, are read into memory), so loading does not
-  parse the corpus; a store changed on disk after loading (size or mtime) raises
-  ``StoreChanged`` instead of returning torn rows;
-* the kind's own files (``bm25/`` for bm25s, ``faiss.index`` for dense).
-
-Every retriever returns, per query, up to k ``Passage``s with ``score`` set, best first; an
-empty or whitespace-only query gets an empty list.
-
-Retriever kinds (``retrieval.kind``) are registered, each in its own module, so a plugin's kind is one file:
-
-* ``@register_retriever(kind)`` on a function ``open(cfg: RetrievalConfig, index_dir, corpus) -> Retriever``
-  (``remote``);
-* ``register_index_kind(kind, build=..., load=..., check=...)`` for a kind that keeps its data in an index folder
-  of this layout (``bm25``, ``dense``): ``hindsearch index --kind`` builds it, ``hindsearch search/serve --index``,
-  ``retrieval.index_dir`` and the world's first use load it. ``factory`` does the shared work (reading the corpus,
-  the passage store, staging and publishing, ``index.json``, the format version) and calls the kind for its files.
+Every retriever returns, per query, up to k ``Passage``s with ``score`` set, best first; an empty or
+whitespace-only query gets an empty list. An index folder holds ``index.json``, the passage store
+(``passages.jsonl`` + ``offsets.npy``, read with ``os.pread``; a store changed on disk raises
+``StoreChanged``) and the kind's own files. Kinds register with ``@register_retriever`` or
+``register_index_kind``, one file each. The folder layout: docs/data.md, "Index folders".
 """
 
 from __future__ import annotations

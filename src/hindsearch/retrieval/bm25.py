@@ -1,30 +1,11 @@
 """BM25 retrieval with bm25s (Lucene BM25, PyStemmer English stemmer, English stopwords).
 
-bm25s builds the index (the per-(term, document) BM25 scores as a sparse document x term
-matrix, CSC by term) into ``<index>/bm25/``; it is loaded memory-mapped. Hits with score 0 (no
-query term in the passage) are dropped, so a query of only stopwords/unknown words gets an empty
-list; k larger than the corpus is clamped.
-
-Search is one compiled pass over the whole batch (``_search_batch``, numba): per query, the
-posting lists of its distinct terms, in ascending term id, are added into a dense score buffer
-(float32, each term's weight times its count in the query), then the top k are chosen in one pass
-over the buffer (blocks of ``BLOCK`` documents with nothing above the current k-th score are skipped
-after one vectorised max), which leaves it zeroed. Order: score descending, then document order (the lower index wins a
-tie, also at the k-th place). The summation order is the one scipy's ``W @ Q`` product used
-before, so scores and ties are bit for bit those of the sparse-product backend this replaces.
-Tokenising (bm25s' tokenizer) and turning tokens into ids are vectorised over the batch; there is
-no Python per query or per document in the search. ``n_threads`` > 1 splits a batch over threads
-(the kernel releases the GIL).
-
-numba is the ``fast`` extra (``pip install 'hindsearch[fast]'``; ``dev`` has it), imported when a retriever first
-picks its backend. Compiled code is cached on disk, so only the first process pays the compilation (~6 s CPU;
-0.2 s to load it later).
-Without numba the same search runs as a scipy sparse product with a top k per query (same results,
-about 3x slower; ``backend="sparse"`` forces it, which the tests use to check both agree).
-
-Passages are parsed once, when the retriever loads (``retrieve`` then only builds ``Passage``
-objects); a passage file over ``PARSE_AT_LOAD_MAX_BYTES`` stays memory-mapped and is parsed per hit.
-The server renders the stored rows (``retrieve_ids`` + ``PassageStore.raw``) either way.
+bm25s builds the index into ``<index>/bm25/``, loaded memory-mapped. Hits with score 0 are dropped
+(a query of only stopwords gets an empty list); k past the corpus is clamped. Order: score
+descending, then document order. Search is one compiled numba pass over a batch (the ``fast`` extra,
+imported when a retriever first picks its backend); without numba a scipy sparse product gives the
+same scores and ties (``backend="sparse"`` forces it). Design and measurements:
+docs/results/2026-12-01-bm25-ann.md.
 """
 
 from __future__ import annotations

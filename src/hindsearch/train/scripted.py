@@ -1,52 +1,13 @@
 """Scripted searcher: demonstration rollouts in the exact Search-R1 protocol text (cold start).
 
-For each question it writes what a competent-but-imperfect agent would write, using REAL
-retrieval through our ``Retriever`` (every information block is exactly
-``protocol.information_block(docs)`` of what the retriever returned)::
-
-    <think> ... </think>\\n<search> {question} </search>      generated
-    \\n\\n<information>Doc 1(Title: ...) ...</information>\\n\\n   injected (retrieved)
-    <think> ... </think>\\n<answer> {X} </answer>               generated
-
-Answering rule (never from knowledge it did not retrieve): X is a gold answer only when that
-gold string occurs (normalised, whole words) in the passages retrieved so far, written as it
-appears there; otherwise X is a guess: the title of a retrieved passage that the question does
-not mention.
-
-Two-hop questions (``hops == 2``, metadata ``bridge`` and ``hop_questions``): with probability
-``p_bridge`` it follows the chain — when the bridge entity appears in what it read it searches
-the second sub-question (else it first searches the first sub-question, then the second); with
-probability ``1 - p_bridge`` it answers after the first search (usually a guess). So it solves
-most one-hop and only part of the two-hop questions: headroom for RL, by design.
-
-With probability ``p_feedback`` a demonstration carries a hindsight line in the prompt that the
-demonstration follows, which teaches a small model to read hindsight. Its kind is drawn uniformly
-from ``feedback_kinds``:
-
-* ``critique``: the generic line of ``feedback_critique`` (two-hop: it always searches the bridge);
-* ``oracle_gold`` / ``oracle_nogold``: **exactly** the text the oracle judge writes
-  (``hindsearch.hindsight.judge.OracleJudge``, redacted and cleaned as the term does) about the
-  scripted searcher's own unhinted attempt at the question, and only when that attempt failed (the
-  judge only sees failures; a demo whose attempt succeeded stays unhinted). With gold the critique
-  names the evidence the attempt missed, and the demonstration follows it: a missed first passage
-  changes the **first query** (the subject's name instead of the question), a missed bridge passage
-  makes it search again and changes the **bridge query** (the bridge's name, read off the first
-  information block). Without gold the critique carries no privileged information, and the
-  demonstration is a fresh unhinted draw (the no-gold teacher is a clean control);
-* ``answer_line``: IGSD's ``(The correct answer is: {A[0]}.)``; the demonstration follows the
-  two-hop chain (it searches the bridge) and still answers only from what it retrieved;
-* ``answer_query``: the same answer line, and the answer **changes the query**, as knowing the answer does in
-  real Wikipedia: the first query names the answer before the question (``{A[0]} {question}``, so the first
-  query token differs from the student's, where IGSD proposes). The real retriever decides whether that helps:
-  when what it returned holds the gold string the demonstration answers from it (about 60% of the micro-mech
-  world's two-hop questions, where the question alone finds it 8% of the time, and every one-hop one); when
-  it returned nothing useful the demonstration goes on as a searcher without hindsight would, following the
-  two-hop chain, and answers from what it read. So the answer-line teacher proposes query tokens that help
-  from some states and not from others: the case IGSD's executed gate exists for.
-
-Output: ``Trajectory`` objects holding text only (``prompt_ids``/``completion_ids`` empty),
-with ``extra["segments"] = [[text, generated], ...]`` and ``extra["hint"]``; tokenisation with
-exact masks is ``hindsearch.train.warmup.tokenize_demo``.
+Each demo searches through the real ``Retriever`` (its information blocks are exactly
+``protocol.information_block`` of what came back) and answers only from what it retrieved: the gold
+string when a retrieved passage holds it, else a guess. It solves most one-hop questions and only
+part of the two-hop ones (``p_bridge``), leaving headroom for RL. With probability ``p_feedback`` a
+demo carries a hindsight line it follows (``feedback_kinds``). Output: text-only ``Trajectory``
+objects with ``extra["segments"]`` and ``extra["hint"]``; ``train.warmup.tokenize_demo`` tokenises
+them. The answering rule and the demo kinds: docs/methods.md, "The scripted searcher and the
+warm-up".
 """
 
 from __future__ import annotations

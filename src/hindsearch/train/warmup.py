@@ -1,24 +1,11 @@
 """Protocol warm-up (cold start): supervised fine-tuning on demonstration rollouts.
 
-Objective: token-mean cross-entropy on the demonstration's **generated** tokens only,
-
-    L_sft = - sum_{i: gen_mask_i = 1} log pi(y_i | prompt, y_<i) / #{i: gen_mask_i = 1},
-
-averaged over the tokens of a batch; prompt tokens and injected tokens (information blocks,
-invalid-action notices) carry label -100 (no loss), exactly as GRPO masks them.
-
-Tokenisation mirrors the rollout engine: ``prompt_ids`` = the chat-templated prompt
-(``protocol.make_prompt``, with the demo's hint line when it has one); each model-written
-segment and each injected block is tokenised on its own (no special tokens) and the ids are
-concatenated, so ``gen_mask`` is exact and the injected spans decode to exactly the injected
-text. Demonstrations come from the scripted searcher (``hindsearch.train.scripted``) or from
-any trajectories file in our rollout format (JSONL of ``Trajectory.to_dict()``; segments are
-re-derived from ``completion_text``, so any tokenizer's rollouts can be used).
-
-``ensure_warmup`` runs the stage once: the result is cached under
-``cache_dir/warmup-<hash>`` keyed by (model, warm-up config, rollout budget, data) and holds
-the model and tokenizer (``save_pretrained``) and ``warmup.json`` (demo counts, the scripted
-searcher's EM per hop, the loss curve, timings). ``cmd_sft`` runs ``hindsearch sft``.
+The loss is the token-mean cross-entropy on the demonstration's generated tokens only; prompt and
+injected tokens carry label -100, as GRPO masks them. ``tokenize_demo`` tokenises as the rollout
+engine does (each segment on its own), so ``gen_mask`` is exact. Demos come from ``train.scripted``
+or any rollout JSONL. ``ensure_warmup`` runs the stage once and caches the model, tokenizer and
+``warmup.json`` under ``cache_dir/warmup-<hash>``; ``cmd_sft`` runs ``hindsearch sft``. The
+objective and the cache key: docs/methods.md, "The scripted searcher and the warm-up".
 """
 
 from __future__ import annotations
