@@ -266,7 +266,7 @@ def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_pat
     from hindsearch.records import Passage
     from hindsearch.retrieval.factory import build_index, load_index
     from hindsearch.retrieval.server import BackgroundServer, create_app
-    from hindsearch.train.run import _Job
+    from hindsearch.train.run import _Job, preflight
 
     topics = ["volcano", "glacier", "harbour", "orchard", "lighthouse", "meadow", "canyon", "reef"]
     mine = [Passage(str(i), f'"{t.title()} {i}"\nThe {t} number {i} is looked after by keeper{i}.')
@@ -279,7 +279,8 @@ def test_training_on_questions_the_retrievers_corpus_cannot_answer_warns(tmp_pat
 
     def data_stage(overrides):
         lines: list[str] = []
-        _Job(Config.load(find_config(None), [*base, *overrides]), tmp_path / "run", lines.append).data()
+        cfg = Config.load(find_config(None), [*base, *overrides])
+        _Job(cfg, tmp_path / "run", lines.append, preflight(cfg)).data()
         return [ln.strip() for ln in lines if "warning" in ln]
 
     with BackgroundServer(create_app(load_index(tmp_path / "my-index"), default_topk=3)) as srv:

@@ -364,12 +364,15 @@ def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
     assert ev("--sample", "--fresh") == 0
     assert json.loads((out / OUTPUT_MARKER).read_text())["settings"] == {"greedy": False, "seed": 0}
     assert len((out / "trajectories.jsonl").read_text().splitlines()) == 2
-    # a folder from before the record: refused until --fresh
+    # a folder without the record (written before it, or by someone else): not ours, refused even with --fresh
     (out / OUTPUT_MARKER).unlink()
     capsys.readouterr()
+    rows = (out / "trajectories.jsonl").read_bytes()
     assert ev() == 1
-    one_line_error(capsys, "carry no record of the model", "--fresh")
-    assert ev("--fresh") == 0
+    one_line_error(capsys, "not an evaluation folder")
+    assert ev("--fresh") == 1
+    one_line_error(capsys, "not an evaluation folder")
+    assert (out / "trajectories.jsonl").read_bytes() == rows  # nothing lost
 
 
 def test_probe_out_is_guarded(tmp_path):

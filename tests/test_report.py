@@ -676,8 +676,8 @@ def test_a_resume_records_what_made_it_and_the_header_names_a_change(tmp_path):
     from hindsearch.train.run import check_resume_config
 
     run = tmp_path / "run"
-    claim_output(run, "run")
     cfg = Config.load(None, [f'out="{run.as_posix()}"'])
+    claim_output(run, "run", config=cfg.to_dict())  # as a run records the config it started with
     marker = check_resume_config(cfg, run, False, lambda *_: None)
     assert len(marker["resumes"]) == 1 and marker["resumes"][0]["provenance"]["hindsearch"]["commit"] == git_head()
     started = read_marker(run)
