@@ -41,7 +41,12 @@ class Parts:
         from hindsearch.hindsight.registry import make_terms
         from hindsearch.train.reward_funcs import reward_funcs_of
 
-        return cls(make_terms(cfg), *reward_funcs_of(cfg.train, reward_funcs))
+        terms = make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
+        try:
+            funcs, weights = reward_funcs_of(cfg.train, reward_funcs)  # a module:function that does not import fails
+        except (KeyError, ValueError) as e:
+            raise ConfigError(str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
+        return cls(terms, funcs, weights)
 
 
 def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
@@ -71,15 +76,7 @@ def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
                               "use rollout.backend = 'hf' on CPU") from e
     if cfg.train.questions_per_step < 1:
         raise ConfigError("train.questions_per_step must be > 0")
-    from hindsearch.hindsight.registry import make_terms
-    from hindsearch.train.reward_funcs import reward_funcs_of
-
-    terms = make_terms(cfg)  # builds the term objects only (no model): bad term options fail here
-    try:
-        funcs, weights = reward_funcs_of(cfg.train, reward_funcs)  # a module:function that does not import fails
-    except (KeyError, ValueError) as e:
-        raise ConfigError(str(e.args[0]) if isinstance(e, KeyError) else str(e)) from None
-    return Parts(terms, funcs, weights)
+    return Parts.of(cfg, reward_funcs)
 
 
 # ---------------------------------------------------------------- trainer
