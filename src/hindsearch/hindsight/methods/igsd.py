@@ -72,8 +72,7 @@ class IGSDConfig:
     """The judge of ``hindsight = critique``: ``lm`` (the frozen initial policy with HindSearch's judge prompt) or
     ``oracle`` (fictional world only)."""
     gate_sharpness: float = bounded(5.0, gt=0.0)
-    """Gate sharpness (the paper's beta in sigmoid(beta * (delta - margin))). Was ``igsd.beta``, still read
-    with a deprecation message."""
+    """Gate sharpness (the paper's beta in sigmoid(beta * (delta - margin)))."""
     margin: float = 0.0
     """Gate margin on the paired gain delta: the gate is zero at and below it. With ``utility_state = shared``
     identical documents give exactly 0, so 0 keeps them shut; ``hindsearch probe`` reports the gate's opening rate
@@ -86,8 +85,7 @@ class IGSDConfig:
     teacher: str = choice("frozen", TEACHERS)
     """Teacher weights for proposals and the pair distribution: ``frozen``, ``live`` or ``ema``."""
     ema_decay: float = bounded(0.99, ge=0.0, le=1.0)
-    """EMA decay when ``teacher = ema`` (this term's own EMA of the policy; HindSearch's ``hindsearch.ema_decay``
-    before, the same default)."""
+    """EMA decay when ``teacher = ema`` (this term's own EMA of the policy)."""
 
 
 _MEANS = ("cache_hit_rate", "mean_delta", "frac_delta_pos", "mean_gate")
