@@ -261,6 +261,21 @@ def test_passages_parsed_at_load_or_on_demand(index, corpus, monkeypatch):
     assert parsed.retrieve(queries, 0) == [[], [], [], []] and parsed.retrieve([], 3) == []
 
 
+def test_a_corrupted_passage_store_names_its_file_and_line(index, tmp_path):
+    import shutil
+
+    from hindsearch.fsutil import BadJsonl
+
+    broken = tmp_path / "index"
+    shutil.copytree(index, broken)
+    store = broken / "passages.jsonl"
+    raw = bytearray(store.read_bytes())
+    raw[raw.index(b"\n") + 1] = ord("x")  # line 2's opening brace overwritten in place: the size is unchanged
+    store.write_bytes(bytes(raw))
+    with pytest.raises(BadJsonl, match=r"index/passages\.jsonl:2: invalid JSON: Expecting value \(column 1\)$"):
+        BM25Retriever(broken)
+
+
 def test_bm25l_index_is_refused(tmp_path, corpus):
     import bm25s
 

@@ -1,8 +1,10 @@
-"""The one JSONL reader (``fsutil.iter_jsonl``: strict, skip-bad, drop-torn-tail) and the one markdown table
-renderer (``tables.markdown_table``), on real files: a bad middle line, a torn tail, a FIFO, a size cap."""
+"""The one JSONL reader (``fsutil.iter_jsonl``: strict, skip-bad, drop-torn-tail, yield-bad) and the one markdown
+table renderer (``tables.markdown_table``), on real files: a bad middle line, a torn tail, a FIFO, a size cap, and
+the readers built on it (corpus, warm-up demonstrations, run logs)."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import threading
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hindsearch.eval import drop_error_rows, read_done
-from hindsearch.fsutil import BadJsonl, iter_jsonl, read_jsonl
+from hindsearch.fsutil import BadJsonl, BadLine, iter_jsonl, read_jsonl
 from hindsearch.records import Trajectory
 from hindsearch.tables import markdown_table
 
@@ -65,9 +67,58 @@ def test_drop_torn_tail_drops_only_an_unterminated_last_line(both: Path, torn: P
     assert read_jsonl(torn, objects=False) == [{"step": 1}, [4]]
 
 
+def test_yield_bad_hands_each_bad_line_to_the_caller_in_file_order(both: Path):
+    rows = list(iter_jsonl(both, "yield-bad"))
+    assert [(i, type(v)) for i, v in rows] == [(1, dict), (2, BadLine), (4, dict), (5, BadLine)], rows
+    assert rows[1][1] == BadLine("invalid JSON: Expecting value (column 1)")
+    assert [v for _, v in rows if isinstance(v, dict)] == GOOD
+
+
+def test_a_byte_order_mark_and_gzip_are_read_past(tmp_path: Path):
+    p = tmp_path / "b.jsonl"
+    p.write_bytes(b"\xef\xbb\xbf" + b'{"step": 1}\n{"step": 3}\n')  # what a Windows editor saves
+    assert read_jsonl(p) == GOOD
+    gz = tmp_path / "b.jsonl.gz"
+    gz.write_bytes(gzip.compress(p.read_bytes()))
+    assert read_jsonl(gz) == GOOD
+    gz.write_bytes(gzip.compress(p.read_bytes())[:-12])  # a cut download: an error, never a short read
+    with pytest.raises((EOFError, OSError)):
+        read_jsonl(gz)
+
+
+def test_the_readers_built_on_it_name_a_bad_line_and_lose_nothing(tmp_path: Path):
+    """The corpus, the warm-up demonstrations and a run's logs read through ``iter_jsonl``: a line that is not
+    UTF-8 is that line's error (file and line named, skippable where the reader skips), a torn log tail is
+    dropped with a message."""
+    from hindsearch.data.corpus import CorpusError, CorpusStats, read_corpus
+    from hindsearch.train.demos import load_demos
+    from hindsearch.train.run import read_jsonl_rows
+
+    c = tmp_path / "c.jsonl"
+    c.write_bytes(b'{"id": "a", "contents": "x"}\n{"id": "b", "contents": "\xff"}\n{"id": "c", "contents": "z"}\n')
+    with pytest.raises(CorpusError, match=r"c\.jsonl:2: bad corpus line: not UTF-8 \(byte 0xff at column 26\)"):
+        read_corpus(c)
+    stats = CorpusStats()
+    assert [p.id for p in read_corpus(c, skip_bad=True, stats=stats)] == ["a", "c"]
+    assert stats.skipped == 1 and stats.errors[0].startswith(f"{c}:2: bad corpus line: not UTF-8"), stats
+    d = tmp_path / "d.jsonl"
+    demo = {"question": "q", "completion_text": "<answer>a</answer>"}
+    d.write_bytes(json.dumps(demo).encode() + b'\n{"question": "\xff"}\n')
+    with pytest.raises(ValueError, match=r"d\.jsonl:2: bad trajectory: not UTF-8 \(byte 0xff at column 15\)"):
+        load_demos(d)
+    m = tmp_path / "metrics.jsonl"
+    m.write_bytes(b'{"step": 1}\n{"step": "\xff"}\n{"step": 3}\n')
+    with pytest.raises(BadJsonl, match=r"metrics\.jsonl:2: not UTF-8 \(byte 0xff at column 11\); remove the line"):
+        read_jsonl_rows(m)
+    m.write_bytes(b'{"step": 1}\n{"step": 2, "lo')
+    said: list[str] = []
+    assert read_jsonl_rows(m, said.append) == [{"step": 1}]
+    assert said == [f"{m}: dropped a torn last line 2 (no newline at its end: a write cut short); its step is redone"]
+
+
 def test_reader_edges(tmp_path: Path):
     assert read_jsonl(tmp_path / "absent.jsonl") == []
-    with pytest.raises(ValueError, match="mode 'lenient' is not one of strict, skip-bad, drop-torn-tail"):
+    with pytest.raises(ValueError, match="mode 'lenient' is not one of strict, skip-bad, drop-torn-tail, yield-bad$"):
         read_jsonl(tmp_path / "absent.jsonl", "lenient")
     p = tmp_path / "u.jsonl"
     p.write_bytes(b'{"a": 1}\n{"a": "\xff"}\n' + b'{"a": 2}\n' * 4)

@@ -19,6 +19,7 @@ import socket
 import stat
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -112,14 +113,23 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
         raise
 
 
-JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail")
+JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail", "yield-bad")
 """How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line; ``skip-bad``
 skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline that does not parse
-(what a killed writer leaves; named in ``bad``) and is strict about every other line."""
+(what a killed writer leaves; named in ``bad``) and is strict about every other line; ``yield-bad`` yields it as
+``(line, BadLine(reason))`` in file order, for a caller that names it in its own words (and is strict about the
+file itself)."""
 
 
 class BadJsonl(ValueError):
     """A JSONL file or line its reader refuses: the message names the file and the line."""
+
+
+@dataclass(frozen=True)
+class BadLine:
+    """A line ``iter_jsonl`` could not read (``yield-bad`` mode): why, without the file and line."""
+
+    reason: str
 
 
 def _clean(s: str) -> str:
@@ -127,12 +137,14 @@ def _clean(s: str) -> str:
     return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _json_problem(e: BaseException) -> str:
+def json_problem(e: BaseException) -> str:
+    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for the parser,
+    or another ``ValueError`` (an integer past Python's digit limit, say)."""
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON: {e.msg} (column {e.colno})"
     if isinstance(e, RecursionError):
-        return "nested too deep to read"
-    return f"not valid JSON ({_clean(str(e))[:200]})"  # an integer past Python's digit limit, say
+        return "invalid JSON: nested too deep to read"
+    return f"invalid JSON: {_clean(str(e))[:200]}"
 
 
 def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,
@@ -142,7 +154,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
     ``open_regular`` (a FIFO or a device is refused, never read). A line that is not UTF-8, does not ``parse``, or
     (``objects``) is not a JSON object is bad; ``mode`` (``JSONL_MODES``) says what then. ``bad`` collects
     ``"file:line: reason"`` of what was skipped or dropped; ``name`` is how the file is named (default: its path).
-    ``max_bytes`` / ``max_line`` cap what is read; past a cap the rest is not read (named, or an error)."""
+    ``max_bytes`` / ``max_line`` cap what is read; past a cap the rest is not read (named, or an error). A
+    byte-order mark before the first line is read past, and a ``.gz`` file is read decompressed."""
     if mode not in JSONL_MODES:
         raise ValueError(f"iter_jsonl: mode {mode!r} is not one of {', '.join(JSONL_MODES)}")
     where = name or str(path)
@@ -151,15 +164,16 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
         return
 
     def refuse(message: str) -> None:
-        if mode != "skip-bad":
+        if mode != "skip-bad":  # yield-bad: the file itself (a FIFO, past a cap) is the caller's error
             raise BadJsonl(message)
         bad.append(message)
 
     try:
-        with open_regular(path) as f:
+        with open_regular(path) as plain, _decompressed(plain, str(path)) as f:
             read = 0
             for i, raw in enumerate(iter(lambda: f.readline(-1 if max_line is None else max_line + 1), b""), 1):
                 read += len(raw)
+                raw = raw[3:] if i == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM is no row
                 if max_bytes is not None and read > max_bytes:
                     return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; the rest is not read")
                 if max_line is not None and len(raw) > max_line:
@@ -172,12 +186,15 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
                 except UnicodeDecodeError as e:
                     problem = f"not UTF-8 (byte 0x{raw[e.start]:02x} at column {e.start + 1})"
                 except (ValueError, RecursionError) as e:
-                    problem = _json_problem(e)
+                    problem = json_problem(e)
                 else:
                     if not objects or isinstance(value, dict):
                         yield i, value
                         continue
                     problem, torn = "not a JSON object", False  # it parsed: whole, not torn
+                if mode == "yield-bad":
+                    yield i, BadLine(problem)
+                    continue
                 if torn and mode == "drop-torn-tail":
                     bad.append(f"{where}: dropped a torn last line {i} (no newline at its end: a write cut short)")
                     return
@@ -188,6 +205,15 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
         if mode != "skip-bad":
             raise
         bad.append(f"{where}: unreadable ({type(e).__name__}: {_clean(str(e))[:200]})")
+
+
+def _decompressed(f: BinaryIO, name: str) -> contextlib.AbstractContextManager[Any]:
+    """``f`` read through gzip when ``name`` ends with ``.gz``; else ``f`` itself."""
+    if name.endswith(".gz"):
+        import gzip
+
+        return gzip.GzipFile(fileobj=f, mode="rb")
+    return contextlib.nullcontext(f)
 
 
 def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, **options: Any) -> list[Any]:

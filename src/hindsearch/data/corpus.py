@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hindsearch.fsutil import BadJsonl, BadLine, iter_jsonl, json_problem
 from hindsearch.records import Passage, make_contents
 
 ID_KEYS = ("id", "_id", "docid")
@@ -77,7 +78,8 @@ def _is_json_list(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> Any:
-    """The file as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start is read past."""
+    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start is read
+    past."""
     if path.suffix == ".gz":
         import gzip
 
@@ -91,6 +93,8 @@ def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:
         yield from _rows_of(path)
     except UnicodeDecodeError as e:
         raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); a corpus is UTF-8 JSON lines") from None
+    except BadJsonl as e:  # the file itself: a FIFO or a device
+        raise CorpusError(str(e)) from None
     except (OSError, EOFError) as e:  # a truncated or corrupt .gz
         if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
             raise
@@ -104,10 +108,8 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
                 data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
-        except RecursionError:
-            raise CorpusError(f"{path}: invalid JSON: nested too deep to read") from None
-        except ValueError as e:  # an integer past Python's 4,300-digit limit
-            raise CorpusError(f"{path}: invalid JSON: {e}") from None
+        except (ValueError, RecursionError) as e:  # an integer past Python's 4,300-digit limit, deep nesting
+            raise CorpusError(f"{path}: {json_problem(e)}") from None
         if isinstance(data, dict) and ROW_KEYS & set(data):
             raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
                               f"sentences; this object looks like a single row (keys {sorted(data)[:5]})")
@@ -122,22 +124,8 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
         for i, obj in enumerate(data, 1):
             yield i, None, obj
         return
-    with _open_text(path) as f:
-        for i, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                yield i, f"invalid JSON: {e.msg} (column {e.colno})", None
-                continue
-            except RecursionError:
-                yield i, "invalid JSON: nested too deep to read", None
-                continue
-            except ValueError as e:  # an integer past Python's 4,300-digit limit
-                yield i, f"invalid JSON: {e}", None
-                continue
-            yield i, None, obj
+    for i, obj in iter_jsonl(path, "yield-bad", objects=False):
+        yield (i, obj.reason, None) if isinstance(obj, BadLine) else (i, None, obj)
 
 
 def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:

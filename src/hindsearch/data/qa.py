@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.data.corpus import RowStats
+from hindsearch.fsutil import BadJsonl, BadLine, iter_jsonl, json_problem
 from hindsearch.records import QARecord
 
 log = logging.getLogger(__name__)
@@ -40,16 +41,6 @@ strictly)."""
 
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
 """What normalising one odd row can raise: all of them are that row's error (skipped with ``skip_bad``)."""
-
-
-def json_error(e: Exception) -> str:
-    """The reason a JSON text did not parse: the decoder's message and column, Python's integer-length
-    limit, or a value nested too deep for the parser."""
-    if isinstance(e, json.JSONDecodeError):
-        return f"invalid JSON: {e.msg} (column {e.colno})"
-    if isinstance(e, RecursionError):
-        return "invalid JSON: nested too deep to read"
-    return f"invalid JSON: {e}"
 
 
 def not_utf8(data: bytes, e: UnicodeDecodeError) -> str:
@@ -96,9 +87,9 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
         for i, row in enumerate(rows, 1):
             yield f"row {i}", None, row
         return
-    raw = path.read_bytes()
-    raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw  # a byte-order mark (Windows editors) is no row
     if path.suffix == ".json":
+        raw = path.read_bytes()
+        raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw  # a byte-order mark (Windows editors) is no row
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
@@ -110,7 +101,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
                 raise QAError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
             data = None  # JSON Lines in a .json file (MIGRES)
         except (ValueError, RecursionError) as e:
-            raise QAError(f"{path}: {json_error(e)}") from None
+            raise QAError(f"{path}: {json_problem(e)}") from None
         if data is not None:
             if isinstance(data, dict) and isinstance(data.get("data"), list):
                 data = data["data"]
@@ -121,20 +112,11 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
             for i, row in enumerate(data, 1):
                 yield f"item {i}", None, row
             return
-    for i, bline in enumerate(raw.splitlines(), 1):
-        if not bline.strip():
-            continue
-        try:
-            line = bline.decode("utf-8")
-        except UnicodeDecodeError as e:
-            yield f"line {i}", f"not UTF-8 (byte 0x{bline[e.start]:02x} at column {e.start + 1}); a QA file is UTF-8", None
-            continue
-        try:
-            row = json.loads(line)
-        except (ValueError, RecursionError) as e:  # a 5,000-digit integer, a row nested 100k deep
-            yield f"line {i}", json_error(e), None
-            continue
-        yield f"line {i}", None, row
+    try:
+        for i, row in iter_jsonl(path, "yield-bad", objects=False):
+            yield (f"line {i}", row.reason, None) if isinstance(row, BadLine) else (f"line {i}", None, row)
+    except BadJsonl as e:
+        raise QAError(str(e)) from None
 
 
 def _join_sentences(sents: list[str]) -> str:

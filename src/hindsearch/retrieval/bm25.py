@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
-import json
 import os
 import re
 import sys
@@ -51,6 +50,7 @@ import scipy.sparse as sp
 import Stemmer
 from bm25s.tokenization import _infer_stopwords
 
+from hindsearch.fsutil import read_jsonl
 from hindsearch.records import Passage
 from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore, register_index_kind
 
@@ -261,8 +261,7 @@ class BM25Retriever(IndexedRetriever):
         self._contents: list[str] | None = None
         path = self.index_dir / "passages.jsonl"
         if path.stat().st_size <= PARSE_AT_LOAD_MAX_BYTES:
-            raw = path.read_bytes().rstrip(b"\n")  # one compact JSON object per line: newlines only between rows
-            rows = json.loads(b"[" + raw.replace(b"\n", b",") + b"]") if raw else []
+            rows = read_jsonl(path)
             self._ids = [r["id"] for r in rows]
             self._contents = [r["contents"] for r in rows]
 

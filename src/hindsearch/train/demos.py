@@ -3,12 +3,12 @@ exactly as the rollout engine builds them; the text rules (segments, prompt, que
 
 from __future__ import annotations
 
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from hindsearch.agent import protocol
+from hindsearch.fsutil import BadLine, iter_jsonl
 from hindsearch.records import Trajectory, Turn
 
 
@@ -22,26 +22,24 @@ def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Traj
     if not p.exists():
         raise FileNotFoundError(f"warmup.demos: file not found: {p}")
     out, skipped = [], 0
-    with p.open() as f:
-        for ln, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                if not isinstance(d, dict):
-                    raise ValueError("not a JSON object")
-                if not isinstance(d.get("question"), str) or not isinstance(d.get("completion_text"), str):
-                    raise ValueError("needs string fields 'question' and 'completion_text'")
-                d.setdefault("qid", str(ln))
-                d.setdefault("golden_answers", [])
-                d.setdefault("prompt_ids", [])
-                t = Trajectory.from_dict(d)
-            except (ValueError, TypeError) as e:
-                raise ValueError(f"{p}:{ln}: bad trajectory: {e}") from e
-            if require_answer and protocol.extract_answer(t.completion_text) is None:
-                skipped += 1
-                continue
-            out.append(t)
+    for ln, d in iter_jsonl(p, "yield-bad", objects=False):
+        try:
+            if isinstance(d, BadLine):
+                raise ValueError(d.reason)
+            if not isinstance(d, dict):
+                raise ValueError("not a JSON object")
+            if not isinstance(d.get("question"), str) or not isinstance(d.get("completion_text"), str):
+                raise ValueError("needs string fields 'question' and 'completion_text'")
+            d.setdefault("qid", str(ln))
+            d.setdefault("golden_answers", [])
+            d.setdefault("prompt_ids", [])
+            t = Trajectory.from_dict(d)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{p}:{ln}: bad trajectory: {e}") from e
+        if require_answer and protocol.extract_answer(t.completion_text) is None:
+            skipped += 1
+            continue
+        out.append(t)
     return out, skipped
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.config import Config, ConfigError, flat_keys
+from hindsearch.fsutil import BadJsonl, read_jsonl
 from hindsearch.inputs import eval_engine, prepare
 from hindsearch.train.dev_eval import STAGE_NAMES, dev_curve_callback, evaluate_dev, format_table, summary_row
 from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
@@ -160,34 +161,16 @@ def checkpoint_step(ckpt: Path) -> int:
 
 
 def read_jsonl_rows(path: Path, log: Any = None) -> list[dict[str, Any]]:
-    """The rows of a run log. A torn last line (a write cut by a kill) is dropped from the file, with a
-    message naming it; any other bad line is an error naming the file and line."""
-    if not path.exists():
-        return []
+    """The rows of a run log (``fsutil.read_jsonl``, ``drop-torn-tail``). A torn last line (a write cut by a
+    kill) is dropped, with a message naming it; any other bad line is an error naming the file and line."""
+    torn: list[str] = []
     try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text (byte {e.start}); remove or repair the file to resume") from None
-    lines = text.split("\n")
-    complete = text.endswith("\n")
-    if complete:
-        lines.pop()
-    rows: list[dict[str, Any]] = []
-    for i, line in enumerate(lines):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError as e:
-            if i == len(lines) - 1:  # the last line: an interrupted write
-                if log is not None:
-                    log(f"{path}: dropped a torn last line {i + 1} (a write interrupted by the stop); "
-                        f"its step is redone")
-                break
-            raise ValueError(f"{path}:{i + 1}: not valid JSON ({e}); remove the line to resume") from None
-        if not isinstance(row, dict):
-            raise ValueError(f"{path}:{i + 1}: not a JSON object; remove the line to resume")
-        rows.append(row)
+        rows = read_jsonl(path, "drop-torn-tail", torn)
+    except BadJsonl as e:
+        raise BadJsonl(f"{e}; remove the line to resume") from None
+    if log is not None:
+        for msg in torn:
+            log(f"{msg}; its step is redone")
     return rows
 
 
