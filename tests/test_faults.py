@@ -128,13 +128,11 @@ def test_world_never_deletes_user_data(tmp_path, monkeypatch, capsys):
 
 
 # ---------------------------------------------------------------- eval: server death and the rerun
-def test_server_death_during_eval_then_rerun_redoes_only_errored_rows(tmp_path, capsys):
-    pytest.importorskip("torch")
+def test_server_death_during_eval_then_rerun_redoes_only_errored_rows(tmp_path, capsys, tok, model):
     from test_eval import CountingEngine, make_engine
 
     from hindsearch.data.world import generate_world
     from hindsearch.eval import evaluate
-    from hindsearch.models import load_tokenizer, tiny_random_model
     from hindsearch.retrieval.factory import load_index
     from hindsearch.retrieval.client import RemoteRetriever
     from hindsearch.retrieval.server import BackgroundServer, create_app
@@ -142,8 +140,6 @@ def test_server_death_during_eval_then_rerun_redoes_only_errored_rows(tmp_path, 
     world = generate_world(seed=0, n_entities=60)
     build_index(world.passages, tmp_path / "index", show_progress=False)
     local = load_index(tmp_path / "index")
-    tok = load_tokenizer("tiny-random")
-    model = tiny_random_model(tok)
     dev = world.splits["dev"][:4]
     out = tmp_path / "eval"
     srv = BackgroundServer(create_app(local))

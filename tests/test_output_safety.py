@@ -312,9 +312,8 @@ def test_a_run_folder_without_its_recorded_config_is_refused_on_resume(run_copy,
 
 
 # ---------------------------------------------------------------- C: eval rows tied to what made them
-def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
+def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys, tok, model):
     from hindsearch.data.world import generate_world
-    from hindsearch.models import load_tokenizer, tiny_random_model
     from hindsearch.retrieval.factory import build_index
 
     world = generate_world(seed=0, n_entities=40)
@@ -325,8 +324,7 @@ def test_eval_reuses_rows_only_when_the_same_thing_made_them(tmp_path, capsys):
     other.write_text("".join(json.dumps({**r.to_dict(), "question": f"Which {i}?", "golden_answers": ["x"]}) + "\n"
                              for i, r in enumerate(dev)))
     build_index(world.passages, tmp_path / "index", show_progress=False)
-    tok = load_tokenizer("tiny-random")
-    tiny_random_model(tok).save_pretrained(tmp_path / "model")
+    model.save_pretrained(tmp_path / "model")
     tok.save_pretrained(tmp_path / "model")
     out = tmp_path / "out"
 

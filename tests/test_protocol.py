@@ -264,11 +264,8 @@ def test_query_mask_where_the_former_algorithms_disagreed():
     assert _rollout_mask(tok, ids) == _demo_mask(tok, text) == [0, 0, 1, 0, 0, 0]
 
 
-def test_query_mask_on_a_real_tokenizer_with_straddling_tags():
+def test_query_mask_on_a_real_tokenizer_with_straddling_tags(tok):
     """SmolLM2's BPE merges '>' with the character after it ('>.', '>>') and the empty query's '></'."""
-    from hindsearch.models import load_tokenizer
-
-    tok = load_tokenizer("tiny-random")
     for text, query_tokens in [("<search>.Paris</search>", [">.", "Paris"]),
                                ("<search>>Paris</search>", [">>", "Paris"]),
                                ("<search> capital of France </search>", [" capital", " of", " France"]),
@@ -281,10 +278,7 @@ def test_query_mask_on_a_real_tokenizer_with_straddling_tags():
             assert roll == offsets_query_mask(tok, text)
 
 
-def test_query_completion_cut_and_text():
-    from hindsearch.models import load_tokenizer
-
-    tok = load_tokenizer("tiny-random")
+def test_query_completion_cut_and_text(tok):
     ids = tok(" Marlow birthplace </search> more", add_special_tokens=False)["input_ids"]
     kept, closed = protocol.cut_at_search_close(tok, ids)
     assert closed and tok.decode(kept).rstrip().endswith("</search>") and "more" not in tok.decode(kept)

@@ -54,13 +54,6 @@ def world(tmp_path_factory):
     return passages, recs, load_index(d)
 
 
-@pytest.fixture(scope="module")
-def tok():
-    from hindsearch.models import load_tokenizer
-
-    return load_tokenizer("tiny-random")
-
-
 def check_demo(t: Trajectory, retriever, k: int = 3) -> None:
     """A demonstration is well-formed protocol text whose blocks are exactly what the retriever returns."""
     segs = t.extra["segments"]
@@ -210,11 +203,8 @@ def test_labels_only_on_generated_tokens(world, tok):
         assert (lab[b, p:n][~gm] == -100).all() and (~gm).any()
 
 
-def test_sft_loss_equals_hf_masked_loss_and_ignores_injected_tokens(world, tok):
-    from hindsearch.models import tiny_random_model
-
+def test_sft_loss_equals_hf_masked_loss_and_ignores_injected_tokens(world, tok, model):
     _, recs, retriever = world
-    model = tiny_random_model(tok, seed=0)
     demos = [tokenize_demo(tok, t) for t in ScriptedSearcher(retriever, p_bridge=1.0).demos(recs[:3])]
     ids, att, lab = collate(demos, tok.pad_token_id)
     with torch.no_grad():
