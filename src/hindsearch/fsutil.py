@@ -171,7 +171,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
     try:
         with open_regular(path) as plain, _decompressed(plain, str(path)) as f:
             read = 0
-            for i, raw in enumerate(iter(lambda: f.readline(-1 if max_line is None else max_line + 1), b""), 1):
+            lines = f if max_line is None else iter(lambda: f.readline(max_line + 1), b"")
+            for i, raw in enumerate(lines, 1):
                 read += len(raw)
                 raw = raw[3:] if i == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM is no row
                 if max_bytes is not None and read > max_bytes:
