@@ -95,7 +95,8 @@ def test_the_readers_built_on_it_name_a_bad_line_and_lose_nothing(tmp_path: Path
     from hindsearch.train.run import read_jsonl_rows
 
     c = tmp_path / "c.jsonl"
-    c.write_bytes(b'{"id": "a", "contents": "x"}\n{"id": "b", "contents": "\xff"}\n{"id": "c", "contents": "z"}\n')
+    c.write_bytes(b'{"id": "a", "contents": "x"}\n{"id": "b", "contents": "\xff"}\n'
+                  b'{"id": "c", "contents": "z"}\n')
     with pytest.raises(CorpusError, match=r"c\.jsonl:2: bad corpus line: not UTF-8 \(byte 0xff at column 26\)"):
         read_corpus(c)
     stats = CorpusStats()
@@ -108,12 +109,13 @@ def test_the_readers_built_on_it_name_a_bad_line_and_lose_nothing(tmp_path: Path
         load_demos(d)
     m = tmp_path / "metrics.jsonl"
     m.write_bytes(b'{"step": 1}\n{"step": "\xff"}\n{"step": 3}\n')
-    with pytest.raises(BadJsonl, match=r"metrics\.jsonl:2: not UTF-8 \(byte 0xff at column 11\); remove the line"):
+    with pytest.raises(BadJsonl, match=r"metrics\.jsonl:2: not UTF-8 \(byte 0xff at column 11\); remove the"):
         read_jsonl_rows(m)
     m.write_bytes(b'{"step": 1}\n{"step": 2, "lo')
     said: list[str] = []
     assert read_jsonl_rows(m, said.append) == [{"step": 1}]
-    assert said == [f"{m}: dropped a torn last line 2 (no newline at its end: a write cut short); its step is redone"]
+    assert said == [f"{m}: dropped a torn last line 2 (no newline at its end: a write cut short); "
+                    f"its step is redone"]
 
 
 def test_reader_edges(tmp_path: Path):

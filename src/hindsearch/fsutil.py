@@ -114,11 +114,11 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
 
 
 JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail", "yield-bad")
-"""How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line; ``skip-bad``
-skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline that does not parse
-(what a killed writer leaves; named in ``bad``) and is strict about every other line; ``yield-bad`` yields it as
-``(line, BadLine(reason))`` in file order, for a caller that names it in its own words (and is strict about the
-file itself)."""
+"""How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line;
+``skip-bad`` skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline
+that does not parse (what a killed writer leaves; named in ``bad``) and is strict about every other
+line; ``yield-bad`` yields it as ``(line, BadLine(reason))`` in file order, for a caller that names it
+in its own words (and is strict about the file itself)."""
 
 
 class BadJsonl(ValueError):
@@ -138,8 +138,8 @@ def _clean(s: str) -> str:
 
 
 def json_problem(e: BaseException) -> str:
-    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for the parser,
-    or another ``ValueError`` (an integer past Python's digit limit, say)."""
+    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for the
+    parser, or another ``ValueError`` (an integer past Python's digit limit, say)."""
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON: {e.msg} (column {e.colno})"
     if isinstance(e, RecursionError):

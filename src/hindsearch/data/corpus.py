@@ -78,8 +78,8 @@ def _is_json_list(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> Any:
-    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start is read
-    past."""
+    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start
+    is read past."""
     if path.suffix == ".gz":
         import gzip
 

@@ -89,7 +89,7 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
         return
     if path.suffix == ".json":
         raw = path.read_bytes()
-        raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw  # a byte-order mark (Windows editors) is no row
+        raw = raw[3:] if raw.startswith(codecs.BOM_UTF8) else raw  # a byte-order mark is no row
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as e:
