@@ -1,18 +1,18 @@
 """A retrieval HTTP server compatible with Search-R1's ``retrieval_server.py``.
 
-``POST /retrieve`` reads and answers exactly what Search-R1's server does (``topk`` validated as its
-pydantic model does); ``GET /health`` reports the index and the limits. Bad requests never crash it:
-a 4xx JSON ``{"error": ...}``, 500 for a retriever failure, 503 for a passage store changed on disk.
-Every input is bounded (``ServerLimits``: queries, characters, hits, body bytes, uploads per client,
-waiting and unsent answers, timeouts), so memory stays bounded. Binds 127.0.0.1 by default;
-``/docs`` and ``/openapi.json`` only with ``docs=True``. The contract, the limits and the admission
-rules: docs/protocol.md.
+``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports the
+index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the limit,
+a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
+``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json``
+only with ``docs=True``. The contract, the limits, and which of them uvicorn and pydantic hold and which
+need the code here: docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import ipaddress
 import json
 import logging
@@ -23,12 +23,13 @@ import weakref
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, Strict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError, PydanticKnownError
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -49,7 +50,6 @@ def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
 
 
-_TOPK = TypeAdapter(Optional[int])  # Search-R1's QueryRequest.topk, validated as pydantic validates it there
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -78,9 +78,45 @@ def client_key(host: str) -> str:
     return str(ipaddress.ip_network(f"{ip}/64", strict=False))
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+@functools.lru_cache(maxsize=16)
+def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hits: int,
+                  default_topk: int) -> type[BaseModel]:
+    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``, lax), with
+    the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null: ``default_topk``).
+    ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read as true)."""
+
+    def query_chars(q: str) -> str:  # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+        if len(q) > max_query_chars:
+            raise PydanticKnownError("string_too_long", {"max_length": max_query_chars})
+        return q
+
+    class RetrieveRequest(BaseModel):
+        queries: Annotated[list[Annotated[str, AfterValidator(query_chars)]],
+                           Field(max_length=max_queries, fail_fast=True)]
+        topk: Optional[Annotated[int, Field(ge=0, le=max_topk)]] = None
+        return_scores: Optional[Annotated[bool, Strict()]] = None
+
+        @model_validator(mode="after")
+        def _hits(self) -> "RetrieveRequest":
+            self.topk = self.topk or default_topk
+            self.return_scores = bool(self.return_scores)
+            if len(self.queries) * self.topk > max_hits:
+                raise PydanticCustomError(
+                    "too_many_hits", "{n} queries x topk {k} = {hits} passages in one answer; the limit is {max_hits}",
+                    {"n": len(self.queries), "k": self.topk, "hits": len(self.queries) * self.topk,
+                     "max_hits": max_hits})
+            return self
+
+    return RetrieveRequest
+
+
+def _first_error(e: ValidationError) -> str:
+    """``queries[3]: String should have at most 4096 characters``: the first error's field and pydantic's text."""
+    err = e.errors(include_url=False, include_input=False, include_context=False)[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    if not where:
+        return f'request body: {err["msg"]} (a /retrieve body is like {{"queries": [...], "topk": 3}})'
+    return f"{where}: {err['msg']}"
 
 
 def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
@@ -91,44 +127,18 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
     if containers > limits.max_queries + 1024:
         raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one object "
                               'with one list of strings, like {"queries": [...], "topk": 3}')
-    try:
-        req = json.loads(body)
+    try:  # json.loads, as FastAPI and so Search-R1 parse (docs/protocol.md says why not model_validate_json)
+        data = json.loads(body)
     except RecursionError:
         raise BadRequest(400, "request body is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
         raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
-    if not isinstance(req, dict):
-        raise BadRequest(422, 'request body must be a JSON object like {"queries": [...], "topk": 3}')
-    if "queries" not in req:
-        raise BadRequest(422, "missing field 'queries' (a list of strings)")
-    queries = req["queries"]
-    if not isinstance(queries, list):
-        raise BadRequest(422, f"'queries' must be a list of strings, got {type(queries).__name__}")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise BadRequest(422, f"queries[{i}] must be a string, got {type(q).__name__}")
-        if len(q) > limits.max_query_chars:
-            raise BadRequest(422, f"queries[{i}] has {len(q)} characters; the limit is {limits.max_query_chars}")
-    if len(queries) > limits.max_queries:
-        raise BadRequest(422, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
+    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits, default_topk)
     try:
-        topk = _TOPK.validate_python(req.get("topk"))
-    except ValidationError:
-        topk = -1
-    if topk is not None and topk < 0:
-        raise BadRequest(422, f"'topk' must be a non-negative integer, got {_short(req.get('topk'))}")
-    topk = topk or default_topk
-    if topk > limits.max_topk:
-        raise BadRequest(422, f"'topk' = {_short(topk)} exceeds the limit {limits.max_topk}")
-    if len(queries) * topk > limits.max_hits:
-        raise BadRequest(422, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages in one answer; "
-                         f"the limit is {limits.max_hits}")
-    scores = req.get("return_scores", False)
-    if scores is None:
-        scores = False
-    if not isinstance(scores, bool):
-        raise BadRequest(422, f"'return_scores' must be true or false, got {scores!r}")
-    return queries, topk, scores
+        req = model.model_validate(data)
+    except ValidationError as e:
+        raise BadRequest(422, _first_error(e)) from None
+    return req.queries, req.topk, req.return_scores
 
 
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
@@ -172,9 +182,8 @@ def _trim_memory() -> None:
 
 class _Answer(Response):
     """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket buffer to
-    drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed over, the
-    client disconnects, or ``2 x send_timeout_s`` pass (the protocol drops a non-reading client at
-    ``send_timeout_s``; this is the fallback under another server)."""
+    drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed over or the
+    connection ends (``guarded_protocol`` resets a client that stops reading)."""
 
     CHUNK = 64 << 10
 
@@ -183,7 +192,6 @@ class _Answer(Response):
         self.body = body
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.raw_headers.append((b"content-length", str(len(body)).encode()))
-        self.timeout_s = 2 * service.limits.send_timeout_s
         service.hold(len(body))
         self._release = weakref.finalize(self, service.release, len(body))  # once: when sent, or if never sent
 
@@ -191,12 +199,9 @@ class _Answer(Response):
         try:
             await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
             body, step = self.body, self.CHUNK
-            async with asyncio.timeout(self.timeout_s):
-                for i in range(0, max(len(body), 1), step):
-                    await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
-                                "more_body": i + step < len(body)})
-        except TimeoutError:
-            log.info("client %s did not take its answer within %g s", scope.get("client"), self.timeout_s)
+            for i in range(0, max(len(body), 1), step):
+                await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
+                            "more_body": i + step < len(body)})
         finally:
             self.body = b""
             self._release()
@@ -458,16 +463,32 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
     return app
 
 
-def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 30.0) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a header timeout and a send timeout: a connection that has not sent a
-    complete request head within ``header_timeout_s`` of opening (or of its last response) is closed; one
-    whose client has not taken its answer ``send_timeout_s`` after the answer first filled the socket's
-    write buffer (64 KiB past what the kernel holds) is aborted, which frees what it buffered."""
+def uvicorn_options(header_timeout_s: float, send_timeout_s: float) -> dict[str, Any]:
+    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive timer
+    (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from the start."""
+    return {"http": guarded_protocol(send_timeout_s), "timeout_keep_alive": header_timeout_s}
+
+
+def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the two connection deadlines uvicorn lacks.
+
+    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a complete
+    request head cancels it (uvicorn cancels it on any byte), so a head must be complete within
+    ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a client that has not
+    taken its answer ``send_timeout_s`` after it first filled the socket's write buffer (64 KiB past what
+    the kernel holds) is reset, which frees what uvicorn and the kernel hold for it."""
 
     class GuardedH11Protocol(H11Protocol):
-        _timer: asyncio.TimerHandle | None = None
-        _armed_cycle: Any = None
         _send_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
+
+        def data_received(self, data: bytes) -> None:  # uvicorn's, without cancelling the timer
+            self.conn.receive_data(data)
+            self.handle_events()
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -495,40 +516,12 @@ def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 30.0) -> t
                     pass
                 self.transport.abort()
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._armed_cycle = self.cycle
-            self._timer = self.loop.call_later(header_timeout_s, self._expire)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _expire(self) -> None:
-            self._timer = None
-            if self.cycle is self._armed_cycle and not self.transport.is_closing():
-                log.info("dropped %s: no complete request head within %g s", self.client, header_timeout_s)
-                self.transport.close()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self._timer is not None and self.cycle is not self._armed_cycle:
-                self._disarm()  # a request head arrived
-
         def on_response_complete(self) -> None:
             if not self.flow.write_paused:
                 self._disarm_send()
-            if not self.transport.is_closing():
-                self._arm()
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
             self._disarm_send()
             super().connection_lost(exc)
 
@@ -566,7 +559,7 @@ def serve(
     except OSError as e:
         raise OSError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from e
     uvicorn.run(app, host=host, port=port, log_level=log_level,
-                http=guarded_protocol(limits.header_timeout_s, limits.send_timeout_s))
+                **uvicorn_options(limits.header_timeout_s, limits.send_timeout_s))
 
 
 class BackgroundServer:
@@ -589,8 +582,8 @@ class BackgroundServer:
         if send_timeout_s is None:
             limits = getattr(getattr(app, "state", None), "limits", None)
             send_timeout_s = limits.send_timeout_s if limits is not None else ServerLimits().send_timeout_s
-        protocol = guarded_protocol(header_timeout_s, send_timeout_s)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol))
+        config = uvicorn.Config(app, log_level="warning", **uvicorn_options(header_timeout_s, send_timeout_s))
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
