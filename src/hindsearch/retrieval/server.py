@@ -11,7 +11,6 @@ need the code here: docs/protocol.md.
 from __future__ import annotations
 
 import asyncio
-import ctypes
 import functools
 import ipaddress
 import json
@@ -101,17 +100,18 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
             self.topk = self.topk or default_topk
             self.return_scores = bool(self.return_scores)
             if len(self.queries) * self.topk > max_hits:
-                raise PydanticCustomError(
-                    "too_many_hits", "{n} queries x topk {k} = {hits} passages in one answer; the limit is {max_hits}",
-                    {"n": len(self.queries), "k": self.topk, "hits": len(self.queries) * self.topk,
-                     "max_hits": max_hits})
+                n, k = len(self.queries), self.topk
+                text = "{n} queries x topk {k} = {hits} passages in one answer; the limit is {limit}"
+                values = {"n": n, "k": k, "hits": n * k, "limit": max_hits}
+                raise PydanticCustomError("too_many_hits", text, values)
             return self
 
     return RetrieveRequest
 
 
 def _first_error(e: ValidationError) -> str:
-    """``queries[3]: String should have at most 4096 characters``: the first error's field and pydantic's text."""
+    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most 4096
+    characters``."""
     err = e.errors(include_url=False, include_input=False, include_context=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
     if not where:
@@ -125,15 +125,16 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
         raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
     containers = count_containers(body, limits.max_queries + 1024)  # a valid body has 2
     if containers > limits.max_queries + 1024:
-        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one object "
-                              'with one list of strings, like {"queries": [...], "topk": 3}')
+        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one "
+                              'object with one list of strings, like {"queries": [...], "topk": 3}')
     try:  # json.loads, as FastAPI and so Search-R1 parse (docs/protocol.md says why not model_validate_json)
         data = json.loads(body)
     except RecursionError:
         raise BadRequest(400, "request body is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
         raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
-    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits, default_topk)
+    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits,
+                          default_topk)
     try:
         req = model.model_validate(data)
     except ValidationError as e:
@@ -144,7 +145,8 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
     """Search-R1's response body from per-query ``Passage`` lists."""
     if return_scores:
-        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps] for ps in hits]}
+        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps]
+                           for ps in hits]}
     return {"result": [[p.to_search_r1() for p in ps] for ps in hits]}
 
 
@@ -161,7 +163,8 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     out = bytearray(b'{"result":[')
     for i, (docs, scores) in enumerate(retriever.retrieve_ids(queries, topk)):
         if return_scores:
-            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}" for d, sc in zip(docs, scores)]
+            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}"
+                     for d, sc in zip(docs, scores)]
         else:
             items = [store.raw(int(d)) for d in docs]
         out += b",[" if i else b"["
@@ -172,18 +175,10 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     return out
 
 
-def _trim_memory() -> None:
-    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 class _Answer(Response):
-    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket buffer to
-    drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed over or the
-    connection ends (``guarded_protocol`` resets a client that stops reading)."""
+    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket
+    buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed
+    over or the connection ends (``guarded_protocol`` resets a client that stops reading)."""
 
     CHUNK = 64 << 10
 
@@ -193,11 +188,13 @@ class _Answer(Response):
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.raw_headers.append((b"content-length", str(len(body)).encode()))
         service.hold(len(body))
-        self._release = weakref.finalize(self, service.release, len(body))  # once: when sent, or if never sent
+        # released once: when sent, or when dropped unsent
+        self._release = weakref.finalize(self, service.release, len(body))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
             body, step = self.body, self.CHUNK
             for i in range(0, max(len(body), 1), step):
                 await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
@@ -225,19 +222,20 @@ class _RetrieveService:
     """What ``create_app``'s routes share: the retriever, the limits, the admission gates and the
     count of requests in progress (one instance per app; its methods are the route handlers)."""
 
-    def __init__(self, retriever: Retriever, default_topk: int, limits: ServerLimits, info: dict | None) -> None:
+    def __init__(self, retriever: Retriever, default_topk: int, limits: ServerLimits,
+                 info: dict | None) -> None:
         self.retriever = retriever
         self.default_topk = default_topk
         self.limits = limits
         self.info = info
         self.slots = asyncio.Semaphore(limits.max_inflight)
-        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
+        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (~13x the body)
         self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
         self.uploads: dict[str, list[_Upload]] = {}  # ... each, oldest first, per client address
-        self.unsent = {True: 0, False: 0}  # bytes of answers built and not yet handed to their sockets: large, small
-        self.freed = asyncio.Event()  # set (and replaced) whenever unsent goes down: wakes the requests waiting for room
+        self.unsent = {True: 0, False: 0}  # bytes of answers built, not yet handed over: large, small
+        self.freed = asyncio.Event()  # set (and replaced) when unsent goes down: wakes those waiting for room
         store = getattr(retriever, "store", None)
         try:  # the mean stored row, to estimate an answer's size before it is built
             self.row_bytes = (int(store.offsets[-1]) - int(store.offsets[0])) / max(1, len(store))
@@ -253,14 +251,14 @@ class _RetrieveService:
         freed.set()
 
     def room(self, answer_bytes: float) -> bool:
-        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may take 3/4
-        of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read large answers do
-        not hold up small ones."""
+        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may
+        take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read
+        large answers do not hold up small ones."""
         if answer_bytes > SMALL_ANSWER:
             return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
         return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
 
-    # health and retrieve are the route handlers: no docstrings, as FastAPI would publish them in /openapi.json
+    # health and retrieve are the route handlers: no docstrings (FastAPI would publish them in /openapi.json)
 
     def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
         n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
@@ -270,7 +268,8 @@ class _RetrieveService:
                 store.check()
         except StoreChanged as e:
             return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
-        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits), **(self.info or {})}
+        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits),
+                **(self.info or {})}
 
     async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
         """The request body, or a 413/408 error response (too large, or not received in time), or a 503 when
@@ -284,15 +283,15 @@ class _RetrieveService:
             async with asyncio.timeout(limits.body_timeout_s) as timeout:
                 if upload is not None:
                     upload.timeout = timeout
-                async for chunk in request.stream():  # stop reading a (chunked) body as soon as it is too large
+                async for chunk in request.stream():  # stop reading a (chunked) body once it is too large
                     size += len(chunk)
                     if size > limits.max_body_bytes:
                         return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
             if upload is not None and upload.cut:
-                return _error(503, "server busy: this upload was cut to make room for other clients (its address "
-                                   "held the most request bodies arriving); retry later")
+                return _error(503, "server busy: this upload was cut to make room for other clients (its "
+                                   "address held the most request bodies arriving); retry later")
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
@@ -304,9 +303,6 @@ class _RetrieveService:
             return _error(e.status, str(e))
         except Exception as e:  # a bug must not take the server down
             return _error(500, f"parsing failed: {type(e).__name__}: {e}")
-        finally:
-            if len(body) > 1 << 20:
-                _trim_memory()
 
     def answer(self, queries: list[str], topk: int, scores: bool) -> bytes | bytearray | JSONResponse:
         """Retrieve and render (in the thread pool): the JSON bytes, or an error response."""
@@ -319,15 +315,12 @@ class _RetrieveService:
             return _error(503, str(e))
         except Exception as e:  # a retriever bug must not take the server down
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
-        finally:
-            if len(queries) * topk > 4096:
-                _trim_memory()
 
     async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
                       answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
-        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding no gate)
-        until the unsent answers leave room for one of that size (``room``). The gates held, or None (none held)
-        when the deadline passes."""
+        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding
+        no gate) until the unsent answers leave room for one of that size (``room``). The gates held, or None
+        (none held) when the deadline passes."""
         held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout_at(deadline):
@@ -361,10 +354,10 @@ class _RetrieveService:
             self.uploads.pop(host, None)
 
     def make_room(self, host: str) -> bool:
-        """All receiving places are taken: when the address holding the most of them holds at least two more than
-        ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to ``host``. So the
-        places are shared fairly between addresses: a machine with many addresses and slow uploads cannot keep
-        another client out, whatever the caps."""
+        """All receiving places are taken: when the address holding the most of them holds at least two more
+        than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to
+        ``host``. So the places are shared fairly between addresses: a machine with many addresses and slow
+        uploads cannot keep another client out, whatever the caps."""
         if not self.receiving_from:
             return False
         top, most = self.receiving_from.most_common(1)[0]
@@ -391,8 +384,8 @@ class _RetrieveService:
         if self.receiving >= limits.max_receiving and not self.make_room(host):
             return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
-            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from {host}; "
-                               f"the limit per client is {limits.max_receiving_per_client}")
+            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from "
+                               f"{host}; the limit per client is {limits.max_receiving_per_client}")
         upload = _Upload()
         self.receiving += 1
         self.receiving_from[host] += 1
@@ -403,7 +396,7 @@ class _RetrieveService:
             if not upload.cut:
                 self._leave(host, upload)
 
-    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit (503 when full), wait, retrieve
+    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit, wait, retrieve
         limits = self.limits
         try:
             body = await self.receive(request)
@@ -418,8 +411,9 @@ class _RetrieveService:
         busy = f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later"
         try:
             deadline = asyncio.get_running_loop().time() + limits.queue_timeout_s
-            # parse under a slot (and under the big-body slot for a body over 1 MiB: a parse can take ~13x the body)
-            held = await self.acquire(deadline, [self.big_slot, self.slots] if len(body) > 1 << 20 else [self.slots])
+            # parse under a slot (and under the big-body slot for a body over 1 MiB)
+            gates = [self.big_slot, self.slots] if len(body) > 1 << 20 else [self.slots]
+            held = await self.acquire(deadline, gates)
             if held is None:
                 return _error(503, busy)
             try:
@@ -446,8 +440,8 @@ class _RetrieveService:
             self.pending -= 1
 
 
-def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None,
-               docs: bool = False) -> FastAPI:
+def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None,
+               info: dict | None = None, docs: bool = False) -> FastAPI:
     """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
     limits = (limits or ServerLimits()).validate()
     if not 0 < default_topk <= limits.max_topk:
@@ -539,7 +533,8 @@ def serve(
     docs: bool = False,
     retriever_options: dict | None = None,
 ) -> None:
-    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until interrupted."""
+    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until
+    interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import read_meta
@@ -550,7 +545,8 @@ def serve(
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port}: must be in 0..65535")
     meta = read_meta(index_dir)
-    app = create_app(load_index(index_dir, device=device, **(retriever_options or {})), default_topk=topk, limits=limits,
+    retriever = load_index(index_dir, device=device, **(retriever_options or {}))
+    app = create_app(retriever, default_topk=topk, limits=limits,
                      info={"kind": meta.get("kind"), "encoder": meta.get("encoder")}, docs=docs)
     try:  # fail with one line (port in use, no permission) before uvicorn logs its own traceback
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
