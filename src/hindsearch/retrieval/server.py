@@ -114,9 +114,9 @@ def _first_error(e: ValidationError) -> str:
     characters``."""
     err = e.errors(include_url=False, include_input=False, include_context=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-    if not where:
+    if err["type"] == "model_type":
         return f'request body: {err["msg"]} (a /retrieve body is like {{"queries": [...], "topk": 3}})'
-    return f"{where}: {err['msg']}"
+    return f"{where}: {err['msg']}" if where else err["msg"]
 
 
 def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
