@@ -11,6 +11,7 @@ need the code here: docs/protocol.md.
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import functools
 import ipaddress
 import json
@@ -140,6 +141,14 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
     except ValidationError as e:
         raise BadRequest(422, _first_error(e)) from None
     return req.queries, req.topk, req.return_scores
+
+
+def _trim_memory() -> None:
+    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
@@ -303,6 +312,9 @@ class _RetrieveService:
             return _error(e.status, str(e))
         except Exception as e:  # a bug must not take the server down
             return _error(500, f"parsing failed: {type(e).__name__}: {e}")
+        finally:
+            if len(body) > 1 << 20:
+                _trim_memory()
 
     def answer(self, queries: list[str], topk: int, scores: bool) -> bytes | bytearray | JSONResponse:
         """Retrieve and render (in the thread pool): the JSON bytes, or an error response."""
@@ -315,6 +327,9 @@ class _RetrieveService:
             return _error(503, str(e))
         except Exception as e:  # a retriever bug must not take the server down
             return _error(500, f"retrieval failed: {type(e).__name__}: {e}")
+        finally:
+            if len(queries) * topk > 4096:
+                _trim_memory()
 
     async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
                       answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
