@@ -496,6 +496,35 @@ def test_slow_clients_are_dropped(server):
     assert raw_post(server.url, b'{"queries": ["word3"]}')[0] == 200  # still serving
 
 
+def test_a_request_head_after_a_response_has_the_same_deadline(server):
+    """On a kept-alive connection the next head must be complete within the header timeout of the last answer,
+    however the bytes trickle in (uvicorn's keep-alive timer alone is cancelled by the first byte)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=10)
+    body = b'{"queries": ["word3"]}'
+    s.sendall(b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    reply = b""
+    while b"\r\n\r\n" not in reply or not reply.endswith(b"]]}"):
+        reply += s.recv(65536)
+    assert reply.startswith(b"HTTP/1.1 200")
+    t = time.monotonic()
+    s.sendall(b"POST /retrieve HTTP/1.1\r\n")
+    for _ in range(8):  # a header line every 0.4 s: the head is never complete
+        time.sleep(0.4)
+        try:
+            s.sendall(b"X-Slow: 1\r\n")
+        except OSError:
+            break
+    s.settimeout(5)
+    try:
+        assert s.recv(100) == b""
+    except ConnectionResetError:
+        pass
+    assert time.monotonic() - t < 4  # dropped at the 1 s header timeout, not left open
+    s.close()
+
+
 # ---------------------------------------------------------------- the fuzz benchmarks' cases, in CI
 def _bench(name: str):
     import importlib
@@ -563,3 +592,58 @@ def test_requests_in_flight_are_bounded_with_a_json_503():
     statuses = sorted(status for status, _ in got)
     assert statuses[0] == 200 and statuses[-1] == 503 and len(statuses) == 4
     assert all("busy" in payload["error"] for status, payload in got if status == 503)
+
+
+def test_requests_beyond_the_waiting_places_get_a_503_at_once():
+    """With ``max_inflight + max_pending`` requests in, the next one is refused at once (its body is not held
+    for the queue timeout)."""
+    import threading
+
+    from hindsearch.retrieval.limits import ServerLimits
+    from hindsearch.retrieval.server import BackgroundServer, create_app
+
+    limits = ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=30.0)
+    s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
+    try:
+        got: list[tuple[int, dict, float]] = []
+
+        def one() -> None:
+            t = time.monotonic()
+            status, payload = raw_post(s.url, b'{"queries": ["q"]}', timeout=30)
+            got.append((status, payload, time.monotonic() - t))
+
+        threads = [threading.Thread(target=one) for _ in range(3)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(30)
+    finally:
+        s.stop()
+    refused = [(p, dt) for status, p, dt in got if status == 503]
+    assert sorted(status for status, _, _ in got) == [200, 200, 503], got
+    assert "2 requests in progress" in refused[0][0]["error"] and refused[0][1] < 0.5
+
+
+def test_a_request_waits_for_a_retrieval_slot_at_most_the_queue_timeout():
+    """``max_inflight`` requests are retrieved at once; one more waits for a slot and gets a 503 once
+    ``queue_timeout_s`` passes (here before the slow retrieval ahead of it ends)."""
+    import threading
+
+    from hindsearch.retrieval.limits import ServerLimits
+    from hindsearch.retrieval.server import BackgroundServer, create_app
+
+    limits = ServerLimits(max_inflight=1, max_pending=4, queue_timeout_s=0.4)
+    s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
+    try:
+        got: list[tuple[int, dict]] = []
+        threads = [threading.Thread(target=lambda: got.append(raw_post(s.url, b'{"queries": ["q"]}'))) for _ in range(2)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join(30)
+    finally:
+        s.stop()
+    assert sorted(status for status, _ in got) == [200, 503], got
+    assert "no retrieval slot within 0.4 s" in next(p["error"] for status, p in got if status == 503)

@@ -289,3 +289,30 @@ def test_receiving_places_are_counted_per_address_or_ipv6_64(host, key):
     from hindsearch.retrieval.server import client_key
 
     assert client_key(host) == key
+
+
+def test_bodies_over_a_mebibyte_are_parsed_one_at_a_time(big_index):
+    """Four 4 MiB bodies that parse to the largest object the server lets through (838k short strings, refused
+    after parsing) arrive at once: the resident peak grows by about one parse, not four."""
+    srv = ServerProcess(big_index)  # the defaults: 4 retrieval slots
+    worst = b'{"queries": [' + b'"ab",' * 838_000 + b'"a"]}'
+    try:
+        assert len(worst) <= ServerLimits().max_body_bytes
+        r = httpx.post(srv.url + "/retrieve", content=worst, timeout=60)  # one parse alone: its growth
+        assert r.status_code == 422
+        base = srv.status("VmRSS")
+        Path(f"/proc/{srv.proc.pid}/clear_refs").write_text("5")
+        r = httpx.post(srv.url + "/retrieve", content=worst, timeout=60)
+        one = (srv.status("VmHWM") - base) / 1024
+        Path(f"/proc/{srv.proc.pid}/clear_refs").write_text("5")
+        socks = [raw_request(worst, srv.port, source=f"127.0.2.{i + 1}") for i in range(4)]
+        for s in socks:
+            s.settimeout(60)
+            assert s.recv(4096).startswith(b"HTTP/1.1 422")
+            s.close()
+        four = (srv.status("VmHWM") - base) / 1024
+        # one at a time: about one parse (+17% here); four parses overlapping in the thread pool: about 2.1x
+        assert four < 1.6 * one, f"peak grew {four:.0f} MiB for four bodies, {one:.0f} MiB for one"
+    finally:
+        err = srv.stop()
+    assert "Traceback" not in err, err

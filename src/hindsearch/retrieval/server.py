@@ -1,18 +1,18 @@
 """A retrieval HTTP server compatible with Search-R1's ``retrieval_server.py``.
 
-``POST /retrieve`` reads and answers exactly what Search-R1's server does (``topk`` validated as its
-pydantic model does); ``GET /health`` reports the index and the limits. Bad requests never crash it:
-a 4xx JSON ``{"error": ...}``, 500 for a retriever failure, 503 for a passage store changed on disk.
-Every input is bounded (``ServerLimits``: queries, characters, hits, body bytes, uploads per client,
-waiting and unsent answers, timeouts), so memory stays bounded. Binds 127.0.0.1 by default;
-``/docs`` and ``/openapi.json`` only with ``docs=True``. The contract, the limits and the admission
-rules: docs/protocol.md.
+``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports the
+index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the limit,
+a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
+``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json``
+only with ``docs=True``. The contract, the limits, and which of them uvicorn and pydantic hold and which
+need the code here: docs/protocol.md.
 """
 
 from __future__ import annotations
 
 import asyncio
 import ctypes
+import functools
 import ipaddress
 import json
 import logging
@@ -23,12 +23,13 @@ import weakref
 from collections import Counter
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
-from pydantic import TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, Field, Strict, ValidationError, model_validator
+from pydantic_core import PydanticCustomError, PydanticKnownError
 from starlette.requests import ClientDisconnect
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
@@ -49,7 +50,6 @@ def _error(status: int, msg: str) -> JSONResponse:
     return JSONResponse({"error": msg}, status_code=status)
 
 
-_TOPK = TypeAdapter(Optional[int])  # Search-R1's QueryRequest.topk, validated as pydantic validates it there
 _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
@@ -78,9 +78,46 @@ def client_key(host: str) -> str:
     return str(ipaddress.ip_network(f"{ip}/64", strict=False))
 
 
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+@functools.lru_cache(maxsize=16)
+def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hits: int,
+                  default_topk: int) -> type[BaseModel]:
+    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``, lax), with
+    the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null: ``default_topk``).
+    ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read as true)."""
+
+    def query_chars(q: str) -> str:  # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+        if len(q) > max_query_chars:
+            raise PydanticKnownError("string_too_long", {"max_length": max_query_chars})
+        return q
+
+    class RetrieveRequest(BaseModel):
+        queries: Annotated[list[Annotated[str, AfterValidator(query_chars)]],
+                           Field(max_length=max_queries, fail_fast=True)]
+        topk: Optional[Annotated[int, Field(ge=0, le=max_topk)]] = None
+        return_scores: Optional[Annotated[bool, Strict()]] = None
+
+        @model_validator(mode="after")
+        def _hits(self) -> "RetrieveRequest":
+            self.topk = self.topk or default_topk
+            self.return_scores = bool(self.return_scores)
+            if len(self.queries) * self.topk > max_hits:
+                n, k = len(self.queries), self.topk
+                text = "{n} queries x topk {k} = {hits} passages in one answer; the limit is {limit}"
+                values = {"n": n, "k": k, "hits": n * k, "limit": max_hits}
+                raise PydanticCustomError("too_many_hits", text, values)
+            return self
+
+    return RetrieveRequest
+
+
+def _first_error(e: ValidationError) -> str:
+    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most 4096
+    characters``."""
+    err = e.errors(include_url=False, include_input=False, include_context=False)[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+    if err["type"] == "model_type":
+        return f'request body: {err["msg"]} (a /retrieve body is like {{"queries": [...], "topk": 3}})'
+    return f"{where}: {err['msg']}" if where else err["msg"]
 
 
 def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
@@ -89,52 +126,36 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
         raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
     containers = count_containers(body, limits.max_queries + 1024)  # a valid body has 2
     if containers > limits.max_queries + 1024:
-        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one object "
-                              'with one list of strings, like {"queries": [...], "topk": 3}')
-    try:
-        req = json.loads(body)
+        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one "
+                              'object with one list of strings, like {"queries": [...], "topk": 3}')
+    try:  # json.loads, as FastAPI and so Search-R1 parse (docs/protocol.md says why not model_validate_json)
+        data = json.loads(body)
     except RecursionError:
         raise BadRequest(400, "request body is nested too deeply") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
         raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
-    if not isinstance(req, dict):
-        raise BadRequest(422, 'request body must be a JSON object like {"queries": [...], "topk": 3}')
-    if "queries" not in req:
-        raise BadRequest(422, "missing field 'queries' (a list of strings)")
-    queries = req["queries"]
-    if not isinstance(queries, list):
-        raise BadRequest(422, f"'queries' must be a list of strings, got {type(queries).__name__}")
-    for i, q in enumerate(queries):
-        if not isinstance(q, str):
-            raise BadRequest(422, f"queries[{i}] must be a string, got {type(q).__name__}")
-        if len(q) > limits.max_query_chars:
-            raise BadRequest(422, f"queries[{i}] has {len(q)} characters; the limit is {limits.max_query_chars}")
-    if len(queries) > limits.max_queries:
-        raise BadRequest(422, f"{len(queries)} queries in one request; the limit is {limits.max_queries}")
+    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits,
+                          default_topk)
     try:
-        topk = _TOPK.validate_python(req.get("topk"))
-    except ValidationError:
-        topk = -1
-    if topk is not None and topk < 0:
-        raise BadRequest(422, f"'topk' must be a non-negative integer, got {_short(req.get('topk'))}")
-    topk = topk or default_topk
-    if topk > limits.max_topk:
-        raise BadRequest(422, f"'topk' = {_short(topk)} exceeds the limit {limits.max_topk}")
-    if len(queries) * topk > limits.max_hits:
-        raise BadRequest(422, f"{len(queries)} queries x topk {topk} = {len(queries) * topk} passages in one answer; "
-                         f"the limit is {limits.max_hits}")
-    scores = req.get("return_scores", False)
-    if scores is None:
-        scores = False
-    if not isinstance(scores, bool):
-        raise BadRequest(422, f"'return_scores' must be true or false, got {scores!r}")
-    return queries, topk, scores
+        req = model.model_validate(data)
+    except ValidationError as e:
+        raise BadRequest(422, _first_error(e)) from None
+    return req.queries, req.topk, req.return_scores
+
+
+def _trim_memory() -> None:
+    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
     """Search-R1's response body from per-query ``Passage`` lists."""
     if return_scores:
-        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps] for ps in hits]}
+        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps]
+                           for ps in hits]}
     return {"result": [[p.to_search_r1() for p in ps] for ps in hits]}
 
 
@@ -151,7 +172,8 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     out = bytearray(b'{"result":[')
     for i, (docs, scores) in enumerate(retriever.retrieve_ids(queries, topk)):
         if return_scores:
-            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}" for d, sc in zip(docs, scores)]
+            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}"
+                     for d, sc in zip(docs, scores)]
         else:
             items = [store.raw(int(d)) for d in docs]
         out += b",[" if i else b"["
@@ -162,19 +184,10 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     return out
 
 
-def _trim_memory() -> None:
-    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 class _Answer(Response):
-    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket buffer to
-    drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed over, the
-    client disconnects, or ``2 x send_timeout_s`` pass (the protocol drops a non-reading client at
-    ``send_timeout_s``; this is the fallback under another server)."""
+    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket
+    buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed
+    over or the connection ends (``guarded_protocol`` resets a client that stops reading)."""
 
     CHUNK = 64 << 10
 
@@ -183,20 +196,18 @@ class _Answer(Response):
         self.body = body
         self.raw_headers = [(k, v) for k, v in self.raw_headers if k != b"content-length"]
         self.raw_headers.append((b"content-length", str(len(body)).encode()))
-        self.timeout_s = 2 * service.limits.send_timeout_s
         service.hold(len(body))
-        self._release = weakref.finalize(self, service.release, len(body))  # once: when sent, or if never sent
+        # released once: when sent, or when dropped unsent
+        self._release = weakref.finalize(self, service.release, len(body))
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
-            await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
+            await send({"type": "http.response.start", "status": self.status_code,
+                        "headers": self.raw_headers})
             body, step = self.body, self.CHUNK
-            async with asyncio.timeout(self.timeout_s):
-                for i in range(0, max(len(body), 1), step):
-                    await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
-                                "more_body": i + step < len(body)})
-        except TimeoutError:
-            log.info("client %s did not take its answer within %g s", scope.get("client"), self.timeout_s)
+            for i in range(0, max(len(body), 1), step):
+                await send({"type": "http.response.body", "body": bytes(body[i : i + step]),
+                            "more_body": i + step < len(body)})
         finally:
             self.body = b""
             self._release()
@@ -220,19 +231,20 @@ class _RetrieveService:
     """What ``create_app``'s routes share: the retriever, the limits, the admission gates and the
     count of requests in progress (one instance per app; its methods are the route handlers)."""
 
-    def __init__(self, retriever: Retriever, default_topk: int, limits: ServerLimits, info: dict | None) -> None:
+    def __init__(self, retriever: Retriever, default_topk: int, limits: ServerLimits,
+                 info: dict | None) -> None:
         self.retriever = retriever
         self.default_topk = default_topk
         self.limits = limits
         self.info = info
         self.slots = asyncio.Semaphore(limits.max_inflight)
-        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (a parse can take ~13x the body)
+        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (~13x the body)
         self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
         self.uploads: dict[str, list[_Upload]] = {}  # ... each, oldest first, per client address
-        self.unsent = {True: 0, False: 0}  # bytes of answers built and not yet handed to their sockets: large, small
-        self.freed = asyncio.Event()  # set (and replaced) whenever unsent goes down: wakes the requests waiting for room
+        self.unsent = {True: 0, False: 0}  # bytes of answers built, not yet handed over: large, small
+        self.freed = asyncio.Event()  # set (and replaced) when unsent goes down: wakes those waiting for room
         store = getattr(retriever, "store", None)
         try:  # the mean stored row, to estimate an answer's size before it is built
             self.row_bytes = (int(store.offsets[-1]) - int(store.offsets[0])) / max(1, len(store))
@@ -248,14 +260,14 @@ class _RetrieveService:
         freed.set()
 
     def room(self, answer_bytes: float) -> bool:
-        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may take 3/4
-        of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read large answers do
-        not hold up small ones."""
+        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may
+        take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read
+        large answers do not hold up small ones."""
         if answer_bytes > SMALL_ANSWER:
             return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
         return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
 
-    # health and retrieve are the route handlers: no docstrings, as FastAPI would publish them in /openapi.json
+    # health and retrieve are the route handlers: no docstrings (FastAPI would publish them in /openapi.json)
 
     def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
         n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
@@ -265,7 +277,8 @@ class _RetrieveService:
                 store.check()
         except StoreChanged as e:
             return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
-        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits), **(self.info or {})}
+        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits),
+                **(self.info or {})}
 
     async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
         """The request body, or a 413/408 error response (too large, or not received in time), or a 503 when
@@ -279,15 +292,15 @@ class _RetrieveService:
             async with asyncio.timeout(limits.body_timeout_s) as timeout:
                 if upload is not None:
                     upload.timeout = timeout
-                async for chunk in request.stream():  # stop reading a (chunked) body as soon as it is too large
+                async for chunk in request.stream():  # stop reading a (chunked) body once it is too large
                     size += len(chunk)
                     if size > limits.max_body_bytes:
                         return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
             if upload is not None and upload.cut:
-                return _error(503, "server busy: this upload was cut to make room for other clients (its address "
-                                   "held the most request bodies arriving); retry later")
+                return _error(503, "server busy: this upload was cut to make room for other clients (its "
+                                   "address held the most request bodies arriving); retry later")
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
@@ -320,9 +333,9 @@ class _RetrieveService:
 
     async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
                       answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
-        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding no gate)
-        until the unsent answers leave room for one of that size (``room``). The gates held, or None (none held)
-        when the deadline passes."""
+        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding
+        no gate) until the unsent answers leave room for one of that size (``room``). The gates held, or None
+        (none held) when the deadline passes."""
         held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout_at(deadline):
@@ -356,10 +369,10 @@ class _RetrieveService:
             self.uploads.pop(host, None)
 
     def make_room(self, host: str) -> bool:
-        """All receiving places are taken: when the address holding the most of them holds at least two more than
-        ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to ``host``. So the
-        places are shared fairly between addresses: a machine with many addresses and slow uploads cannot keep
-        another client out, whatever the caps."""
+        """All receiving places are taken: when the address holding the most of them holds at least two more
+        than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to
+        ``host``. So the places are shared fairly between addresses: a machine with many addresses and slow
+        uploads cannot keep another client out, whatever the caps."""
         if not self.receiving_from:
             return False
         top, most = self.receiving_from.most_common(1)[0]
@@ -386,8 +399,8 @@ class _RetrieveService:
         if self.receiving >= limits.max_receiving and not self.make_room(host):
             return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
-            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from {host}; "
-                               f"the limit per client is {limits.max_receiving_per_client}")
+            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from "
+                               f"{host}; the limit per client is {limits.max_receiving_per_client}")
         upload = _Upload()
         self.receiving += 1
         self.receiving_from[host] += 1
@@ -398,7 +411,7 @@ class _RetrieveService:
             if not upload.cut:
                 self._leave(host, upload)
 
-    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit (503 when full), wait, retrieve
+    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit, wait, retrieve
         limits = self.limits
         try:
             body = await self.receive(request)
@@ -413,8 +426,9 @@ class _RetrieveService:
         busy = f"server busy: no retrieval slot within {limits.queue_timeout_s:g} s; retry later"
         try:
             deadline = asyncio.get_running_loop().time() + limits.queue_timeout_s
-            # parse under a slot (and under the big-body slot for a body over 1 MiB: a parse can take ~13x the body)
-            held = await self.acquire(deadline, [self.big_slot, self.slots] if len(body) > 1 << 20 else [self.slots])
+            # parse under a slot (and under the big-body slot for a body over 1 MiB)
+            gates = [self.big_slot, self.slots] if len(body) > 1 << 20 else [self.slots]
+            held = await self.acquire(deadline, gates)
             if held is None:
                 return _error(503, busy)
             try:
@@ -441,8 +455,8 @@ class _RetrieveService:
             self.pending -= 1
 
 
-def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None, info: dict | None = None,
-               docs: bool = False) -> FastAPI:
+def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None,
+               info: dict | None = None, docs: bool = False) -> FastAPI:
     """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
     limits = (limits or ServerLimits()).validate()
     if not 0 < default_topk <= limits.max_topk:
@@ -458,16 +472,32 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
     return app
 
 
-def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 30.0) -> type[H11Protocol]:
-    """uvicorn's h11 protocol with a header timeout and a send timeout: a connection that has not sent a
-    complete request head within ``header_timeout_s`` of opening (or of its last response) is closed; one
-    whose client has not taken its answer ``send_timeout_s`` after the answer first filled the socket's
-    write buffer (64 KiB past what the kernel holds) is aborted, which frees what it buffered."""
+def uvicorn_options(header_timeout_s: float, send_timeout_s: float) -> dict[str, Any]:
+    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive timer
+    (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from the start."""
+    return {"http": guarded_protocol(send_timeout_s), "timeout_keep_alive": header_timeout_s}
+
+
+def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with the two connection deadlines uvicorn lacks.
+
+    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a complete
+    request head cancels it (uvicorn cancels it on any byte), so a head must be complete within
+    ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a client that has not
+    taken its answer ``send_timeout_s`` after it first filled the socket's write buffer (64 KiB past what
+    the kernel holds) is reset, which frees what uvicorn and the kernel hold for it."""
 
     class GuardedH11Protocol(H11Protocol):
-        _timer: asyncio.TimerHandle | None = None
-        _armed_cycle: Any = None
         _send_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                self.timeout_keep_alive_handler)
+
+        def data_received(self, data: bytes) -> None:  # uvicorn's, without cancelling the timer
+            self.conn.receive_data(data)
+            self.handle_events()
 
         def pause_writing(self) -> None:
             super().pause_writing()
@@ -495,40 +525,12 @@ def guarded_protocol(header_timeout_s: float, send_timeout_s: float = 30.0) -> t
                     pass
                 self.transport.abort()
 
-        def _arm(self) -> None:
-            self._disarm()
-            self._armed_cycle = self.cycle
-            self._timer = self.loop.call_later(header_timeout_s, self._expire)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _expire(self) -> None:
-            self._timer = None
-            if self.cycle is self._armed_cycle and not self.transport.is_closing():
-                log.info("dropped %s: no complete request head within %g s", self.client, header_timeout_s)
-                self.transport.close()
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def handle_events(self) -> None:
-            super().handle_events()
-            if self._timer is not None and self.cycle is not self._armed_cycle:
-                self._disarm()  # a request head arrived
-
         def on_response_complete(self) -> None:
             if not self.flow.write_paused:
                 self._disarm_send()
-            if not self.transport.is_closing():
-                self._arm()
             super().on_response_complete()
 
         def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
             self._disarm_send()
             super().connection_lost(exc)
 
@@ -546,7 +548,8 @@ def serve(
     docs: bool = False,
     retriever_options: dict | None = None,
 ) -> None:
-    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until interrupted."""
+    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until
+    interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import read_meta
@@ -557,7 +560,8 @@ def serve(
     if not 0 <= port <= 65535:
         raise ValueError(f"--port {port}: must be in 0..65535")
     meta = read_meta(index_dir)
-    app = create_app(load_index(index_dir, device=device, **(retriever_options or {})), default_topk=topk, limits=limits,
+    retriever = load_index(index_dir, device=device, **(retriever_options or {}))
+    app = create_app(retriever, default_topk=topk, limits=limits,
                      info={"kind": meta.get("kind"), "encoder": meta.get("encoder")}, docs=docs)
     try:  # fail with one line (port in use, no permission) before uvicorn logs its own traceback
         with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
@@ -566,7 +570,7 @@ def serve(
     except OSError as e:
         raise OSError(f"--host {host} --port {port}: cannot listen there: {e.strerror or e}") from e
     uvicorn.run(app, host=host, port=port, log_level=log_level,
-                http=guarded_protocol(limits.header_timeout_s, limits.send_timeout_s))
+                **uvicorn_options(limits.header_timeout_s, limits.send_timeout_s))
 
 
 class BackgroundServer:
@@ -589,8 +593,8 @@ class BackgroundServer:
         if send_timeout_s is None:
             limits = getattr(getattr(app, "state", None), "limits", None)
             send_timeout_s = limits.send_timeout_s if limits is not None else ServerLimits().send_timeout_s
-        protocol = guarded_protocol(header_timeout_s, send_timeout_s)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", http=protocol))
+        config = uvicorn.Config(app, log_level="warning", **uvicorn_options(header_timeout_s, send_timeout_s))
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
