@@ -1,17 +1,11 @@
 """Resident memory of the process: glibc allocator tuning and per-stage peak RSS.
 
-``tracemalloc`` does not see torch's allocations, so memory is read from the kernel:
-``/proc/self/status`` ``VmRSS`` (now) and ``VmHWM`` (peak since start; it cannot be reset per
-stage). ``StageMemory`` samples ``VmRSS`` on a background thread (every 20 ms by default) and
-records, for each ``with mem.stage(name):`` block, the peak RSS seen inside it and its wall time.
-
-``tune_malloc()`` sets glibc's allocator the way ``MALLOC_ARENA_MAX=2 MALLOC_TRIM_THRESHOLD_=32MiB
-MALLOC_MMAP_THRESHOLD_=1MiB`` would, from code (``mallopt``), so the CLI and the tests get it
-without an environment: tensors of 1 MiB or more are mmap'ed and go back to the kernel when freed,
-at most two malloc arenas exist (torch's intra-op threads otherwise each get one, each keeping freed
-memory), and the heap top is trimmed past 32 MiB free. Measured on ``hindsearch sft`` (tiny-cpu):
-8.7 GB peak by default, 6.5 GB with these settings. An allocator variable already set in the
-environment wins (glibc applied it at start).
+Memory is read from the kernel (``/proc/self/status``: ``VmRSS`` now, ``VmHWM`` peak), since
+``tracemalloc`` does not see torch's allocations. ``StageMemory`` samples ``VmRSS`` on a background
+thread and records, for each ``with mem.stage(name):`` block, its peak RSS and wall time.
+``tune_malloc()`` sets glibc's allocator from code (``mallopt``) as ``MALLOC_ARENA_MAX=2
+MALLOC_TRIM_THRESHOLD_=32MiB MALLOC_MMAP_THRESHOLD_=1MiB`` would; an allocator variable already set
+in the environment wins. What each setting does: docs/benchmarks.md, "glibc malloc settings".
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
 """Progress on long work: a tqdm bar on a terminal, plain progress lines everywhere else.
 
-A bar redraws itself with carriage returns; written to a log file, a CI console or ``nohup``
-output, every redraw is kept, and one run's log fills with thousands of partial lines (bm25s's
-indexing bars, the warm-up's, TRL's). So the bars are drawn only when stderr is a terminal.
-Elsewhere ``progress_bar`` returns a ``PlainProgress``, which writes one whole line at the start, at
-most one every ``PLAIN_EVERY_S`` seconds, and one at the end::
-
-    warm-up SFT: 120/375 steps (32%), 4m10s elapsed, eta 8m52s, loss=0.412
-
+A bar redraws itself with carriage returns, and a log file keeps every redraw, so bars are drawn
+only when stderr is a terminal. Elsewhere ``progress_bar`` returns a ``PlainProgress``, which writes
+one whole line at the start, at most one every ``PLAIN_EVERY_S`` seconds, and one at the end.
 ``quiet_upstream_bars`` (called by the CLI at start) turns the upstream libraries' own bars off in
-the same case (transformers' weight loading, huggingface_hub's downloads); our lines say the same in
-fewer bytes.
+the same case. The lines: docs/runs.md, "Progress lines".
 """
 
 from __future__ import annotations

@@ -1,19 +1,11 @@
 """What made an output folder: the hindsearch source (version, git commit, uncommitted changes) and
 the machine.
 
-``provenance()`` is stored in every output folder's marker (``fsutil.claim_output``: a run, an
-evaluation, a comparison ...) under ``"provenance"``, so that ``hindsearch report`` can show the
-commit and the hardware a run was made with. It is written when the folder is claimed (a run's
-start), costs a few milliseconds (two ``git`` calls and, where ``nvidia-smi`` exists, one query) and
-never fails: what cannot be found is None.
-
-- ``hindsearch``: ``version`` (the installed distribution's), ``commit`` and ``dirty`` (tracked
-  files edited since that commit) of the git checkout the package is imported from; for a package
-  installed from a git URL, the commit pip recorded (``direct_url.json``); None for a plain wheel.
-- ``host``: the OS, Python, the CPU model and its logical cores (and those this process may use),
-  the memory, the GPUs ``nvidia-smi`` lists (name and memory; nothing is initialised in this
-  process), and the versions of torch, transformers and TRL. No host name and no user name are
-  recorded.
+``provenance()`` is stored in every output folder's marker (``fsutil.claim_output``) under
+``"provenance"``, so that ``hindsearch report`` can show the commit and the hardware a run was made
+with. It is written when the folder is claimed, costs a few milliseconds and never fails: what
+cannot be found is None. No host name and no user name are recorded. The fields: docs/runs.md,
+"Output folders".
 """
 
 from __future__ import annotations

@@ -1,12 +1,11 @@
 """Known upstream warnings once each, with one line saying whether they matter; every other warning
 untouched.
 
-A run used to print the same upstream deprecation notices again and again: transformers warns from
-the caller's line, and its callers are many, so Python's once-per-location rule repeats them after
-every checkpoint save. ``install`` wraps ``warnings.showwarning``: a warning matching ``KNOWN`` is
-shown the first time as one line with its note, and never again in this process; any other warning
-goes to the original ``showwarning`` in full, as before. Nothing is filtered, so a new upstream
-warning is never hidden.
+Transformers warns from the caller's line, and its callers are many, so Python's once-per-location
+rule would repeat the same deprecation notices after every checkpoint save. ``install`` wraps
+``warnings.showwarning``: a warning matching ``KNOWN`` is shown the first time as one line with its
+note, and never again in this process; any other warning goes to the original ``showwarning`` in
+full. Nothing is filtered, so a new upstream warning is never hidden.
 """
 
 from __future__ import annotations

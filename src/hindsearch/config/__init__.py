@@ -1,14 +1,12 @@
 """Configuration as plain data: one dataclass per concern, one docstring per field, TOML presets.
 
 A preset's tables are the concerns (``[model]``, ``[data]``, ``[retrieval]``, ``[rollout]``,
-``[warmup]``, ``[train]``, ``[eval]``), one table per method with options (``[hindsearch]``,
-``[igsd]``, a plugin's), and the top-level ``method``, ``out``, ``plugins`` and ``base`` (a preset
-to lay this one over). ``--set section.key=value`` overrides one field. ``Config.load`` checks every
-type, bound and fixed choice and imports nothing but the plugins; the names that registries hold
-(``method``, ``retrieval.kind``, ``train.reward_funcs``) and the method tables are checked and
-parsed where those registries live, when a run is assembled (``hindsight.registry.resolve_methods``,
-``retrieval.factory.check_kind``, ``train.reward_funcs.reward_funcs_of``). An error names the key
-and what is allowed.
+``[warmup]``, ``[train]``, ``[eval]``), one table per method with options, and the top-level
+``method``, ``out``, ``plugins`` and ``base`` (a preset to lay this one over); ``--set
+section.key=value`` overrides one field. ``Config.load`` checks every type, bound and fixed choice
+and imports nothing but the plugins; the names that registries hold and the method tables are
+checked where those registries live, when a run is assembled. An error names the key and what is
+allowed.
 """
 
 from __future__ import annotations

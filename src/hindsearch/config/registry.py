@@ -1,14 +1,12 @@
 """Named registries and the plugins that add to them.
 
-A ``Registry`` maps a name to what registered it. The registries themselves live with what they name
-(``hindsight.registry.METHODS``, ``retrieval.registry.RETRIEVERS``, ``train.reward_funcs.REWARDS``);
-each declares its built-in names with the module that registers each (imported when that name is
+A ``Registry`` maps a name to what registered it; each registry lives with what it names
+(``hindsight.registry.METHODS``, ``retrieval.registry.RETRIEVERS``, ``train.reward_funcs.REWARDS``)
+and declares its built-in names with the module that registers each (imported when that name is
 first looked up), so a name is known without importing its layer. ``check`` gives the config's
-one-line error for a name nobody registered.
-
-A plugin is a module (``package.module``) or a Python file (``path/to/file.py``) whose import
-registers methods, retrievers or rewards: ``plugins = [...]`` in a config, or ``hindsearch train
---plugin``. ``load_plugins`` imports each once.
+one-line error for an unknown name. A plugin is a module or a Python file whose import registers
+methods, retrievers or rewards (``plugins = [...]``, ``hindsearch train --plugin``);
+``load_plugins`` imports each once.
 """
 
 from __future__ import annotations

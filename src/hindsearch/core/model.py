@@ -1,19 +1,12 @@
 """Batches of a causal LM outside TRL's training step: padding, positions, the pad id, forwards and
 KV caches.
 
-- **Padding** is on the left (``left_pad``, the one id-batch builder), so the last column of a batch
-  is every row's last token; a continuation part, when there is one, is padded on the right so every
-  continuation starts at the same column. Positions come from the attention mask (``positions``), so
-  a padded row computes what its unpadded forward computes.
-- **Pad id** (``pad_id``): the tokenizer's pad token, else its EOS, else the model config's pad /
-  EOS, else 0. Padded positions are masked out, so the choice never changes a number.
-- **Forwards** (``forward``): no grad, only the last ``keep`` positions' logits, announced to the
-  other processes (``core.lockstep``) inside a region (``region``: the decode loop and the scoring
-  functions open it).
-- **KV caches**: ``Step`` (a batch between decode steps), ``resume`` (the prefill: whole contexts,
-  or rows continuing from saved keys/values, padding on the left only), ``cat_steps`` (two batches
-  as one), and the shared-prefix helpers (``shared_prefix_len``, ``expand_cache``,
-  ``suffix_forward``, ``group_chunks``).
+Padding is on the left (``left_pad``, the one id-batch builder) and positions come from the
+attention mask, so a padded row computes what its unpadded forward computes; padded positions are
+masked out, so the pad id (``pad_id``) never changes a number. ``forward`` runs without grad, keeps
+only the last ``keep`` positions' logits and is announced to the other processes
+(``core.lockstep``). The KV-cache helpers save, resume, merge and share prefixes. The rules:
+docs/protocol.md, "The model core".
 """
 
 from __future__ import annotations

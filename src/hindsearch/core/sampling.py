@@ -1,17 +1,12 @@
 """Sampling and the stop rule of the decode loop: what picks the next id of a row and what ends the
 row.
 
-- ``SamplingParams``: greedy, or temperature + top-p (``top_p_filter``); ``sample_tokens`` picks one
-  id per row, drawn with ``torch.multinomial`` or by inverse CDF (``DRAWS``). Log-probs: ``log
-  softmax(logits / T)`` of the picked id (T = 1 when greedy), before top-p filtering, i.e. what a
-  trainer recomputes from the same logits.
-- ``GenOutput``: what a row generated (ids, their log-probs, why it stopped).
-- THE stop rule (``stop_reason``), checked in this order after each new id: an EOS id -> ``eos``; a
-  stop string in the decoded text of the row's last ``STOP_WINDOW`` ids, counting the context's last
-  id as the first of them (so a stop string that starts in the context's last token counts) ->
-  ``stop``; the row's budget -> ``length``.
-- ``stop_token_ids``: the EOS ids of a tokenizer and a model's generation config.
-- ``repetition_penalty``: transformers' repetition penalty as a logits hook.
+``SamplingParams`` (greedy, or temperature + top-p) and ``sample_tokens`` pick one id per row; its
+log-prob is ``log softmax(logits / T)`` before top-p filtering, what a trainer recomputes from the
+same logits. ``GenOutput`` is what a row generated. THE stop rule (``stop_reason``): an EOS id, a
+stop string in the row's last ``STOP_WINDOW`` ids, or the row's budget. Also ``stop_token_ids`` and
+``repetition_penalty`` (transformers' penalty as a logits hook). The exact rule: docs/protocol.md,
+"The model core".
 """
 
 from __future__ import annotations

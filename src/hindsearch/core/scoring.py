@@ -1,14 +1,11 @@
 """Teacher-forced scoring: log-probs of continuations after prefixes, batched, no grad, only the
 continuation positions' logits materialised.
 
-- ``score_continuations``: per-token log-probs (and optional top-k) of each continuation after its
-  prefix; prefixes left-padded so every continuation starts at the same column; micro-batches capped
-  by ``SCORE_LOGITS_BUDGET``.
-- ``shared_prefix_utilities``: the mean log-prob of an answer after ``state + context``, the common
-  prefix of the states of one group (e.g. one rollout) computed once into a KV cache.
-
-Each call is one lockstep region (``core.lockstep``): every process calls it at the same point, with
-its own rows (none included), and runs as many forwards as the busiest one.
+``score_continuations``: per-token log-probs (and optional top-k) of each continuation after its
+prefix, micro-batched under ``SCORE_LOGITS_BUDGET``. ``shared_prefix_utilities``: the mean log-prob
+of an answer after ``state + context``, a group's common prefix computed once. Each call is one
+lockstep region (``core.lockstep``): every process calls it at the same point, with its own rows
+(none included), and runs as many forwards as the busiest one.
 """
 
 from __future__ import annotations

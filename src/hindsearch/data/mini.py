@@ -1,22 +1,11 @@
 """``hindsearch data mini``: a mini-wiki corpus plus the seven benchmark test sets restricted to it.
 
-From a folder of real data slices (``--shared``, laid out as ``../shared/data``, see its
-SOURCES.md) it builds:
-
-* ``corpus.jsonl`` (wiki-18 format): the wiki-18 slice, the FlashRAG/Search-R1 sample
-  passages, HippoRAG's corpora and every paragraph shipped with the multi-hop sets (IRCoT,
-  MIGRES, HippoRAG), deduplicated on (title, whitespace-collapsed text); ids are a hash of
-  that key (``mw`` + 12 hex), so they do not change when sources are added or reordered;
-* ``<benchmark>.jsonl`` for nq, triviaqa, popqa, hotpotqa, 2wiki, musique and bamboogle
-  (``QARecord`` rows), keeping only questions whose evidence is in the corpus: for
-  multi-hop sets every supporting paragraph must be present (``metadata.evidence_ids``);
-  for single-hop sets a gold answer must occur, normalised as in ``answers.answer_in_text``,
-  in some passage (``metadata.answer_passage_ids``, at most 5);
-* ``train.jsonl`` and ``dev.jsonl``: the training sets' questions (HotpotQA's and MuSiQue's train
-  slices, disjoint from the benchmarks) whose supporting paragraphs are all in the corpus, split by
-  a seeded shuffle (``dev_fraction`` to dev), so ``data.train`` / ``data.dev`` have a split that
-  belongs with this corpus;
-* ``mini.json`` with the counts, also printed as a table.
+From a folder of real data slices (``--shared``) it builds ``corpus.jsonl`` (wiki-18 format,
+deduplicated, ids stable when sources are added), ``<benchmark>.jsonl`` for the seven benchmarks
+(only questions whose evidence is in the corpus), ``train.jsonl`` and ``dev.jsonl`` (training
+questions whose supporting paragraphs are all in the corpus) and ``mini.json`` with the counts,
+also printed as a table. What each file holds and the rules that keep a question: docs/data.md,
+"What `data mini` writes".
 """
 
 from __future__ import annotations

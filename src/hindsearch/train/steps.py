@@ -1,16 +1,12 @@
 """Supervised training loops (warm-up SFT, micro pretraining) through transformers' ``Trainer``.
 
-Both loops train on batches that are planned up front (the warm-up's length-windowed shuffle, the
-micro model's seeded mix of text and copy rows), with our own loss (the warm-up projects only the
-labelled positions through the LM head; micro pretraining weights two forwards), AdamW and a
-LambdaLR schedule built by the caller. ``run_steps`` hands these to ``Trainer``: one dataset item is
-one optimizer step's batch (sequential sampler, batch size 1, the collator unwraps it),
+Both loops train on batches planned up front, with the caller's loss, AdamW and LambdaLR schedule.
+``run_steps`` hands these to ``Trainer``: one dataset item is one optimizer step's batch,
 ``optimizers=`` carries the caller's optimizer and schedule unchanged, and ``training_step`` calls
-the caller's ``step_fn(model, batch, backward) -> loss`` so the caller can split a batch into
-micro-batches that each run forward and backward (the same gradient, a fraction of the activations).
-The Trainer brings gradient clipping, the progress bar, logging callbacks (``report_to``), device
-placement and accelerate; ``metrics.jsonl`` gets one row per step (loss, learning rate, gradient
-norm).
+the caller's ``step_fn(model, batch, backward) -> loss``, so the caller can split a batch into
+micro-batches. The Trainer brings gradient clipping, the progress bar, logging callbacks, device
+placement and accelerate; ``metrics.jsonl`` gets one row per step. In detail: docs/methods.md,
+"How the warm-up trains".
 """
 
 from __future__ import annotations

@@ -1,5 +1,4 @@
-"""``HindsearchGRPOTrainer``: a thin subclass of TRL 1.16's ``GRPOTrainer`` for multi-turn search
-agents.
+"""``HindsearchGRPOTrainer``: a thin subclass of TRL 1.16's ``GRPOTrainer`` for search agents.
 
 ``L = L_GRPO + sum_k lam_k L_k``: TRL's loss as TRL computes it over our rollouts (``rollout_func``;
 injected tokens masked through ``env_mask``), plus the hindsight terms (``hindsight.contract``) on
@@ -328,7 +327,7 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             if not lockstep.active() and not bool(need.any()):
                 # nothing to distil in this micro-batch, one process: exactly GRPO's forward and
                 # backward (no hidden capture, no LM head, no gradient share); the terms' metrics
-                # are their exact zeros, as before
+                # are their exact zeros
                 grpo = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
                 loss = grpo * self.grpo_scale
                 self.record_metrics(self._idle_term_metrics(model, inputs), summed=self._summed)

@@ -2,18 +2,11 @@
 its metrics.
 
 Judge critiques of failed rollouts → teacher log-probs with the critique in the prompt → ``L_hind``
-on the distilled tokens (query tokens, or with ``distill_on = action`` also the action-choice
-tokens) of failed rollouts with a usable critique (``clamped_sampled``, ``signed``, or
-``reverse_kl`` / ``jsd`` on the teacher's top-k ids plus a tail bucket). Its teacher-minus-student
-diagnostics are computed in ``loss`` from the live temperature-1 logits, and the optional
-neutral-feedback control reports what the critique changes net of the prompt shift. A judge on
+on the distilled tokens of the failed rollouts with a usable critique (docs/methods.md). A judge on
 ``hindsearch.judge_model`` is loaded where the run is assembled (``HindSearchTerm.load_models``), so
-``prepare`` never loads a checkpoint.
-
-Every rank goes through the judge and teacher calls of ``prepare``, even with nothing to judge: each
-is a call of the model core, which keeps several processes in lockstep (``core.lockstep``) and costs
-nothing without rows. ``loss`` returns the *unweighted* loss; the trainer adds ``lam * loss``. A
-term with nothing to distil returns an exact 0 that is still attached to the logits' graph.
+``prepare`` never loads a checkpoint; every rank goes through ``prepare``'s judge and teacher calls,
+even with nothing to judge (``core.lockstep``). ``loss`` returns the *unweighted* loss (the trainer
+adds ``lam * loss``); with nothing to distil, an exact 0 still attached to the logits' graph.
 """
 
 from __future__ import annotations

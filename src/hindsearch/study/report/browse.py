@@ -1,19 +1,10 @@
 """The trajectory browser's groups and each search's retrieval quality.
 
-**Groups** (no script: the page's Content-Security-Policy forbids them): rollouts are grouped by
-outcome (failed with a critique, failed without one, succeeded) and, inside each, by hop count (a
-run) or benchmark (an evaluation), as nested ``<details>``; a table of counts links to every group
-(``#anchor``: a browser opens the closed ``<details>`` it jumps into).
-
-**Retrieval quality** per search turn, where the data has it: the evidence a rollout's question
-names is ``evidence`` (bare titles) in the rollout itself (an evaluation's trajectories carry it)
-or, for the training samples, which carry only the question id, in the question's row of the QA file
-the run read (found from ``summary.json`` / ``config.toml``; used only when that row holds the same
-question). Titles are compared by ``records.title_key``; passage ids (``metadata.evidence_ids`` of a
-mini-wiki subset) by id; for single-hop mini-wiki sets, whether a passage holding the answer
-(``metadata.answer_passage_ids``) was retrieved. Each search shows the recall so far (evidence
-retrieved by this and earlier searches, of all of it) and marks the retrieved passages that are
-evidence.
+Rollouts are grouped by outcome and, inside each, by hop count (a run) or benchmark (an evaluation),
+as nested ``<details>`` with a table of counts that links to every group (no script: the page's
+Content-Security-Policy forbids them). Each search turn shows its retrieval quality where the data
+has it: the recall so far of the evidence the question names, and which retrieved passages are
+evidence. Where that evidence comes from and how it is matched: docs/runs.md, "The report".
 """
 
 from __future__ import annotations
