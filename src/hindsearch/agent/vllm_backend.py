@@ -221,9 +221,8 @@ class VLLMBackend(_VLLMBase):
               outs: list[GenOutput]) -> int:
         rows = [i for i, n in enumerate(max_new_tokens) if n > 0]
         seeds = None if sampling.is_greedy else row_seeds(generator, len(rows))
-        params = [self.vllm.SamplingParams(**sampling_kwargs(sampling, max_new_tokens[i],
-                                                             stop_strings,
-                                                              seeds[j] if seeds else None))
+        params = [self.vllm.SamplingParams(**sampling_kwargs(
+                      sampling, max_new_tokens[i], stop_strings, seeds[j] if seeds else None))
                   for j, i in enumerate(rows)]
         results = self.llm.generate([{"prompt_token_ids": list(contexts[i])} for i in rows], params,
                                     use_tqdm=False)

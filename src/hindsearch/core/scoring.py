@@ -131,8 +131,7 @@ def shared_prefix_utilities(
                 if Tb == 0:
                     continue
                 ids, att = left_pad([list(states[i][base_len[groups[i]] :]) + list(ctxs[i])
-                                     for i in sub], pad,
-                                    right=[answers[i] for i in sub])
+                                     for i in sub], pad, right=[answers[i] for i in sub])
                 out, _, _, _ = suffix_forward(model, cache, batt, [gi[groups[i]] for i in sub],
                                               ids, att, Tb + 1)
                 logits = out.logits[:, :Tb].float()  # [m, Tb, V]: column t predicts answer token t

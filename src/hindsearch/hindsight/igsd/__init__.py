@@ -8,11 +8,10 @@ full.
 
 from hindsearch.hindsight.igsd.driver import pair_record, run_igsd
 from hindsearch.hindsight.igsd.propose import (answer_token_ids, propose_pairs, query_start,
-                                               select_positions,
-                                              unseen_answer_positions)
+                                               select_positions, unseen_answer_positions)
 from hindsearch.hindsight.igsd.stages import (QueryCache, answer_split, complete_stage,
-                                              control_sampler, execute_stage,
-                                             gate_stage, score_stage, verify_pairs)
+                                              control_sampler, execute_stage, gate_stage,
+                                              score_stage, verify_pairs)
 from hindsearch.hindsight.igsd.types import METRIC_KEYS, SIDES, Completion, Pair, Scored
 
 __all__ = [

@@ -64,10 +64,8 @@ def render(path: str | Path) -> str:
     else:
         title = f"hindsearch run: {name}"
         runs = [run_view(load_run(p))]
-    return environment().get_template("report.html.j2").render(title=title, compare=cmp,
-                                                               overlay=overlay,
-                                                                evaluation=ev, runs=runs,
-                                                                shades=shade_css())
+    return environment().get_template("report.html.j2").render(
+        title=title, compare=cmp, overlay=overlay, evaluation=ev, runs=runs, shades=shade_css())
 
 
 REPORT_TITLES = ("<title>hindsearch run:", "<title>hindsearch comparison:",
