@@ -386,9 +386,9 @@ def record_mismatch(old: dict[str, Any] | None, new: dict[str, Any]) -> str | No
         prev = (old.get("data") or {}).get(name)
         if prev is not None and prev.get("sha256") != rec.get("sha256"):
             same = prev.get("path") == rec.get("path")
-            return (f"benchmark {name!r}: its rows were made from {prev.get('path')}"
-                    + (" before the file changed" if same else ", this evaluation reads "
-                                                               f"{rec.get('path')}")
+            now = (" before the file changed" if same
+                   else f", this evaluation reads {rec.get('path')}")
+            return (f"benchmark {name!r}: its rows were made from {prev.get('path')}" + now
                     + " (the SHA-256 differs)")
     return None
 
@@ -427,8 +427,8 @@ def _prepare_folder(out: Path, record: dict[str, Any], fresh: bool,
             raise EvalMismatch(refuse_message(out, why))
         for n in EVAL_FILES:
             (out / n).unlink(missing_ok=True)
-        log(f"{out}: {why}; evaluating anew" if why else f"{out}: --fresh: the earlier rows are "
-                                                         "removed, evaluating anew")
+        log(f"{out}: {why}; evaluating anew" if why
+            else f"{out}: --fresh: the earlier rows are removed, evaluating anew")
     old = read_marker(out) if has_rows and not (fresh or why) else None
     data = {**((old or {}).get("data") or {}), **(record.get("data") or {})}
     claim_output(out, "eval", **{**record, "data": data})
@@ -500,10 +500,9 @@ def _evaluate(engine: Any, datasets: dict[str, list[QARecord]], out: Path | None
             t = done.get((name, r.id))
             if t is not None and (t.question != r.question
                                   or list(t.golden_answers) != list(r.golden_answers)):
-                raise EvalMismatch(refuse_message(out, f"benchmark {name!r} question id {r.id!r}: "
-                                                       "its row holds "
-                                                        "another question or golds than this QA "
-                                                        "file's"))
+                raise EvalMismatch(refuse_message(
+                    out, f"benchmark {name!r} question id {r.id!r}: its row holds another question "
+                    "or golds than this QA file's"))
     todo = [(name, r) for name, recs in datasets.items() for r in recs if (name, r.id) not in done]
     total = sum(len(v) for v in datasets.values())
     bar = None
@@ -558,8 +557,8 @@ def results_markdown(result: dict[str, Any]) -> str:
     reasons."""
     o = result.get("overall", {})
     mode = "greedy" if result.get("greedy") else f"sampled (seed {result.get('seed')})"
-    note = result.get("table_note") or table_note(int((result.get("avg") or {}).get("n_benchmarks")
-                                                      or 0))
+    n_benchmarks = (result.get("avg") or {}).get("n_benchmarks") or 0
+    note = result.get("table_note") or table_note(int(n_benchmarks))
     data = data_lines(result.get("data") or {}, list(result.get("order") or []))
     return (f"# Evaluation results\n\n{result['table']}\n\n{note}\n\n"
             + ("## Data\n\n" + "\n".join(data) + "\n\n" if data else "")

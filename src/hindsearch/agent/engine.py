@@ -174,8 +174,8 @@ class RolloutEngine:
         # lockstep region)
         self.backend.generate([s.traj.prompt_ids + s.traj.completion_ids for s in live], budgets,
                               self.sampling(greedy), protocol.STOP_STRINGS, gen,
-                              self.row_hook(live), lambda rows,
-                              outs: self._on_stop(live, budgets, rows, outs))
+                              self.row_hook(live),
+                              lambda rows, outs: self._on_stop(live, budgets, rows, outs))
         for s in states:
             self._finish(s.traj)
         return [s.traj for s in states]

@@ -159,9 +159,8 @@ def main(argv: list[str] | None = None) -> int:
         rc = args.func(args)
     # Ctrl-C, or a command's own stop (a run's TrainingStopped says what it kept)
     except KeyboardInterrupt as e:
-        print(f"hindsearch {args.command}: {e}" if str(e) else "interrupted; finished work is kept "
-                                                               "and a rerun "
-              "resumes it", file=sys.stderr)
+        print(f"hindsearch {args.command}: {e}" if str(e)
+              else "interrupted; finished work is kept and a rerun resumes it", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:  # one line, never a traceback, unless --debug
         if getattr(args, "debug", False):

@@ -278,8 +278,8 @@ def fetch(what: str, out: str | Path, endpoint: str | None = None, verify: bool 
     manifest_path = out / "fetch.json"
     manifest = json.loads(manifest_path.read_text()) if manifest_path.exists() else {}
     jobs = [j for k in (remotes if what == "all" else [what]) for j in remotes[k]]
-    if verify and index_shape is None and (joined := [j.name for j in jobs
-                                                      if isinstance(j, Joined)]):
+    joined = [j.name for j in jobs if isinstance(j, Joined)]
+    if verify and index_shape is None and joined:
         raise ValueError(f"checking {', '.join(joined)} needs index_shape (e.g. "
                          "hindsearch.retrieval.dense.faiss_shape), "
                          "or verify=False")

@@ -36,8 +36,8 @@ def select_teacher(kind: str, ctx: Any, ema_decay: float | None = None) -> Any:
     (must exist)."""
     if kind not in TEACHERS:
         raise ValueError(f"teacher = {kind!r} is not one of {TEACHERS}")
-    model = ctx.emas.get(ema_decay) if kind == "ema" else {"frozen": ctx.frozen,
-                                                           "live": ctx.policy}[kind]
+    model = (ctx.emas.get(ema_decay) if kind == "ema"
+             else {"frozen": ctx.frozen, "live": ctx.policy}[kind])
     if model is None:
         what = {"frozen": "frozen", "live": "policy", "ema": f"emas[{ema_decay}]"}[kind]
         raise ValueError(f"teacher = {kind!r} but the trainer provided no such model "

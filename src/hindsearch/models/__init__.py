@@ -203,8 +203,8 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
                 f"model.name = {name!r}: not an alias ({SMOLLM2_ALIAS}, {TINY_ALIAS}), a local "
                 f"model folder or a cached hub id ({e})"
             ) from e
-        tok = _prepare_tokenizer(load_tokenizer_from(path, model_cfg.gguf_file
-                                                     if name != SMOLLM2_ALIAS else None))
+        gguf = model_cfg.gguf_file if name != SMOLLM2_ALIAS else None
+        tok = _prepare_tokenizer(load_tokenizer_from(path, gguf))
     model.to(device)
     model.eval()
     if model.generation_config is not None and model.generation_config.pad_token_id is None:

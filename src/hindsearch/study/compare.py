@@ -348,8 +348,8 @@ def _compare(config: str, methods: Sequence[str], seeds: Sequence[int], out_dir:
     check_model_built(config, base_cfg.model.name)
     for m in methods:  # every run's config validates before anything trains
         for s in seeds:
-            resolve_methods(Config.load(config, run_overrides(m, s, out_dir / run_name(m, s),
-                                                              None, base_ov)))
+            ov = run_overrides(m, s, out_dir / run_name(m, s), None, base_ov)
+            resolve_methods(Config.load(config, ov))
     if output_kind(out_dir) is None:
         claim_output(out_dir, "compare")
     (out_dir / "compare.json").write_text(json.dumps(
@@ -362,10 +362,10 @@ def _compare(config: str, methods: Sequence[str], seeds: Sequence[int], out_dir:
         pending = [((config, m, s, str(rd), init, list(base_ov), mini, test_limit, mini_limit,
                      sampled, list(eval_at), probe), rd.name)
                    for m, s, rd, _ in _runs_to_do(out_dir, methods, seeds, log)]
-        failed = _run_parallel(_one_run, pending, jobs,
-                               lambda: write_outputs(out_dir, methods, seeds,
-                                                     title=_title(config, base_cfg)), log,
-                               threads)
+        failed = _run_parallel(
+            _one_run, pending, jobs,
+            lambda: write_outputs(out_dir, methods, seeds, title=_title(config, base_cfg)), log,
+            threads)
         if failed:
             raise RuntimeError(f"{', '.join(failed)} failed (tracebacks above). Rerun the same "
                                f"command to resume: finished runs are kept.")

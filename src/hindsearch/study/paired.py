@@ -330,8 +330,8 @@ def seed_level_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str],
         for label, read, key, sel in metrics or SEED_METRICS:
             diffs: dict[int, list[float]] = {}
             for s in ok:
-                x, y = _item_means(run_dir, a, [s], read, key), _item_means(run_dir, b,
-                                                                            [s], read, key)
+                x = _item_means(run_dir, a, [s], read, key)
+                y = _item_means(run_dir, b, [s], read, key)
                 d = [x[i]["v"] - y[i]["v"] for i in sorted(set(x) & set(y)) if sel(y[i]["row"])]
                 if d:
                     diffs[s] = d
@@ -339,8 +339,7 @@ def seed_level_rows(run_dir: Callable[[str, int], Path], methods: Sequence[str],
                 continue
             means = [sum(d) / len(d) for d in diffs.values()]
             rows.append({"method": a, "against": b, "metric": label, "seeds": sorted(diffs),
-                         "per_seed": dict(zip(sorted(diffs), [sum(diffs[s]) / len(diffs[s])
-                                                              for s in sorted(diffs)])),
+                         "per_seed": {s: sum(diffs[s]) / len(diffs[s]) for s in sorted(diffs)},
                          "t": seed_t_interval(means),
                          "boot2": two_level_bootstrap(list(diffs.values()), n_boot)})
     return rows

@@ -70,8 +70,8 @@ def hit_missed(cont: Trajectory, failed: Trajectory) -> tuple[bool, bool]:
     ``failed``'s first search missed (the bridge query)."""
     first = cont.turns[0] if cont.turns else None
     searched = bool(first and first.action == "search")
-    missed = {title_key(e) for e in failed.evidence} - {title_key(t)
-                                                        for t in failed.turns[0].doc_titles}
+    missed = ({title_key(e) for e in failed.evidence}
+              - {title_key(t) for t in failed.turns[0].doc_titles})
     got = {title_key(t) for t in first.doc_titles} if searched and first is not None else set()
     return searched, bool(missed & got)
 
@@ -579,9 +579,9 @@ def guard_probe_out(out: str | Path) -> Path:
 
     def ours(f: Path) -> bool:
         kind = output_kind(f)
-        # a model
-        return kind in ("probe", "run", "compare") or (kind is None
-                                                       and (f / "config.json").exists())
+        # one of ours, or a model
+        return (kind in ("probe", "run", "compare")
+                or (kind is None and (f / "config.json").exists()))
 
     if not str(out).strip():
         raise UnsafeOutput("--out is empty (it would write into the current folder); give a new "

@@ -331,8 +331,8 @@ def probes_markdown(out_dir: Path, methods: Sequence[str], seeds: Sequence[int])
     def cells(d: dict[str, float | None]) -> list[str]:
         return ["-" if d[k] is None else f"{100 * d[k]:.1f}" for k in labels]
 
-    body = ([["start", "-", *cells(start)]] if start is not None else []) + [[m, n, *cells(d)]
-                                                                             for m, n, d in rows]
+    body = ([["start", "-", *cells(start)]] if start is not None else [])
+    body += [[m, n, *cells(d)] for m, n, d in rows]
     return ("### Probes of the start and of the final checkpoints (failed greedy training "
             "rollouts; %, mean over seeds)\n\n"
             + markdown_table(["checkpoint", "seeds", *labels], body) + "\n")

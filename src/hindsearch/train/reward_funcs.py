@@ -166,8 +166,8 @@ def checked_reward(fn: RewardFn) -> RewardFn:
 
     @functools.wraps(fn)
     def checked(*args: Any, **kwargs: Any) -> list[float | None]:
-        completions = kwargs["completions"] if "completions" in kwargs else (args[0] if args
-                                                                             else ())
+        completions = (kwargs["completions"] if "completions" in kwargs
+                       else (args[0] if args else ()))
         try:
             out = fn(*args, **kwargs)
         except RewardError:

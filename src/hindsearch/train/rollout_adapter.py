@@ -124,8 +124,8 @@ def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -
         "em": mean("em"),
         "f1": mean("f1"),
         "searches_per_rollout": mean("searches"),
-        "invalid_turn_rate": sum(r["invalid"] for r in rows) / max(sum(r["turns"]
-                                                                       for r in rows), 1),
+        "invalid_turn_rate": (sum(r["invalid"] for r in rows)
+                              / max(sum(r["turns"] for r in rows), 1)),
         "validity_rate": mean("valid"),
         "answered_rate": mean("answered"),
         "completion_len": mean("completion_len"),

@@ -58,8 +58,8 @@ def guess_from_docs(question: str, docs: Sequence[Passage], rng: random.Random) 
 
 def _hop_questions(record: QARecord) -> tuple[str, str] | None:
     hq = record.metadata.get("hop_questions")
-    if isinstance(hq, (list, tuple)) and len(hq) == 2 and all(isinstance(q, str) and q.strip()
-                                                              for q in hq):
+    if (isinstance(hq, (list, tuple)) and len(hq) == 2
+            and all(isinstance(q, str) and q.strip() for q in hq)):
         return hq[0].strip(), hq[1].strip()
     return None
 

@@ -376,9 +376,8 @@ class HindsearchGRPOTrainer(AtomicCheckpoints, GRPOTrainer):
             weighted.append((term.name, term.lam * term_loss * w))
         if self._grad_share_step() and self._grpo_has_gradient(inputs):
             if lockstep.any_rank(bool(need.any())):
-                metrics.update({f"{name}/grad_share": v
-                                for name, v in update_shares(grpo_loss,
-                                                             weighted, captured).items()})
+                shares = update_shares(grpo_loss, weighted, captured)
+                metrics.update({f"{name}/grad_share": v for name, v in shares.items()})
             # no term has a position on any process: every share is 0 (not two backwards to find it)
             else:
                 metrics.update(self._zero_shares())

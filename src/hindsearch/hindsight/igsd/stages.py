@@ -138,12 +138,11 @@ def execute_stage(comps: Sequence[dict[Side, Completion]], retriever: Any, topk:
     qlist = [c[s].query for c in comps for s in SIDES]
     docs = cache.fetch(retriever, qlist, topk)
     got = [{s: docs[2 * k + i] for i, s in enumerate(SIDES)} for k in range(len(comps))]
+    empty = sum(1 for g in got for d in g.values() if d is not None and not d)
     m: StageMetrics = dict(retrieval_calls=float(cache.calls),
-                           retrieval_queries=float(cache.misses),
-                      cache_hits=float(cache.hits), cache_hit_rate=cache.hits / max(len(qlist), 1),
-                      retrieval_errors=float(cache.errors),
-                      empty_results=float(sum(1 for g in got for d in g.values() if d is not None
-                                              and not d)))
+                           retrieval_queries=float(cache.misses), cache_hits=float(cache.hits),
+                           cache_hit_rate=cache.hits / max(len(qlist), 1),
+                           retrieval_errors=float(cache.errors), empty_results=float(empty))
     m["time_retrieval"] = time.perf_counter() - t0
     return got, m
 
@@ -222,9 +221,9 @@ def score_stage(
             scores.append(None)
             continue
         own = {s: u[pk[s][0]] for s in SIDES}
-        scores.append(Scored(own, {s: own[s] - (sum(u[c] for c in pk[s][1]) / len(pk[s][1])
-                                                if pk[s][1] else 0.0)
-                                   for s in SIDES}))
+        controls_mean = {s: sum(u[c] for c in pk[s][1]) / len(pk[s][1]) if pk[s][1] else 0.0
+                         for s in SIDES}
+        scores.append(Scored(own, {s: own[s] - controls_mean[s] for s in SIDES}))
     m["time_scoring"] = time.perf_counter() - t0
     return scores, controls, m
 
@@ -253,8 +252,8 @@ def gate_stage(scores: Sequence[Scored | None], cfg: Any) -> list[tuple[float, f
         delta = sc.ig["T"] - sc.ig["S"]
         x = (min(delta, sc.ig["T"]) if cfg.gate_input == "min_controls" and cfg.n_controls > 0
              else delta)
-        out.append((delta, float(losses.gate(torch.tensor([x]), cfg.gate,
-                                             cfg.gate_sharpness, cfg.margin)[0])))
+        g = losses.gate(torch.tensor([x]), cfg.gate, cfg.gate_sharpness, cfg.margin)
+        out.append((delta, float(g[0])))
     return out
 
 
@@ -282,8 +281,8 @@ def verify_pairs(
                                             batch_size=batch_size, prefix_cache=prefix_cache)
     for stage in (mc, me, ms):
         for key, v in stage.items():
-            m[key] = m.get(key, 0.0) + v if key.startswith("time_") or key in ("never_closed",
-                                                                               "answers_cut") else v
+            summed = key.startswith("time_") or key in ("never_closed", "answers_cut")
+            m[key] = m.get(key, 0.0) + v if summed else v
     controls: list[list[list[Passage]]] = [[] for _ in pairs]
     for k, ctl in zip(keep, kept_controls):
         controls[k] = ctl

@@ -280,8 +280,8 @@ def _write_rows(rows: _TeacherRows, trajectories: list[Trajectory], masks: dict[
             tens["hind_topk_logp"][i, :n] = rows.top_lp[j, :n]
         on = m.bool()
         met["distill_tokens"] += float(on.sum())
-        met["action_tokens"] += float((on & ~torch.tensor(tr.query_mask[:n],
-                                                          dtype=torch.bool)).sum())
+        qmask = torch.tensor(tr.query_mask[:n], dtype=torch.bool)
+        met["action_tokens"] += float((on & ~qmask).sum())
         samples[i]["distill_tokens"] = [tokenizer.decode([tr.completion_ids[t]]) for t in range(n)
                                         if on[t]]
         samples[i]["lT"] = [round(float(x), 4) for x in rows.lT[j, :n][on]]

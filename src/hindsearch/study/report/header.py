@@ -195,8 +195,8 @@ def describe_model(m: Any) -> str | None:
     """An evaluation marker's ``model`` (``eval.model_identity``): the hub name or the folder."""
     if isinstance(m, dict):
         name = m.get("name") or m.get("path")
-        return None if name is None else text(name) + (f" ({text(m['gguf_file'])})"
-                                                       if m.get("gguf_file") else "")
+        gguf = f" ({text(m['gguf_file'])})" if m.get("gguf_file") else ""
+        return None if name is None else text(name) + gguf
     return None if m is None else text(m)
 
 

@@ -95,9 +95,9 @@ def overlay_view(runs: list[Run]) -> dict[str, Any]:
         drawn_any = any(ys for _, _, ys in data)
         note = "; ".join(n for n in (extra, why, smooth_note if cands and drawn_any else None,
                                      constant_note(data) if cands else None) if n) or None
-        panels.append(panel(title, lambda data=data, title=title,
-                            s=bool(cands): plot_lines(data, title, smooth=s),
-                            left, note))
+        panels.append(panel(
+            title, lambda data=data, title=title, s=bool(cands): plot_lines(data, title, smooth=s),
+            left, note))
     head, rows, common = split_common(TABLE_HEAD, rows)
     return {"head": head, "rows": rows, "common": common, "panels": panels, "bad": bad,
             "count": len(runs)}

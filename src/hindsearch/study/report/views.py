@@ -115,8 +115,8 @@ def metrics_view(run: Run) -> dict[str, Any]:
             dev, skipped = dev_points(run)
             data.append(("dev EM (greedy)", [s for s, _ in dev], [v for _, v in dev]))
             left.append(("dev EM (greedy)", skipped))
-        panels.append(panel(title, lambda data=data,
-                            title=title: plot_lines(data, title), left, extra))
+        panels.append(panel(title, lambda data=data, title=title: plot_lines(data, title), left,
+                            extra))
         if title.startswith("Exact match"):  # the headline: reward, EM, step time
             tks, extra_t = capped(time_keys(keys))
             panels.append(panel("Step time split", lambda tks=tks: time_plot(run.metrics, tks),
