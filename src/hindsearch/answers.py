@@ -1,5 +1,6 @@
-"""Answer scoring (SQuAD rules, as Search-R1 and FlashRAG use): ``normalize_answer``, ``exact_match``,
-``f1_score`` and ``answer_in_text``. The rollout's reward functions built on them are ``train.reward_funcs``."""
+"""Answer scoring (SQuAD rules, as Search-R1 and FlashRAG use): ``normalize_answer``,
+``exact_match``, ``f1_score`` and ``answer_in_text``. The rollout's reward functions built on them
+are ``train.reward_funcs``."""
 
 from __future__ import annotations
 

@@ -1,9 +1,10 @@
-"""Runs in fresh spawned processes: ``run_isolated`` runs one and waits (several at once: ``compare``'s
-``ProcessPoolExecutor``, one fresh process per run).
+"""Runs in fresh spawned processes: ``run_isolated`` runs one and waits (several at once:
+``compare``'s ``ProcessPoolExecutor``, one fresh process per run).
 
-A run's models, trainer and framework state are freed when its process exits (in one process, memory grew by
-~1.5 GB per SmolLM2 run), and a crash names the run that failed. Stopping the parent (Ctrl-C or SIGTERM)
-stops every child (``stopped_on_exit``), so an interrupted comparison leaves no orphan training on the CPU.
+A run's models, trainer and framework state are freed when its process exits (in one process, memory
+grew by ~1.5 GB per SmolLM2 run), and a crash names the run that failed. Stopping the parent (Ctrl-C
+or SIGTERM) stops every child (``stopped_on_exit``), so an interrupted comparison leaves no orphan
+training on the CPU.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from typing import Any
 
 @contextmanager
 def stopped_on_exit():
-    """Yields a list to put child processes in; on leaving (normally, on an exception, or on SIGTERM, which
-    is turned into ``SystemExit`` while inside) every child still alive is terminated, then killed after 30 s."""
+    """Yields a list to put child processes in; on leaving (normally, on an exception, or on
+    SIGTERM, which is turned into ``SystemExit`` while inside) every child still alive is
+    terminated, then killed after 30 s."""
     import signal
 
     def _term(signum: int, frame: Any) -> None:

@@ -1,16 +1,11 @@
 """Resident memory of the process: glibc allocator tuning and per-stage peak RSS.
 
-``tracemalloc`` does not see torch's allocations, so memory is read from the kernel:
-``/proc/self/status`` ``VmRSS`` (now) and ``VmHWM`` (peak since start; it cannot be reset per stage).
-``StageMemory`` samples ``VmRSS`` on a background thread (every 20 ms by default) and records, for each
-``with mem.stage(name):`` block, the peak RSS seen inside it and its wall time.
-
-``tune_malloc()`` sets glibc's allocator the way ``MALLOC_ARENA_MAX=2 MALLOC_TRIM_THRESHOLD_=32MiB
-MALLOC_MMAP_THRESHOLD_=1MiB`` would, from code (``mallopt``), so the CLI and the tests get it without an
-environment: tensors of 1 MiB or more are mmap'ed and go back to the kernel when freed, at most two malloc
-arenas exist (torch's intra-op threads otherwise each get one, each keeping freed memory), and the heap
-top is trimmed past 32 MiB free. Measured on ``hindsearch sft`` (tiny-cpu): 8.7 GB peak by default, 6.5 GB
-with these settings. An allocator variable already set in the environment wins (glibc applied it at start).
+Memory is read from the kernel (``/proc/self/status``: ``VmRSS`` now, ``VmHWM`` peak), since
+``tracemalloc`` does not see torch's allocations. ``StageMemory`` samples ``VmRSS`` on a background
+thread and records, for each ``with mem.stage(name):`` block, its peak RSS and wall time.
+``tune_malloc()`` sets glibc's allocator from code (``mallopt``) as ``MALLOC_ARENA_MAX=2
+MALLOC_TRIM_THRESHOLD_=32MiB MALLOC_MMAP_THRESHOLD_=1MiB`` would; an allocator variable already set
+in the environment wins. What each setting does: docs/benchmarks.md, "glibc malloc settings".
 """
 
 from __future__ import annotations
@@ -61,11 +56,12 @@ def tune_malloc() -> dict[str, int]:
 
 
 def release_free_memory(collect: bool = True) -> bool:
-    """Hand the heap's free pages back to the kernel (glibc ``malloc_trim(0)``, which also releases free pages
-    inside the heap, not only at its top), after a full Python garbage collection with ``collect``. Returns
-    whether ``malloc_trim`` ran. The main job calls it between stages (with ``collect``), so one stage's freed
-    activations and caches do not stay resident under the next stage's peak. ``gc.collect()`` can take a
-    second in a large process (a test session): per optimizer step, pass ``collect=False``."""
+    """Hand the heap's free pages back to the kernel (glibc ``malloc_trim(0)``, which also releases
+    free pages inside the heap, not only at its top), after a full Python garbage collection with
+    ``collect``. Returns whether ``malloc_trim`` ran. The main job calls it between stages (with
+    ``collect``), so one stage's freed activations and caches do not stay resident under the next
+    stage's peak. ``gc.collect()`` can take a second in a large process (a test session): per
+    optimizer step, pass ``collect=False``."""
     import gc
 
     if collect:
@@ -81,9 +77,10 @@ def release_free_memory(collect: bool = True) -> bool:
 
 
 def release_memory_callback() -> Any:
-    """A ``TrainerCallback`` that hands freed heap pages back to the kernel after every optimizer step
-    (``release_free_memory(collect=False)``: no garbage collection, which costs up to a second per call in a
-    large process): the next step's rollouts and update do not start on top of the last step's freed activations."""
+    """A ``TrainerCallback`` that hands freed heap pages back to the kernel after every optimizer
+    step (``release_free_memory(collect=False)``: no garbage collection, which costs up to a second
+    per call in a large process): the next step's rollouts and update do not start on top of the
+    last step's freed activations."""
     from transformers import TrainerCallback
 
     class Release(TrainerCallback):
@@ -119,10 +116,10 @@ def hwm_mb() -> float:
 class StageMemory:
     """Peak RSS and wall time per named stage, from a sampler thread.
 
-    ``stages[name] = {"peak_rss_mb", "start_rss_mb", "end_rss_mb", "seconds", "cpu_seconds"}`` (``cpu_seconds``:
-    the process's CPU time, user + system, all threads; on a shared machine it compares runs better than wall
-    time); a stage entered twice
-    keeps the larger peak and adds the seconds. The thread runs only while a stage is open.
+    ``stages[name] = {"peak_rss_mb", "start_rss_mb", "end_rss_mb", "seconds", "cpu_seconds"}``
+    (``cpu_seconds``: the process's CPU time, user + system, all threads; on a shared machine it
+    compares runs better than wall time); a stage entered twice keeps the larger peak and adds the
+    seconds. The thread runs only while a stage is open.
     """
 
     def __init__(self, interval_s: float = 0.02) -> None:
@@ -140,15 +137,17 @@ class StageMemory:
 
     @contextmanager
     def stage(self, name: str, release: bool = True) -> Iterator[None]:
-        """Measure the block as stage ``name`` (not reentrant: stages do not nest); with ``release``, first
-        ``release_free_memory()`` so the stage does not start on the previous stage's freed memory."""
+        """Measure the block as stage ``name`` (not reentrant: stages do not nest); with
+        ``release``, first ``release_free_memory()`` so the stage does not start on the previous
+        stage's freed memory."""
         if release:
             release_free_memory()
         start = rss_mb()
         with self._lock:
             self._peak = start
         stop = threading.Event()
-        thread = threading.Thread(target=self._sample, args=(stop,), name=f"rss-{name}", daemon=True)
+        thread = threading.Thread(target=self._sample, args=(stop,),
+                                  name=f"rss-{name}", daemon=True)
         thread.start()
         t0, c0 = time.perf_counter(), time.process_time()
         try:
@@ -160,8 +159,9 @@ class StageMemory:
             with self._lock:
                 peak = max(self._peak, end)
             prev = self.stages.get(name)
-            row = {"peak_rss_mb": round(peak, 1), "start_rss_mb": round(start, 1), "end_rss_mb": round(end, 1),
-                   "seconds": round(time.perf_counter() - t0, 2), "cpu_seconds": round(time.process_time() - c0, 2)}
+            row = {"peak_rss_mb": round(peak, 1), "start_rss_mb": round(start, 1),
+                   "end_rss_mb": round(end, 1), "seconds": round(time.perf_counter() - t0, 2),
+                   "cpu_seconds": round(time.process_time() - c0, 2)}
             if prev is not None:
                 row["peak_rss_mb"] = max(row["peak_rss_mb"], prev["peak_rss_mb"])
                 row["start_rss_mb"] = prev["start_rss_mb"]
@@ -170,16 +170,19 @@ class StageMemory:
             self.stages[name] = row
 
     def summary(self) -> dict[str, Any]:
-        """``{"stages": {...}, "peak_rss_mb": VmHWM of the process, "malloc": tune_malloc()'s settings}``."""
-        return {"stages": dict(self.stages), "peak_rss_mb": round(hwm_mb(), 1), "malloc": dict(_tuned or {})}
+        """``{"stages": {...}, "peak_rss_mb": VmHWM of the process, "malloc": tune_malloc()'s
+        settings}``."""
+        return {"stages": dict(self.stages), "peak_rss_mb": round(hwm_mb(), 1),
+                "malloc": dict(_tuned or {})}
 
 
 def format_memory_table(mem: dict[str, Any]) -> str:
-    """Plain-text table of ``StageMemory.summary()``: stage, peak RSS (MiB), RSS at the end, wall and CPU seconds."""
+    """Plain-text table of ``StageMemory.summary()``: stage, peak RSS (MiB), RSS at the end, wall
+    and CPU seconds."""
     head = f"{'stage':<16}{'peak RSS MiB':>14}{'end RSS MiB':>13}{'wall s':>9}{'CPU s':>9}"
     lines = [head, "-" * len(head)]
     for name, r in mem.get("stages", {}).items():
-        lines.append(f"{name:<16}{r['peak_rss_mb']:>14.0f}{r['end_rss_mb']:>13.0f}{r['seconds']:>9.1f}"
-                     f"{r.get('cpu_seconds', 0.0):>9.1f}")
+        lines.append(f"{name:<16}{r['peak_rss_mb']:>14.0f}{r['end_rss_mb']:>13.0f}"
+                     f"{r['seconds']:>9.1f}{r.get('cpu_seconds', 0.0):>9.1f}")
     lines.append(f"{'process peak':<16}{mem.get('peak_rss_mb', 0.0):>14.0f}")
     return "\n".join(lines)

@@ -1,14 +1,10 @@
 """Progress on long work: a tqdm bar on a terminal, plain progress lines everywhere else.
 
-A bar redraws itself with carriage returns; written to a log file, a CI console or ``nohup`` output, every redraw
-is kept, and one run's log fills with thousands of partial lines (bm25s's indexing bars, the warm-up's, TRL's).
-So the bars are drawn only when stderr is a terminal. Elsewhere ``progress_bar`` returns a ``PlainProgress``,
-which writes one whole line at the start, at most one every ``PLAIN_EVERY_S`` seconds, and one at the end::
-
-    warm-up SFT: 120/375 steps (32%), 4m10s elapsed, eta 8m52s, loss=0.412
-
-``quiet_upstream_bars`` (called by the CLI at start) turns the upstream libraries' own bars off in the same case
-(transformers' weight loading, huggingface_hub's downloads); our lines say the same in fewer bytes.
+A bar redraws itself with carriage returns, and a log file keeps every redraw, so bars are drawn
+only when stderr is a terminal. Elsewhere ``progress_bar`` returns a ``PlainProgress``, which writes
+one whole line at the start, at most one every ``PLAIN_EVERY_S`` seconds, and one at the end.
+``quiet_upstream_bars`` (called by the CLI at start) turns the upstream libraries' own bars off in
+the same case. The lines: docs/runs.md, "Progress lines".
 """
 
 from __future__ import annotations
@@ -39,9 +35,9 @@ def _clock(seconds: float) -> str:
 
 
 class PlainProgress:
-    """The part of tqdm's interface hindsearch uses (``update``, ``set_postfix``, ``close``, ``n``, ``total``),
-    written as whole lines to ``stream`` (default stderr): at the start, at most every ``every_s`` seconds, at the
-    end. ``clock`` is injectable for tests."""
+    """The part of tqdm's interface hindsearch uses (``update``, ``set_postfix``, ``close``, ``n``,
+    ``total``), written as whole lines to ``stream`` (default stderr): at the start, at most every
+    ``every_s`` seconds, at the end. ``clock`` is injectable for tests."""
 
     def __init__(self, total: int | None, desc: str, unit: str = "it", initial: int = 0,
                  every_s: float = PLAIN_EVERY_S, stream: TextIO | None = None,
@@ -80,7 +76,8 @@ class PlainProgress:
         if self.clock() - self.last >= self.every_s:
             self._write()
 
-    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True, **kwargs: Any) -> None:
+    def set_postfix(self, ordered_dict: dict[str, Any] | None = None, refresh: bool = True,
+                    **kwargs: Any) -> None:
         self.postfix = {**(ordered_dict or {}), **kwargs}
 
     def close(self) -> None:
@@ -90,30 +87,35 @@ class PlainProgress:
                 self._write()
 
 
-def progress_bar(total: int | None, desc: str, unit: str = "it", initial: int = 0, **kwargs: Any) -> Any:
-    """A tqdm bar on a terminal, else a ``PlainProgress`` (same calls: ``update``, ``set_postfix``, ``close``)."""
+def progress_bar(total: int | None, desc: str, unit: str = "it", initial: int = 0,
+                 **kwargs: Any) -> Any:
+    """A tqdm bar on a terminal, else a ``PlainProgress`` (same calls: ``update``, ``set_postfix``,
+    ``close``)."""
     if interactive():
         from tqdm.auto import tqdm
 
-        return tqdm(total=total, desc=desc, unit=unit, initial=initial, dynamic_ncols=True, **kwargs)
+        return tqdm(total=total, desc=desc, unit=unit, initial=initial,
+                    dynamic_ncols=True, **kwargs)
     return PlainProgress(total, desc, unit=unit, initial=initial)
 
 
 UPSTREAM_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
-"""huggingface_hub's switch, read when it is imported; transformers' own bars (weight loading) follow it."""
+"""huggingface_hub's switch, read when it is imported; transformers' own bars (weight loading)
+follow it."""
 
 
 def quiet_upstream_bars(environ: Any = None) -> bool:
-    """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (an environment switch read
-    when they are imported, so nothing heavy loads here; where they are imported already, their own switches too);
-    a user's own setting wins. Returns whether it did."""
+    """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (an
+    environment switch read when they are imported, so nothing heavy loads here; where they are
+    imported already, their own switches too); a user's own setting wins. Returns whether it did."""
     import os
 
     env = os.environ if environ is None else environ
     if interactive() or UPSTREAM_BARS_ENV in env:
         return False
     env[UPSTREAM_BARS_ENV] = "1"
-    if environ is None:  # already imported (``run_train`` called from Python): their switches, read at each bar
+    # already imported (``run_train`` called from Python): their switches, read at each bar
+    if environ is None:
         if "huggingface_hub" in sys.modules:
             sys.modules["huggingface_hub"].utils.disable_progress_bars()
         if "transformers" in sys.modules:

@@ -1,16 +1,11 @@
-"""What made an output folder: the hindsearch source (version, git commit, uncommitted changes) and the machine.
+"""What made an output folder: the hindsearch source (version, git commit, uncommitted changes) and
+the machine.
 
-``provenance()`` is stored in every output folder's marker (``fsutil.claim_output``: a run, an evaluation, a
-comparison ...) under ``"provenance"``, so that ``hindsearch report`` can show the commit and the hardware a
-run was made with. It is written when the folder is claimed (a run's start), costs a few milliseconds (two
-``git`` calls and, where ``nvidia-smi`` exists, one query) and never fails: what cannot be found is None.
-
-- ``hindsearch``: ``version`` (the installed distribution's), ``commit`` and ``dirty`` (tracked files edited
-  since that commit) of the git checkout the package is imported from; for a package installed from a git
-  URL, the commit pip recorded (``direct_url.json``); None for a plain wheel.
-- ``host``: the OS, Python, the CPU model and its logical cores (and those this process may use), the memory,
-  the GPUs ``nvidia-smi`` lists (name and memory; nothing is initialised in this process), and the versions of
-  torch, transformers and TRL. No host name and no user name are recorded.
+``provenance()`` is stored in every output folder's marker (``fsutil.claim_output``) under
+``"provenance"``, so that ``hindsearch report`` can show the commit and the hardware a run was made
+with. It is written when the folder is claimed, costs a few milliseconds and never fails: what
+cannot be found is None. No host name and no user name are recorded. The fields: docs/runs.md,
+"Output folders".
 """
 
 from __future__ import annotations
@@ -51,8 +46,9 @@ def _version(dist: str) -> str | None:
 
 
 def git_source(folder: Path = PACKAGE_DIR) -> dict[str, Any] | None:
-    """``{"commit", "dirty"}`` of the git checkout that holds ``folder`` as a tracked folder (a package
-    installed into a virtualenv that lies inside some checkout is not that checkout's: None)."""
+    """``{"commit", "dirty"}`` of the git checkout that holds ``folder`` as a tracked folder (a
+    package installed into a virtualenv that lies inside some checkout is not that checkout's:
+    None)."""
     if shutil.which("git") is None or "site-packages" in folder.parts:
         return None
     top = _run(["git", "rev-parse", "--show-toplevel"], folder)
@@ -66,7 +62,8 @@ def git_source(folder: Path = PACKAGE_DIR) -> dict[str, Any] | None:
 
 
 def pip_vcs_commit() -> str | None:
-    """The commit pip recorded for a package installed from a git URL (``direct_url.json``), else None."""
+    """The commit pip recorded for a package installed from a git URL (``direct_url.json``), else
+    None."""
     from importlib import metadata
 
     try:
@@ -75,13 +72,15 @@ def pip_vcs_commit() -> str | None:
     except (metadata.PackageNotFoundError, ValueError, OSError):
         return None
     vcs = info.get("vcs_info") if isinstance(info, dict) else None
-    return vcs.get("commit_id") if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str) else None
+    return (vcs.get("commit_id") if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str)
+            else None)
 
 
 def cpu_model() -> str | None:
     """The CPU's model name (``/proc/cpuinfo`` on Linux, else ``platform.processor()``)."""
     try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines(
+                ):
             if line.lower().startswith(("model name", "hardware", "cpu model")) and ":" in line:
                 return line.split(":", 1)[1].strip() or None
     except OSError:
@@ -118,22 +117,26 @@ def host() -> dict[str, Any]:
         usable = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         usable = None
-    return {"os": f"{platform.system()} {platform.release()}".strip(), "machine": platform.machine() or None,
-            "python": platform.python_version(), "cpu": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": usable,
+    return {"os": f"{platform.system()} {platform.release()}".strip(),
+            "machine": platform.machine() or None, "python": platform.python_version(),
+            "cpu": cpu_model(), "cpus": os.cpu_count(), "cpus_usable": usable,
             "memory_gb": memory_gb(), "gpus": gpus(),
-            "torch": _version("torch"), "transformers": _version("transformers"), "trl": _version("trl"),
-            "world_size": int(os.environ["WORLD_SIZE"]) if os.environ.get("WORLD_SIZE", "").isdigit() else None}
+            "torch": _version("torch"), "transformers": _version("transformers"),
+            "trl": _version("trl"), "world_size": int(os.environ["WORLD_SIZE"])
+            if os.environ.get("WORLD_SIZE", "").isdigit() else None}
 
 
 @functools.cache
 def _static() -> dict[str, Any]:
-    """The parts that do not change while this process runs (the machine, the installed versions)."""
+    """The parts that do not change while this process runs (the machine, the installed
+    versions)."""
     return {"host": host(), "version": _version("hindsearch")}
 
 
 def provenance() -> dict[str, Any]:
-    """``{"hindsearch": {"version", "commit", "dirty"}, "host": {...}}`` (see the module docstring). The commit is
-    asked for each time: a checkout can move while one process (a test session) claims several folders."""
+    """``{"hindsearch": {"version", "commit", "dirty"}, "host": {...}}`` (see the module docstring).
+    The commit is asked for each time: a checkout can move while one process (a test session) claims
+    several folders."""
     src = git_source()
     if src is None:
         commit = pip_vcs_commit()

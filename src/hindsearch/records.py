@@ -108,8 +108,9 @@ class Turn:
     error: str | None = None
 
     def record(self) -> dict[str, Any]:
-        """What ``samples.jsonl`` keeps of the turn: ``action``, ``content`` (the query or the answer), the
-        retrieved ``doc_ids`` / ``doc_titles`` (bare) and ``error`` (None when the turn had none)."""
+        """What ``samples.jsonl`` keeps of the turn: ``action``, ``content`` (the query or the
+        answer), the retrieved ``doc_ids`` / ``doc_titles`` (bare) and ``error`` (None when the turn
+        had none)."""
         return {"action": self.action, "content": self.content, "doc_ids": list(self.doc_ids),
                 "doc_titles": list(self.doc_titles), "error": self.error}
 
@@ -146,9 +147,11 @@ class Trajectory:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def model_text(self, decode: Callable[[list[int]], str]) -> str:
-        """The text the model itself wrote: each turn's ``gen_span`` decoded on its own, joined. Injected
-        information blocks and notices are left out (the invalid-action notice names ``<answer>`` itself)."""
-        return "".join(decode(self.completion_ids[a:b]) for a, b in (t.gen_span for t in self.turns))
+        """The text the model itself wrote: each turn's ``gen_span`` decoded on its own, joined.
+        Injected information blocks and notices are left out (the invalid-action notice names
+        ``<answer>`` itself)."""
+        return "".join(decode(self.completion_ids[a:b])
+                       for a, b in (t.gen_span for t in self.turns))
 
     @property
     def queries(self) -> list[str]:
@@ -160,7 +163,8 @@ class Trajectory:
 
     @property
     def evidence_recall(self) -> float:
-        """Share of the question's evidence titles that the searches retrieved (0 without evidence)."""
+        """Share of the question's evidence titles that the searches retrieved (0 without
+        evidence)."""
         ev = {title_key(e) for e in self.evidence}
         return len(ev & self.retrieved_keys()) / len(ev) if ev else 0.0
 
@@ -187,7 +191,8 @@ class Trajectory:
         names = {f.name for f in fields(cls)}
         kw = {k: v for k, v in d.items() if k in names}
         kw["turns"] = [
-            Turn(**{**t, **{s: tuple(t[s]) for s in ("gen_span", "query_span", "inject_span") if s in t}})
+            Turn(**{**t, **{s: tuple(t[s]) for s in ("gen_span", "query_span", "inject_span")
+                            if s in t}})
             for t in d.get("turns", [])
         ]
         return cls(**kw)

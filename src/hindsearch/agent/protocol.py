@@ -128,15 +128,18 @@ def information_block(passages: Sequence[Passage]) -> str:
     return f"\n\n<information>{format_docs(passages).strip()}</information>\n\n"
 
 
-# ---------------------------------------------------------------- stop strings, query completion (IGSD)
+# ------------------------------------------------------------ stop strings, query completion (IGSD)
 def search_close_ids(tokenizer: Any) -> list[int]:
-    """Ids of ``</search>`` tokenized on its own (appended to a query completion that never closed)."""
+    """Ids of ``</search>`` tokenized on its own (appended to a query completion that never
+    closed)."""
     return list(tokenizer(SEARCH_CLOSE, add_special_tokens=False)["input_ids"])
 
 
-def cut_at_search_close(tokenizer: Any, ids: Sequence[int], lead: Sequence[int] = ()) -> tuple[list[int], bool]:
+def cut_at_search_close(tokenizer: Any, ids: Sequence[int],
+                        lead: Sequence[int] = ()) -> tuple[list[int], bool]:
     """Keep generated ids up to the token that completes ``</search>`` (searched in the text of
-    ``lead + ids``, so a ``</search>`` that starts in the proposed token counts); ``(ids, closed)``."""
+    ``lead + ids``, so a ``</search>`` that starts in the proposed token counts); ``(ids,
+    closed)``."""
     ids, lead = list(ids), list(lead)
     for j in range(0 if lead else 1, len(ids) + 1):
         if SEARCH_CLOSE in tokenizer.decode(lead + ids[:j]):
@@ -145,14 +148,18 @@ def cut_at_search_close(tokenizer: Any, ids: Sequence[int], lead: Sequence[int] 
 
 
 def query_text(tokenizer: Any, query_ids: Sequence[int]) -> str:
-    """The query string of ids that start right after ``<search>`` (text up to ``</search>``, stripped)."""
-    return tokenizer.decode(list(query_ids), skip_special_tokens=True).split(SEARCH_CLOSE, 1)[0].strip()
+    """The query string of ids that start right after ``<search>`` (text up to ``</search>``,
+    stripped)."""
+    return (
+        tokenizer.decode(list(query_ids), skip_special_tokens=True).split(SEARCH_CLOSE, 1)[0].strip(
+            ))
 
 
 # ---------------------------------------------------------------- demo segmentation
-INJECTED_RE = re.compile(r"(\n\n<information>.*?(?:</information>\n\n|$)|" + re.escape(INVALID_NOTICE) + ")", re.DOTALL)
-"""An injected segment of a completion's text: an information block (to its end, or to the end of a cut
-text) or the invalid-action notice."""
+INJECTED_RE = re.compile(r"(\n\n<information>.*?(?:</information>\n\n|$)|"
+                         + re.escape(INVALID_NOTICE) + ")", re.DOTALL)
+"""An injected segment of a completion's text: an information block (to its end, or to the end of a
+cut text) or the invalid-action notice."""
 
 
 def segments_from_text(completion_text: str) -> list[tuple[str, bool]]:
@@ -174,10 +181,11 @@ def segments_from_text(completion_text: str) -> list[tuple[str, bool]]:
 def token_char_spans(tokenizer: Any, ids: Sequence[int]) -> list[tuple[int, int]]:
     """Character span of each token in ``decode(ids)`` (incremental decoding; monotone).
 
-    Works on any ids (sampled ones need not be the tokenizer's own encoding of their text). Where a character's
-    bytes are split over several tokens (byte-level or byte-fallback vocabularies) the spans are approximate:
-    partial bytes decode to replacement characters, so the tokens of that character, and those after it, can get
-    shifted spans (``tests/test_protocol.py``: only the first of the two byte tokens of ``é`` overlaps it).
+    Works on any ids (sampled ones need not be the tokenizer's own encoding of their text). Where a
+    character's bytes are split over several tokens (byte-level or byte-fallback vocabularies) the
+    spans are approximate: partial bytes decode to replacement characters, so the tokens of that
+    character, and those after it, can get shifted spans (``tests/test_protocol.py``: only the first
+    of the two byte tokens of ``é`` overlaps it).
     """
     ids = list(ids)
     spans, prev = [], 0
@@ -189,9 +197,10 @@ def token_char_spans(tokenizer: Any, ids: Sequence[int]) -> list[tuple[int, int]
 
 
 def query_token_mask(tokenizer: Any, ids: Sequence[int], text: str) -> list[int]:
-    """THE query mask of one model turn: 1 on the tokens of ``ids`` whose character span (``token_char_spans``)
-    overlaps the stripped query of the first action of ``text`` (``decode(ids)``) when that action is a search;
-    all 0 otherwise, and for an empty query. Rollout turns and warm-up demo segments both use it."""
+    """THE query mask of one model turn: 1 on the tokens of ``ids`` whose character span
+    (``token_char_spans``) overlaps the stripped query of the first action of ``text``
+    (``decode(ids)``) when that action is a search; all 0 otherwise, and for an empty query. Rollout
+    turns and warm-up demo segments both use it."""
     m = ACTION_RE.search(text)
     if m is None or m.group(1) != "search":
         return [0] * len(ids)
@@ -203,9 +212,11 @@ def query_token_mask(tokenizer: Any, ids: Sequence[int], text: str) -> list[int]
     return [1 if s < qe and e > qs else 0 for s, e in token_char_spans(tokenizer, ids)]
 
 
-def post_information_turns(traj: Any, n: int, actions: tuple[str, ...] | None = None) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` completion spans (cut to ``n``) of the turns that follow a search turn with an injected
-    block (only those whose own action is in ``actions``, when given); empty spans are skipped."""
+def post_information_turns(traj: Any, n: int,
+                           actions: tuple[str, ...] | None = None) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` completion spans (cut to ``n``) of the turns that follow a search turn with
+    an injected block (only those whose own action is in ``actions``, when given); empty spans are
+    skipped."""
     turns = list(traj.turns)
     for prev, turn in zip(turns, turns[1:]):
         if prev.action != "search" or prev.inject_span[1] <= prev.inject_span[0]:
@@ -221,9 +232,9 @@ def action_mask(traj: Any, tokenizer: Any) -> list[int]:
     """1 on the tokens where a turn after an information block chooses its action, else 0.
 
     For every turn that follows a search turn with an injected block: the turn's first content token
-    (the first token after a leading ``<think>`` tag, else the first generated token: where a reasoning
-    opener already commits to searching again or answering) and the tokens overlapping its first
-    ``<search>`` or ``<answer>`` opening tag. Length = ``len(completion_ids)``.
+    (the first token after a leading ``<think>`` tag, else the first generated token: where a
+    reasoning opener already commits to searching again or answering) and the tokens overlapping its
+    first ``<search>`` or ``<answer>`` opening tag. Length = ``len(completion_ids)``.
     """
     n = len(traj.completion_ids)
     out = [0] * n
@@ -253,12 +264,13 @@ def action_mask(traj: Any, tokenizer: Any) -> list[int]:
 def decision_mask(traj: Any, tokenizer: Any, actions: tuple[str, ...] | None = None) -> list[int]:
     """1 on every token of the search-again-or-answer decision, else 0.
 
-    For every turn that follows a search turn with an injected block: the turn's tokens from its first
-    generated token through the tokens overlapping its first ``<search>`` or ``<answer>`` opening tag (the
-    whole turn when it opens neither). Unlike ``action_mask`` (the first content token and the tag), this
-    covers a decision the tokenizer spreads over several tokens (``" I"`` / ``" The"`` then ``" am"`` /
-    ``" should"`` on micro). ``actions``: only the turns that took one of these actions (``("answer",)``: the
-    decisions to answer now). Length = ``len(completion_ids)``.
+    For every turn that follows a search turn with an injected block: the turn's tokens from its
+    first generated token through the tokens overlapping its first ``<search>`` or ``<answer>``
+    opening tag (the whole turn when it opens neither). Unlike ``action_mask`` (the first content
+    token and the tag), this covers a decision the tokenizer spreads over several tokens (``" I"`` /
+    ``" The"`` then ``" am"`` / ``" should"`` on micro). ``actions``: only the turns that took one
+    of these actions (``("answer",)``: the decisions to answer now). Length =
+    ``len(completion_ids)``.
     """
     n = len(traj.completion_ids)
     out = [0] * n

@@ -1,9 +1,10 @@
 """The ``hindsearch`` command line.
 
-Each stage's commands live in one module of this package (``data``, ``retrieval``, ``eval``, ``train``,
-``probe``, ``report``, ``compare``) with ``register(subparsers)``; the argument types they share are in
-``args``. This module only collects them, so ``hindsearch --help`` stays fast (heavy imports happen inside
-the command functions). The package is the top layer: it wires the stages, which never import it.
+Each stage's commands live in one module of this package (``data``, ``retrieval``, ``eval``,
+``train``, ``probe``, ``report``, ``compare``) with ``register(subparsers)``; the argument types
+they share are in ``args``. This module only collects them, so ``hindsearch --help`` stays fast
+(heavy imports happen inside the command functions). The package is the top layer: it wires the
+stages, which never import it.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ def _version() -> str:
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Shows each flag's default: ``(default: X)``, ``(default: off)`` for a switch, ``(default: none)``
-    when unset, unless the help text already says what the default is."""
+    """Shows each flag's default: ``(default: X)``, ``(default: off)`` for a switch, ``(default:
+    none)`` when unset, unless the help text already says what the default is."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         h = action.help or ""
         if "default" in h or action.required or not action.option_strings:
             return h
         if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            return h + " (default: off)" if isinstance(action, argparse._StoreTrueAction) else h + " (default: on)"
+            return (h + " (default: off)" if isinstance(action, argparse._StoreTrueAction) else h
+                    + " (default: on)")
         if action.default is argparse.SUPPRESS:
             return h
         if action.default is None or action.default == []:
@@ -85,8 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 OUTPUT_ARGS = ("out", "resume")
-"""Flags naming a folder or file a command writes: their ``~`` is expanded here, once, for every command
-(``fsutil.expand_out``), so nothing writes to a literal ``./~``."""
+"""Flags naming a folder or file a command writes: their ``~`` is expanded here, once, for every
+command (``fsutil.expand_out``), so nothing writes to a literal ``./~``."""
 
 
 def expand_output_args(args: argparse.Namespace) -> None:
@@ -99,12 +101,15 @@ def expand_output_args(args: argparse.Namespace) -> None:
 
 
 EXPECTED = (ValueError, OSError, ConnectionError, RuntimeError, LookupError)
-"""Errors that carry a message meant for the user; anything else is also one line, marked unexpected."""
+"""Errors that carry a message meant for the user; anything else is also one line, marked
+unexpected."""
 
 
 def describe(e: BaseException) -> str:
-    """One line for an error: its message, with the path an ``OSError`` names when the message lacks it."""
-    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in str(e.args[-1] if e.args else ""):
+    """One line for an error: its message, with the path an ``OSError`` names when the message lacks
+    it."""
+    if isinstance(e, OSError) and e.filename is not None and str(e.filename) not in str(
+            e.args[-1] if e.args else ""):
         what = e.strerror or type(e).__name__
         path = f"{e.filename} -> {e.filename2}" if e.filename2 else str(e.filename)
         msg = f"{path}: {what}"
@@ -125,13 +130,16 @@ def describe(e: BaseException) -> str:
 def main(argv: list[str] | None = None) -> int:
     from hindsearch.memory import tune_malloc
 
-    tune_malloc()  # before torch loads and starts threads: fewer malloc arenas, big tensors go back to the kernel
+    # before torch loads and starts threads: fewer malloc arenas, big tensors go back to the kernel
+    tune_malloc()
     from hindsearch.progress import quiet_upstream_bars
 
-    quiet_upstream_bars()  # off a terminal, no upstream bar redraws in the log (before transformers is imported)
+    # off a terminal, no upstream bar redraws in the log (before transformers is imported)
+    quiet_upstream_bars()
     from hindsearch import upstream_warnings
 
-    upstream_warnings.install()  # known upstream deprecation notices once each, with a note; others untouched
+    # known upstream deprecation notices once each, with a note; others untouched
+    upstream_warnings.install()
     parser = build_parser()
     words = sys.argv[1:] if argv is None else list(argv)
     try:  # an action runs while parsing (--plugin imports its plugin): its error is one line too
@@ -140,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
         if "--debug" in words:
             raise
         command = next((w for w in words if not w.startswith("-")), "")
-        print(f"hindsearch{' ' + command if command else ''}: error: {describe(e)}", file=sys.stderr)
+        print(f"hindsearch{' ' + command if command else ''}: error: {describe(e)}",
+              file=sys.stderr)
         return 1
     if not getattr(args, "func", None):
         parser.print_help()
@@ -148,16 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     expand_output_args(args)
     try:
         rc = args.func(args)
-    except KeyboardInterrupt as e:  # Ctrl-C, or a command's own stop (a run's TrainingStopped says what it kept)
-        print(f"hindsearch {args.command}: {e}" if str(e) else "interrupted; finished work is kept and a rerun "
-              "resumes it", file=sys.stderr)
+    # Ctrl-C, or a command's own stop (a run's TrainingStopped says what it kept)
+    except KeyboardInterrupt as e:
+        print(f"hindsearch {args.command}: {e}" if str(e)
+              else "interrupted; finished work is kept and a rerun resumes it", file=sys.stderr)
         return int(getattr(e, "exit_code", 130))
     except Exception as e:  # one line, never a traceback, unless --debug
         if getattr(args, "debug", False):
             raise
         print(f"hindsearch {args.command}: error: {describe(e)}", file=sys.stderr)
         return 1
-    if "torch.distributed" in sys.modules:  # under accelerate launch: a clean exit, not gloo's SIGABRT at teardown
+    # under accelerate launch: a clean exit, not gloo's SIGABRT at teardown
+    if "torch.distributed" in sys.modules:
         from hindsearch.core import lockstep
 
         lockstep.close()
@@ -165,10 +176,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    """The ``hindsearch`` console script (and ``python -m hindsearch.cli``): ``main``, then the exit. A rank of a
-    multi-process launch (``WORLD_SIZE`` > 1) whose command ended well leaves through ``lockstep.end_process`` (no
-    interpreter finalisation, where gloo's threads can abort a finished rank); everything else exits normally.
-    ``main`` itself only returns, so it stays callable from Python and tests."""
+    """The ``hindsearch`` console script (and ``python -m hindsearch.cli``): ``main``, then the
+    exit. A rank of a multi-process launch (``WORLD_SIZE`` > 1) whose command ended well leaves
+    through ``lockstep.end_process`` (no interpreter finalisation, where gloo's threads can abort a
+    finished rank); everything else exits normally. ``main`` itself only returns, so it stays
+    callable from Python and tests."""
     import os
 
     rc = main()

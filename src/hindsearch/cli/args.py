@@ -1,5 +1,5 @@
-"""Argument types and shared flags of the ``hindsearch`` commands: each type's error names the flag (argparse
-adds it)."""
+"""Argument types and shared flags of the ``hindsearch`` commands: each type's error names the flag
+(argparse adds it)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from typing import Any
 
 
 def _int_at_least(text: str, least: int, rule: str) -> int:
-    """``text`` as an integer of at least ``least``; else an error quoting it (``rule`` says the bound)."""
+    """``text`` as an integer of at least ``least``; else an error quoting it (``rule`` says the
+    bound)."""
     try:
         v = int(text)
     except ValueError:
@@ -53,7 +54,8 @@ def port_number(text: str) -> int:
 
 
 def http_url(text: str) -> str:
-    """An ``http://`` or ``https://`` URL with a host (the rule of the config's ``retrieval.url``)."""
+    """An ``http://`` or ``https://`` URL with a host (the rule of the config's
+    ``retrieval.url``)."""
     from hindsearch.config.fields import url_problem
 
     if (why := url_problem(text)) is not None:
@@ -62,8 +64,9 @@ def http_url(text: str) -> str:
 
 
 def assembled(cfg: Any) -> Any:
-    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method tables parsed, as
-    a run's assembly does: what a command does right after loading a config, before it writes or loads anything."""
+    """``cfg`` (a loaded ``Config``) with the names its registries hold checked and its method
+    tables parsed, as a run's assembly does: what a command does right after loading a config,
+    before it writes or loads anything."""
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.retrieval.factory import check_kind
     from hindsearch.train.reward_funcs import REWARDS

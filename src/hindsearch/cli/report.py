@@ -1,5 +1,5 @@
-"""``hindsearch report DIR``: the static HTML page of a run, evaluation, folder of runs or comparison
-(``hindsearch.study.report`` renders it)."""
+"""``hindsearch report DIR``: the static HTML page of a run, evaluation, folder of runs or
+comparison (``hindsearch.study.report`` renders it)."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ def _cmd_report(args: argparse.Namespace) -> int:
 
 def register(sub: Any) -> None:
     """Add the ``report`` subcommand."""
-    p = sub.add_parser("report", help="static HTML report of a run, evaluation, runs or comparison folder")
-    p.add_argument("run_dir", help="run folder (metrics.jsonl, samples.jsonl), evaluation folder (hindsearch eval "
-                                   "--out), folder of runs, or compare folder")
+    p = sub.add_parser("report",
+                       help="static HTML report of a run, evaluation, runs or comparison folder")
+    p.add_argument("run_dir", help="run folder (metrics.jsonl, samples.jsonl), evaluation folder "
+                                   "(hindsearch eval --out), folder of runs, or compare folder")
     p.add_argument("--out", default=None, help="output file (default RUN_DIR/report.html)")
     p.add_argument("--debug", action="store_true", help="show tracebacks")
     p.set_defaults(func=_cmd_report)

@@ -1,5 +1,6 @@
-"""How a config value is declared, read and checked: allowed values and bounds in field metadata (``choice``,
-``bounded``, read back with ``choices_of``) and the typed assignment of a TOML value or ``--set``."""
+"""How a config value is declared, read and checked: allowed values and bounds in field metadata
+(``choice``, ``bounded``, read back with ``choices_of``) and the typed assignment of a TOML value or
+``--set``."""
 
 from __future__ import annotations
 
@@ -36,14 +37,15 @@ def choice(default: Any, choices: tuple[str, ...]) -> Any:
     return field(default=default, metadata={"choices": choices})
 
 
-def bounded(default: Any, *, ge: float | None = None, gt: float | None = None, le: float | None = None,
-            lt: float | None = None) -> Any:
+def bounded(default: Any, *, ge: float | None = None, gt: float | None = None,
+            le: float | None = None, lt: float | None = None) -> Any:
     """A numeric field with bounds (None values are not checked: they mean "unset")."""
     return field(default=default, metadata={"bounds": {"ge": ge, "gt": gt, "le": le, "lt": lt}})
 
 
 def choices_of(cls: type, name: str) -> tuple[str, ...]:
-    """The allowed values declared on ``cls.name`` (what validation checks and code dispatches on)."""
+    """The allowed values declared on ``cls.name`` (what validation checks and code dispatches
+    on)."""
     for f in fields(cls):
         if f.name == name:
             return tuple(f.metadata["choices"])
@@ -55,11 +57,13 @@ class ConfigError(ValueError):
 
 
 INT64_MAX = 2**63 - 1
-"""The largest integer a config value may hold: every one ends up in a 64-bit integer (torch, numpy, TRL)."""
+"""The largest integer a config value may hold: every one ends up in a 64-bit integer (torch, numpy,
+TRL)."""
 
 
 def url_problem(text: str) -> str | None:
-    """Why ``text`` is not an ``http://`` or ``https://`` URL with a host (and a valid port); None when it is one."""
+    """Why ``text`` is not an ``http://`` or ``https://`` URL with a host (and a valid port); None
+    when it is one."""
     from urllib.parse import urlsplit
 
     try:
@@ -80,9 +84,11 @@ def _drop_none(d: Any) -> Any:
 
 def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> None:
     names = {f.name: f for f in fields(obj)}
-    sections = getattr(obj, "sections", {}) if not prefix else {}  # the Config's parsed method sections
+    # the Config's parsed method sections
+    sections = getattr(obj, "sections", {}) if not prefix else {}
     if key not in names and key not in sections:
-        if not prefix and hasattr(obj, "tables"):  # a method's table: parsed when the run is assembled
+        # a method's table: parsed when the run is assembled
+        if not prefix and hasattr(obj, "tables"):
             obj.tables.setdefault(key, []).append((source, value))
             return
         if not prefix:
@@ -97,17 +103,21 @@ def _assign(obj: Any, key: str, value: Any, source: str, prefix: str = "") -> No
             _assign(current, k, v, source, f"{prefix}{key}.")
         return
     if isinstance(current, dict) and isinstance(value, dict):
-        value = {**current, **value}  # a raw table (train.trl): --set adds one key, keeps the others
-    if current is None and value is not None:  # no current value to compare with: check the annotation
+        # a raw table (train.trl): --set adds one key, keeps the others
+        value = {**current, **value}
+    # no current value to compare with: check the annotation
+    if current is None and value is not None:
         value = _check_annotation(prefix + key, names[key].type, value, source)
     setattr(obj, key, _coerce(prefix + key, current, value, source))
 
 
-_SIMPLE_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,), "list": (list,), "dict": (dict,)}
+_SIMPLE_TYPES = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,),
+                 "list": (list,), "dict": (dict,)}
 
 
 def _check_annotation(key: str, annotation: Any, value: Any, source: str) -> Any:
-    """A value for a field whose default is None, checked against its annotation (``int | None`` ...)."""
+    """A value for a field whose default is None, checked against its annotation
+    (``int | None`` ...)."""
     parts = [a.strip().split("[")[0] for a in str(annotation).split("|")]
     named = [a for a in parts if a != "None"]
     if not named or any(a not in _SIMPLE_TYPES for a in named):
@@ -124,7 +134,8 @@ def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
     if isinstance(value, float) and not math.isfinite(value):  # nan/inf pass every < and > check
         raise ConfigError(f"{source}: {key} must be a finite number, got {value!r}")
     if isinstance(value, int) and not isinstance(value, bool) and abs(value) > INT64_MAX:
-        raise ConfigError(f"{source}: {key} = {value} does not fit in 64 bits (at most {INT64_MAX})")
+        raise ConfigError(
+            f"{source}: {key} = {value} does not fit in 64 bits (at most {INT64_MAX})")
     if current is None or value is None:
         return value
     if isinstance(current, bool):
@@ -141,11 +152,13 @@ def _coerce(key: str, current: Any, value: Any, source: str) -> Any:
 _BOUND_TEXT = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}
 
 
-_BOUND_OK = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b, "lt": lambda v, b: v < b}
+_BOUND_OK = {"ge": lambda v, b: v >= b, "gt": lambda v, b: v > b, "le": lambda v, b: v <= b,
+             "lt": lambda v, b: v < b}
 
 
 def _check_declared(obj: Any, prefix: str) -> None:
-    """Walk ``obj``'s fields (recursing into sub-configs) and check each declared choice and bound."""
+    """Walk ``obj``'s fields (recursing into sub-configs) and check each declared choice and
+    bound."""
     for f in fields(obj):
         value, key = getattr(obj, f.name), prefix + f.name
         if hasattr(value, "__dataclass_fields__"):
@@ -154,10 +167,12 @@ def _check_declared(obj: Any, prefix: str) -> None:
             allowed = f.metadata["choices"]
             bad = [v for v in (value if isinstance(value, list) else [value]) if v not in allowed]
             if bad:
-                raise ConfigError(f"{key} = {value!r} is not allowed; choose {'each from' if isinstance(value, list) else 'one of'} "
+                raise ConfigError(f"{key} = {value!r} is not allowed; choose "
+                                  f"{'each from' if isinstance(value, list) else 'one of'} "
                                   f"{', '.join(allowed)}")
         elif "bounds" in f.metadata and value is not None:
             for op, bound in f.metadata["bounds"].items():
                 if bound is not None and not _BOUND_OK[op](value, bound):
-                    rule = " and ".join(f"{_BOUND_TEXT[o]} {b}" for o, b in f.metadata["bounds"].items() if b is not None)
+                    rule = " and ".join(f"{_BOUND_TEXT[o]} {b}"
+                                        for o, b in f.metadata["bounds"].items() if b is not None)
                     raise ConfigError(f"{key} must be {rule}, got {value}")

@@ -24,14 +24,16 @@ _region: Callable[[], Any] | None = None
 
 
 def active() -> bool:
-    """Whether ``torch.distributed`` is initialised with more than one process (else nothing is synced)."""
+    """Whether ``torch.distributed`` is initialised with more than one process (else nothing is
+    synced)."""
     import torch.distributed as dist
 
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
 def _device() -> torch.device:
-    """Where the all-reduce tensor lives: the current CUDA device under NCCL, else the CPU (gloo)."""
+    """Where the all-reduce tensor lives: the current CUDA device under NCCL, else the CPU
+    (gloo)."""
     import torch.distributed as dist
 
     if dist.get_backend() == "nccl":
@@ -82,10 +84,11 @@ def forward(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
 def close() -> bool:
     """Destroy ``torch.distributed``'s process group, if one is initialised; whether one was.
 
-    Call it once per process after a run that ended well (never after an error: a rank that fails while
-    another still waits in a collective would hang in the destroy). Without it, gloo's worker threads
-    outlive the interpreter's finalisation and abort the process with SIGABRT ("terminate called without
-    an active exception") after the work is done and saved, so ``accelerate launch`` reports a failed run.
+    Call it once per process after a run that ended well (never after an error: a rank that fails
+    while another still waits in a collective would hang in the destroy). Without it, gloo's worker
+    threads outlive the interpreter's finalisation and abort the process with SIGABRT ("terminate
+    called without an active exception") after the work is done and saved, so ``accelerate launch``
+    reports a failed run.
     """
     import torch.distributed as dist
 
@@ -96,14 +99,16 @@ def close() -> bool:
 
 
 def end_process(rc: int) -> NoReturn:
-    """End a rank of a multi-process run that ended well (after ``close``), skipping the interpreter's finalisation.
+    """End a rank of a multi-process run that ended well (after ``close``), skipping the
+    interpreter's finalisation.
 
-    ``close`` does not stop gloo's worker threads where DDP's reducer or FSDP's device mesh still holds the group
-    from C++ (their native threads are still there after the destroy and a ``gc.collect``). Their teardown during
-    the interpreter's finalisation then sometimes aborts a finished rank with SIGABRT ("terminate called without
-    an active exception"): 1 of about 32 two-rank test runs on 2 CPU cores, and once in CI. Everything the run writes is
-    closed by then, so this waits for non-daemon threads, runs the ``atexit`` handlers (trackers, logging),
-    flushes the standard streams and leaves with ``os._exit(rc)``.
+    ``close`` does not stop gloo's worker threads where DDP's reducer or FSDP's device mesh still
+    holds the group from C++ (their native threads are still there after the destroy and a
+    ``gc.collect``). Their teardown during the interpreter's finalisation then sometimes aborts a
+    finished rank with SIGABRT ("terminate called without an active exception"): 1 of about 32
+    two-rank test runs on 2 CPU cores, and once in CI. Everything the run writes is closed by then,
+    so this waits for non-daemon threads, runs the ``atexit`` handlers (trackers, logging), flushes
+    the standard streams and leaves with ``os._exit(rc)``.
     """
     import atexit
     import logging
@@ -123,7 +128,8 @@ def end_process(rc: int) -> NoReturn:
 
 
 def pad_forward(model: Any, pad_id: int) -> Callable[[], None]:
-    """A region's dummy: one no-grad forward of a single pad token through ``model`` (only the last logit kept)."""
+    """A region's dummy: one no-grad forward of a single pad token through ``model`` (only the last
+    logit kept)."""
 
     def run() -> None:
         dev = next(model.parameters()).device

@@ -1,15 +1,12 @@
-"""Sampling and the stop rule of the decode loop: what picks the next id of a row and what ends the row.
+"""Sampling and the stop rule of the decode loop: what picks the next id of a row and what ends the
+row.
 
-- ``SamplingParams``: greedy, or temperature + top-p (``top_p_filter``); ``sample_tokens`` picks one id per row,
-  drawn with ``torch.multinomial`` or by inverse CDF (``DRAWS``).
-  Log-probs: ``log softmax(logits / T)`` of the picked id (T = 1 when greedy), before top-p filtering, i.e. what a
-  trainer recomputes from the same logits.
-- ``GenOutput``: what a row generated (ids, their log-probs, why it stopped).
-- THE stop rule (``stop_reason``), checked in this order after each new id: an EOS id -> ``eos``; a stop string in
-  the decoded text of the row's last ``STOP_WINDOW`` ids, counting the context's last id as the first of them (so
-  a stop string that starts in the context's last token counts) -> ``stop``; the row's budget -> ``length``.
-- ``stop_token_ids``: the EOS ids of a tokenizer and a model's generation config.
-- ``repetition_penalty``: transformers' repetition penalty as a logits hook.
+``SamplingParams`` (greedy, or temperature + top-p) and ``sample_tokens`` pick one id per row; its
+log-prob is ``log softmax(logits / T)`` before top-p filtering, what a trainer recomputes from the
+same logits. ``GenOutput`` is what a row generated. THE stop rule (``stop_reason``): an EOS id, a
+stop string in the row's last ``STOP_WINDOW`` ids, or the row's budget. Also ``stop_token_ids`` and
+``repetition_penalty`` (transformers' penalty as a logits hook). The exact rule: docs/protocol.md,
+"The model core".
 """
 
 from __future__ import annotations
@@ -22,24 +19,26 @@ import torch
 from torch import Tensor
 
 LogitsHook = Callable[[list[int], list[list[int]], Tensor], Tensor]
-"""``hook(rows, new_ids, logits[B, V]) -> logits``: ``rows[j]`` is the caller's index of batch row ``j`` and
-``new_ids[j]`` what that row generated so far in its current segment."""
+"""``hook(rows, new_ids, logits[B, V]) -> logits``: ``rows[j]`` is the caller's index of batch row
+``j`` and ``new_ids[j]`` what that row generated so far in its current segment."""
 
 STOP_WINDOW = 16
-"""Ids decoded when looking for a stop string (the context's last id and the newest ids); a stop string of n
-characters spans at most n ids, and ours (``</search>``, ``</answer>``) have 9."""
+"""Ids decoded when looking for a stop string (the context's last id and the newest ids); a stop
+string of n characters spans at most n ids, and ours (``</search>``, ``</answer>``) have 9."""
 
 
 DRAWS = ("multinomial", "inverse_cdf")
-"""How a sampled id is drawn from a row's probabilities: ``multinomial`` (``torch.multinomial``: one random number
-per vocabulary entry, the default and the random stream every seeded result so far was made with) or
-``inverse_cdf`` (one uniform number per row against the cumulative probabilities: the same distribution, another
-random stream, several times less work at a real vocabulary; ``draw_inverse_cdf``)."""
+"""How a sampled id is drawn from a row's probabilities: ``multinomial`` (``torch.multinomial``: one
+random number per vocabulary entry, the default and the random stream every seeded result so far was
+made with) or ``inverse_cdf`` (one uniform number per row against the cumulative probabilities: the
+same distribution, another random stream, several times less work at a real vocabulary;
+``draw_inverse_cdf``)."""
 
 
 @dataclass
 class SamplingParams:
-    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``; ``draw`` one of ``DRAWS``."""
+    """Explicit sampling parameters; greedy when ``greedy`` or ``temperature == 0``; ``draw`` one of
+    ``DRAWS``."""
 
     temperature: float = 1.0
     top_p: float = 1.0
@@ -74,7 +73,8 @@ def top_p_filter(logits: Tensor, top_p: float) -> Tensor:
     return torch.full_like(logits, float("-inf")).scatter(-1, idx, sorted_logits)
 
 
-def sample_tokens(logits: Tensor, sampling: SamplingParams, generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
+def sample_tokens(logits: Tensor, sampling: SamplingParams,
+                  generator: torch.Generator | None) -> tuple[Tensor, Tensor]:
     """Pick next tokens and their log-probs. logits: [B, V] float -> (tokens [B], logprobs [B])."""
     if sampling.is_greedy:
         logp = logits.log_softmax(-1)
@@ -93,24 +93,27 @@ def sample_tokens(logits: Tensor, sampling: SamplingParams, generator: torch.Gen
 
 
 def draw_inverse_cdf(probs: Tensor, generator: torch.Generator | None) -> Tensor:
-    """One id per row of ``probs [B, V]`` (rows summing to ~1, zeros allowed) from one uniform number per row:
-    the first id whose cumulative probability (float64) passes ``u * total``. An id of probability 0 is never
-    drawn. -> ``[B]`` int64."""
+    """One id per row of ``probs [B, V]`` (rows summing to ~1, zeros allowed) from one uniform
+    number per row: the first id whose cumulative probability (float64) passes ``u * total``. An id
+    of probability 0 is never drawn. -> ``[B]`` int64."""
     cdf = probs.to(torch.float64).cumsum(-1)
-    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=torch.float64)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device,
+                   dtype=torch.float64)
     tok = torch.searchsorted(cdf, u * cdf[:, -1:], right=True).squeeze(-1)
     return tok.clamp_(max=probs.shape[-1] - 1)
 
 
 def read_back(tok: Tensor, logp: Tensor) -> tuple[list[int], list[float]]:
-    """A step's sampled ids and log-probs as Python lists, in one device-to-host read (one ``tolist``): per-row
-    reads would each wait for the device. Ids travel as float64, exact for any vocabulary below 2^53."""
+    """A step's sampled ids and log-probs as Python lists, in one device-to-host read (one
+    ``tolist``): per-row reads would each wait for the device. Ids travel as float64, exact for any
+    vocabulary below 2^53."""
     both = torch.stack((tok.to(torch.float64), logp.to(torch.float64))).tolist()
     return [int(x) for x in both[0]], both[1]
 
 
 def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
-    """EOS ids that end a row: the tokenizer's EOS and the model's ``generation_config.eos_token_id``(s)."""
+    """EOS ids that end a row: the tokenizer's EOS and the model's
+    ``generation_config.eos_token_id``(s)."""
     ids = {tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set()
     gc = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     ids |= set(gc if isinstance(gc, list) else [gc] if gc is not None else [])
@@ -119,7 +122,8 @@ def stop_token_ids(tokenizer: Any, model: Any = None) -> set[int]:
 
 @dataclass
 class Stop:
-    """When a decoded row stops: an id in ``eos_ids``, a string of ``strings`` in its decoded tail, its budget."""
+    """When a decoded row stops: an id in ``eos_ids``, a string of ``strings`` in its decoded tail,
+    its budget."""
 
     tokenizer: Any
     eos_ids: set[int]
@@ -127,8 +131,8 @@ class Stop:
 
 
 def stop_reason(stop: Stop, lead: Sequence[int], ids: Sequence[int], budget: int) -> str | None:
-    """THE stop rule (module docstring) for a row with new ``ids`` after a context ending in ``lead`` (its last
-    id, or nothing): ``eos`` / ``stop`` / ``length``, or None to go on."""
+    """THE stop rule (module docstring) for a row with new ``ids`` after a context ending in
+    ``lead`` (its last id, or nothing): ``eos`` / ``stop`` / ``length``, or None to go on."""
     if ids and ids[-1] in stop.eos_ids:
         return "eos"
     if stop.strings:
@@ -139,16 +143,19 @@ def stop_reason(stop: Stop, lead: Sequence[int], ids: Sequence[int], budget: int
     return "length" if len(ids) >= budget else None
 
 
-def repetition_penalty(contexts: Sequence[Sequence[int]], penalty: float | None) -> LogitsHook | None:
-    """transformers' repetition penalty as a logits hook (None when ``penalty`` is 1 or unset): the logit of
-    every id already in the row (its context and new ids; never the padding) is divided by ``penalty``
-    (multiplied when negative). ``logits [B, V]`` -> ``[B, V]``; ``rows`` index ``contexts``."""
+def repetition_penalty(contexts: Sequence[Sequence[int]],
+                       penalty: float | None) -> LogitsHook | None:
+    """transformers' repetition penalty as a logits hook (None when ``penalty`` is 1 or unset): the
+    logit of every id already in the row (its context and new ids; never the padding) is divided by
+    ``penalty`` (multiplied when negative). ``logits [B, V]`` -> ``[B, V]``; ``rows`` index
+    ``contexts``."""
     if not penalty or penalty == 1.0:
         return None
 
     def hook(rows: list[int], new_ids: list[list[int]], logits: Tensor) -> Tensor:
         for j, i in enumerate(rows):
-            seen = torch.tensor(sorted(set(contexts[i]) | set(new_ids[j])), dtype=torch.long, device=logits.device)
+            seen = torch.tensor(sorted(set(contexts[i]) | set(new_ids[j])), dtype=torch.long,
+                                device=logits.device)
             v = logits[j, seen]
             logits[j, seen] = torch.where(v < 0, v * penalty, v / penalty)
         return logits

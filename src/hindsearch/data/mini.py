@@ -1,21 +1,11 @@
 """``hindsearch data mini``: a mini-wiki corpus plus the seven benchmark test sets restricted to it.
 
-From a folder of real data slices (``--shared``, laid out as ``../shared/data``, see its
-SOURCES.md) it builds:
-
-* ``corpus.jsonl`` (wiki-18 format): the wiki-18 slice, the FlashRAG/Search-R1 sample
-  passages, HippoRAG's corpora and every paragraph shipped with the multi-hop sets (IRCoT,
-  MIGRES, HippoRAG), deduplicated on (title, whitespace-collapsed text); ids are a hash of
-  that key (``mw`` + 12 hex), so they do not change when sources are added or reordered;
-* ``<benchmark>.jsonl`` for nq, triviaqa, popqa, hotpotqa, 2wiki, musique and bamboogle
-  (``QARecord`` rows), keeping only questions whose evidence is in the corpus: for
-  multi-hop sets every supporting paragraph must be present (``metadata.evidence_ids``);
-  for single-hop sets a gold answer must occur, normalised as in ``answers.answer_in_text``,
-  in some passage (``metadata.answer_passage_ids``, at most 5);
-* ``train.jsonl`` and ``dev.jsonl``: the training sets' questions (HotpotQA's and MuSiQue's train slices, disjoint
-  from the benchmarks) whose supporting paragraphs are all in the corpus, split by a seeded shuffle
-  (``dev_fraction`` to dev), so ``data.train`` / ``data.dev`` have a split that belongs with this corpus;
-* ``mini.json`` with the counts, also printed as a table.
+From a folder of real data slices (``--shared``) it builds ``corpus.jsonl`` (wiki-18 format,
+deduplicated, ids stable when sources are added), ``<benchmark>.jsonl`` for the seven benchmarks
+(only questions whose evidence is in the corpus), ``train.jsonl`` and ``dev.jsonl`` (training
+questions whose supporting paragraphs are all in the corpus) and ``mini.json`` with the counts,
+also printed as a table. What each file holds and the rules that keep a question: docs/data.md,
+"What `data mini` writes".
 """
 
 from __future__ import annotations
@@ -51,7 +41,8 @@ PARAGRAPH_FILES = (
     "hipporag/hotpotqa_train.json",
     "hipporag/musique_train.json",
 )
-# Benchmark -> (test file, "multi" = supporting paragraphs must be present | "single" = answer in a passage).
+# Benchmark -> (test file, "multi" = supporting paragraphs must be present | "single" = answer in a
+# passage).
 BENCHMARKS = {
     "nq": ("ros-subsample/nq/test.jsonl", "single"),
     "triviaqa": ("ros-subsample/triviaqa/test.jsonl", "single"),
@@ -62,7 +53,8 @@ BENCHMARKS = {
     "bamboogle": ("ros-subsample/bamboogle/test.jsonl", "single"),
 }
 
-# Training sets (their questions go to train.jsonl / dev.jsonl; every one is multi-hop, with its paragraphs).
+# Training sets (their questions go to train.jsonl / dev.jsonl; every one is multi-hop, with its
+# paragraphs).
 TRAIN_FILES = {
     "hotpotqa_train": "hipporag/hotpotqa_train.json",
     "musique_train": "hipporag/musique_train.json",
@@ -120,7 +112,8 @@ class MiniCorpus:
         return self.index_of.get(passage_key(title, text))
 
     def build_answer_index(self, vocab: set[str]) -> None:
-        """Normalise every passage and index the positions of the tokens in ``vocab`` (answer tokens)."""
+        """Normalise every passage and index the positions of the tokens in ``vocab`` (answer
+        tokens)."""
         self.norm = [f" {fast_normalize(p.contents)} " for p in self.passages]
         self.postings: dict[str, set[int]] = {t: set() for t in vocab}
         for i, t in enumerate(self.norm):
@@ -144,8 +137,10 @@ class MiniCorpus:
 
 
 def _corpus_rows(path: Path) -> Iterator[tuple[str, str]]:
-    """(title, text) of a corpus file: wiki-18 jsonl, HippoRAG list, or a {title: [sentences]} dict."""
-    if path.suffix == ".json" and path.read_text(encoding="utf-8", errors="replace").lstrip().startswith("{"):
+    """(title, text) of a corpus file: wiki-18 jsonl, HippoRAG list, or a {title: [sentences]}
+    dict."""
+    raw = path.read_text(encoding="utf-8", errors="replace") if path.suffix == ".json" else ""
+    if raw.lstrip().startswith("{"):
         for title, sents in json.loads(path.read_text(encoding="utf-8")).items():
             yield title, "".join(sents).strip()
         return
@@ -154,7 +149,8 @@ def _corpus_rows(path: Path) -> Iterator[tuple[str, str]]:
 
 
 def _collect_corpus(shared: Path, missing: list[str]) -> MiniCorpus:
-    """Every passage of the corpus files and of the multi-hop rows' paragraphs (missing files are noted)."""
+    """Every passage of the corpus files and of the multi-hop rows' paragraphs (missing files are
+    noted)."""
     corpus = MiniCorpus()
     for rel in CORPUS_FILES:
         if not (shared / rel).is_file():
@@ -174,8 +170,8 @@ def _collect_corpus(shared: Path, missing: list[str]) -> MiniCorpus:
 
 def _read_benchmarks(shared: Path, missing: list[str],
                      files: dict[str, str] | None = None) -> dict[str, list[tuple[Any, QARecord]]]:
-    """Each benchmark's (or each of ``files``': name -> path) (raw row, record) pairs; a malformed row is an
-    error naming file and line."""
+    """Each benchmark's (or each of ``files``': name -> path) (raw row, record) pairs; a malformed
+    row is an error naming file and line."""
     rows: dict[str, list[tuple[Any, QARecord]]] = {}
     files = files if files is not None else {name: rel for name, (rel, _kind) in BENCHMARKS.items()}
     for name, rel in files.items():
@@ -194,8 +190,9 @@ def _read_benchmarks(shared: Path, missing: list[str],
 
 
 def _answerable(corpus: MiniCorpus, kind: str, row: Any, rec: QARecord) -> bool:
-    """Keep ``rec`` when the mini-wiki can answer it (``multi``: every evidence paragraph is in it; else a
-    passage holds a gold answer); records the passage ids it relies on in ``rec.metadata``."""
+    """Keep ``rec`` when the mini-wiki can answer it (``multi``: every evidence paragraph is in it;
+    else a passage holds a gold answer); records the passage ids it relies on in
+    ``rec.metadata``."""
     if kind == "multi":
         paras = [p for p in paragraphs_of(row) if p.supporting or p.title in rec.evidence]
         ids = [corpus.find(p.title, p.text) for p in paras]
@@ -211,8 +208,8 @@ def _answerable(corpus: MiniCorpus, kind: str, row: Any, rec: QARecord) -> bool:
 
 def split_train_dev(records: list[QARecord], dev_fraction: float,
                     seed: int = 0) -> tuple[list[QARecord], list[QARecord]]:
-    """``(train, dev)``: a seeded shuffle of ``records``, ``round(n * dev_fraction)`` of them (at least one when
-    the fraction is > 0 and there are two or more) to dev."""
+    """``(train, dev)``: a seeded shuffle of ``records``, ``round(n * dev_fraction)`` of them (at
+    least one when the fraction is > 0 and there are two or more) to dev."""
     import random
 
     order = list(records)
@@ -231,8 +228,8 @@ def _write_qa(path: Path, records: list[QARecord]) -> None:
 
 def build_mini(shared: str | Path, out: str | Path, log=print,
                dev_fraction: float = DEV_FRACTION) -> dict[str, Any]:
-    """Build the mini-wiki, the filtered benchmarks and the train/dev split (``dev_fraction`` of the kept training
-    questions to dev) in ``out``; returns the ``mini.json`` dict."""
+    """Build the mini-wiki, the filtered benchmarks and the train/dev split (``dev_fraction`` of the
+    kept training questions to dev) in ``out``; returns the ``mini.json`` dict."""
     if not 0 <= dev_fraction < 1:
         raise ValueError(f"--dev-fraction {dev_fraction}: must be at least 0 and below 1")
     shared, out = Path(shared), Path(out)
@@ -245,7 +242,8 @@ def build_mini(shared: str | Path, out: str | Path, log=print,
     write_corpus(out / "corpus.jsonl", corpus.passages)
     rows = _read_benchmarks(shared, missing)
     train_rows = _read_benchmarks(shared, missing, TRAIN_FILES)
-    corpus.build_answer_index({t for recs in rows.values() for _, r in recs for a in r.golden_answers
+    corpus.build_answer_index({t for recs in rows.values() for _, r in recs
+                               for a in r.golden_answers
                                for t in fast_normalize(a).split()})
     bench: dict[str, Any] = {}
     for name, recs in rows.items():
@@ -253,15 +251,18 @@ def build_mini(shared: str | Path, out: str | Path, log=print,
         kept = [rec for row, rec in recs if _answerable(corpus, kind, row, rec)]
         _write_qa(out / f"{name}.jsonl", kept)
         bench[name] = {"source": rel, "rule": kind, "total": len(recs), "kept": len(kept)}
-    pool = [rec for recs in train_rows.values() for row, rec in recs if _answerable(corpus, "multi", row, rec)]
+    pool = [rec for recs in train_rows.values() for row, rec in recs
+            if _answerable(corpus, "multi", row, rec)]
     train, dev = split_train_dev(pool, dev_fraction)
     if pool:
         _write_qa(out / "train.jsonl", train)
         _write_qa(out / "dev.jsonl", dev)
-    split = {"sources": [TRAIN_FILES[n] for n in train_rows], "total": sum(len(r) for r in train_rows.values()),
+    split = {"sources": [TRAIN_FILES[n] for n in train_rows],
+             "total": sum(len(r) for r in train_rows.values()),
              "kept": len(pool), "train": len(train), "dev": len(dev), "dev_fraction": dev_fraction}
-    meta = {"passages": len(corpus.passages), "passages_per_source": corpus.added, "benchmarks": bench,
-            "split": split, "missing_sources": missing, "seconds": round(time.perf_counter() - t0, 2)}
+    meta = {"passages": len(corpus.passages), "passages_per_source": corpus.added,
+            "benchmarks": bench, "split": split, "missing_sources": missing,
+            "seconds": round(time.perf_counter() - t0, 2)}
     (out / "mini.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     log(format_table(meta))
     return meta
@@ -275,8 +276,9 @@ def format_table(meta: dict[str, Any]) -> str:
         lines.append(f"{name:<10} {b['kept']:>6} {b['total']:>6} {b['rule']:<6} {b['source']}")
     sp = meta.get("split") or {}
     if sp.get("kept"):
-        lines.append(f"train/dev split: {sp['train']} train.jsonl + {sp['dev']} dev.jsonl of {sp['kept']} kept "
-                     f"training questions ({sp['total']} in {', '.join(sp['sources'])})")
+        lines.append(f"train/dev split: {sp['train']} train.jsonl + {sp['dev']} dev.jsonl of "
+                     f"{sp['kept']} kept training questions ({sp['total']} in "
+                     f"{', '.join(sp['sources'])})")
     else:
         lines.append("train/dev split: none (no training questions answerable from the corpus: "
                      + ", ".join(TRAIN_FILES.values()) + ")")

@@ -20,8 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from hindsearch.data.world_questions import _questions, _round_robin
-from hindsearch.data.world_words import (_CITY_FORMS, _CODAS, _COUNTRY_SUFFIX, _FILLER, _GENRES, _OCCUPATIONS, _ONSETS,
-                                         _ORG_KINDS, _REGIONS, _VOWELS, _WORK_NOUNS)
+from hindsearch.data.world_words import (_CITY_FORMS, _CODAS, _COUNTRY_SUFFIX, _FILLER, _GENRES,
+                                         _OCCUPATIONS, _ONSETS, _ORG_KINDS, _REGIONS, _VOWELS,
+                                         _WORK_NOUNS)
 from hindsearch.records import Passage, QARecord, make_contents
 
 GENERATOR_VERSION = 1
@@ -95,22 +96,27 @@ def _kind_counts(n: int) -> dict[str, int]:
     return c
 
 
-def _make_places(rng: random.Random, namer: "_Namer", counts: dict[str, int]) -> tuple[list[Entity], list[Entity]]:
-    """Countries, then cities (a fifth share a stem with an earlier city), then each country's capital."""
+def _make_places(rng: random.Random, namer: "_Namer",
+                 counts: dict[str, int]) -> tuple[list[Entity], list[Entity]]:
+    """Countries, then cities (a fifth share a stem with an earlier city), then each country's
+    capital."""
     countries = []
     for _ in range(counts["country"]):
         name = namer.unique(lambda: namer.stem(1, 2) + rng.choice(_COUNTRY_SUFFIX))
-        countries.append(Entity("country", name, {"region": rng.choice(_REGIONS), "year": rng.randint(1450, 1890),
+        countries.append(Entity("country", name,
+                                {"region": rng.choice(_REGIONS), "year": rng.randint(1450, 1890),
                                                   "language": namer.stem(1, 2) + "ic"}))
     cities: list[Entity] = []
     stems: list[str] = []
     for i in range(counts["city"]):
         name = None
         if stems and rng.random() < 0.2:  # distractor: shares a stem with an earlier city
-            name = rng.choice(["New {}", "Port {}", "{} Vale", "{} Falls", "Upper {}"]).format(rng.choice(stems))
+            name = rng.choice(["New {}", "Port {}", "{} Vale", "{} Falls", "Upper {}"]).format(
+                rng.choice(stems))
             name = name if namer.claim(name) else None
         name = name or namer.unique(lambda: rng.choice(_CITY_FORMS).format(namer.stem()))
-        stems.append(name.split()[-1] if name.split()[0] in ("New", "Port", "Upper") else name.split()[0])
+        stems.append(name.split()[-1] if name.split()[0] in ("New", "Port", "Upper")
+                     else name.split()[0])
         country = countries[i % len(countries)]  # every country gets cities
         cities.append(Entity("city", name, {"country": country.name, "year": rng.randint(850, 1820),
                                             "river": namer.stem(1, 2)}))
@@ -122,53 +128,64 @@ def _make_places(rng: random.Random, namer: "_Namer", counts: dict[str, int]) ->
     return countries, cities
 
 
-def _make_people(rng: random.Random, namer: "_Namer", counts: dict[str, int], cities: list[Entity]) -> list[Entity]:
-    """People (a third with a middle name, findable by the short form too), a third of them married pairwise."""
+def _make_people(rng: random.Random, namer: "_Namer", counts: dict[str, int],
+                 cities: list[Entity]) -> list[Entity]:
+    """People (a third with a middle name, findable by the short form too), a third of them married
+    pairwise."""
     first_names = [namer.stem(2, 2) for _ in range(max(30, counts["person"] // 3))]
     surnames = [namer.stem(2, 3) for _ in range(max(20, counts["person"] // 3))]
     people: list[Entity] = []
     while len(people) < counts["person"]:
         first, last = rng.choice(first_names), rng.choice(surnames)
         middle = rng.choice(first_names) if rng.random() < 0.3 else None
-        full, short = (f"{first} {middle} {last}", f"{first} {last}") if middle else (f"{first} {last}", None)
+        full, short = (f"{first} {middle} {last}", f"{first} {last}") if middle else (
+            f"{first} {last}", None)
         if not namer.claim(*([full, short] if short else [full])):
             continue
         city = rng.choice(cities)
         people.append(Entity("person", full, {
-            "born_in": city.name, "country": city.attrs["country"], "birth_year": rng.randint(1760, 1960),
-            "occupation": rng.choice(_OCCUPATIONS), "gender": rng.choice("mf")}, [short] if short else []))
+            "born_in": city.name, "country": city.attrs["country"],
+            "birth_year": rng.randint(1760, 1960), "occupation": rng.choice(_OCCUPATIONS),
+            "gender": rng.choice("mf")}, [short] if short else []))
     singles = people[:]
     rng.shuffle(singles)
-    for a, b in zip(singles[0:len(singles) // 3], singles[len(singles) // 3: 2 * len(singles) // 3]):
+    for a, b in zip(singles[0:len(singles) // 3],
+                    singles[len(singles) // 3: 2 * len(singles) // 3]):
         a.attrs["spouse"], b.attrs["spouse"] = b.name, a.name
     return people
 
 
-def _make_orgs_and_works(rng: random.Random, namer: "_Namer", counts: dict[str, int], cities: list[Entity],
-                         people: list[Entity]) -> list[Entity]:
+def _make_orgs_and_works(rng: random.Random, namer: "_Namer", counts: dict[str, int],
+                         cities: list[Entity], people: list[Entity]) -> list[Entity]:
     """Organisations (founder, HQ, employees) and works (author, genre, year)."""
     orgs = []
     for _ in range(counts["org"]):
         founder = rng.choice(people)
-        name = namer.unique(lambda: f"{namer.stem()} {rng.choice(_ORG_KINDS)}" if rng.random() < 0.75
+        name = namer.unique(lambda: f"{namer.stem()} {rng.choice(_ORG_KINDS)}"
+                            if rng.random() < 0.75
                             else f"{founder.name.split()[-1]} {rng.choice(_ORG_KINDS)}")
         orgs.append(Entity("org", name, {"founded_by": founder.name, "hq": rng.choice(cities).name,
-                                         "year": founder.attrs["birth_year"] + rng.randint(22, 55)}))
+                                         "year": founder.attrs["birth_year"]
+                                         + rng.randint(22, 55)}))
     for p in people:
         if rng.random() < 0.85:
             p.attrs["employer"] = rng.choice(orgs).name
     works = []
     for _ in range(counts["work"]):
         author = rng.choice(people)
-        name = namer.unique(lambda: rng.choice(["The {} {}", "{1} of {0}", "The {1} of {0}"]).format(
-            namer.stem() if rng.random() < 0.7 else rng.choice(cities).name, rng.choice(_WORK_NOUNS)))
+        name = namer.unique(lambda: rng.choice(["The {} {}", "{1} of {0}",
+                                                "The {1} of {0}"]).format(
+            namer.stem() if rng.random() < 0.7 else rng.choice(cities).name,
+            rng.choice(_WORK_NOUNS)))
         works.append(Entity("work", name, {"author": author.name, "genre": rng.choice(_GENRES),
-                                           "year": author.attrs["birth_year"] + rng.randint(20, 60)}))
+                                           "year": author.attrs["birth_year"]
+                                           + rng.randint(20, 60)}))
     return orgs + works
 
 
 def _build_entities(rng: random.Random, n_entities: int) -> dict[str, Entity]:
-    """Create the entities and their relations (all by name), consistent in time (same draw order as ever)."""
+    """Create the entities and their relations (all by name), consistent in time (same draw order as
+    ever)."""
     namer, counts = _Namer(rng), _kind_counts(n_entities)
     countries, cities = _make_places(rng, namer, counts)
     people = _make_people(rng, namer, counts, cities)
@@ -180,7 +197,8 @@ def _article(word: str) -> str:
     return "an" if word[0] in "aeiou" else "a"
 
 
-def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[str]], rng: random.Random) -> str:
+def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[str]],
+                  rng: random.Random) -> str:
     """Wikipedia-like text for one entity: fact sentences, then filler up to 60-150 words."""
     a = e.attrs
     if e.kind == "person":
@@ -199,7 +217,8 @@ def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[st
             facts.append(f"{e.name} is the capital of {a['capital_of']}.")
     elif e.kind == "country":
         facts = [f"{e.name} is a country in the {a['region']}.", f"Its capital is {a['capital']}.",
-                 f"It became an independent state in {a['year']}, and its official language is {a['language']}."]
+                 f"It became an independent state in {a['year']}, and its official language is "
+                 f"{a['language']}."]
         if a["cities"]:
             facts.append("Other cities include " + ", ".join(a["cities"]) + ".")
     elif e.kind == "org":
@@ -210,9 +229,11 @@ def _passage_text(e: Entity, ents: dict[str, Entity], by_kind: dict[str, list[st
                  f"It was first published in {a['year']}."]
     def other(kind: str) -> str:  # another entity of ``kind``, never this one
         name = rng.choice(by_kind[kind])
-        return name if name != e.name else by_kind[kind][(by_kind[kind].index(name) + 1) % len(by_kind[kind])]
+        return name if name != e.name else by_kind[kind][(by_kind[kind].index(name) + 1) % len(
+            by_kind[kind])]
 
-    fill = {"city2": other("city"), "person2": other("person"), "country2": other("country"), "work2": other("work")}
+    fill = {"city2": other("city"), "person2": other("person"), "country2": other("country"),
+            "work2": other("work")}
     if e.kind == "person":
         fill.update(s=s, S=s.capitalize(), o=o, p=p)
     pool = [f.format(**fill) for f in _FILLER[e.kind]]
@@ -243,8 +264,10 @@ def split_sizes(n_entities: int, test_questions: int | None = None) -> dict[str,
     return sizes
 
 
-def generate_world(seed: int = 0, n_entities: int | None = None, test_questions: int | None = None) -> World:
-    """Build the world for ``seed``: same seed, size and test size -> byte-identical passages and questions."""
+def generate_world(seed: int = 0, n_entities: int | None = None,
+                   test_questions: int | None = None) -> World:
+    """Build the world for ``seed``: same seed, size and test size -> byte-identical passages and
+    questions."""
     n = n_entities or DEFAULT_ENTITIES
     if n < 40:
         raise ValueError(f"n_entities must be at least 40 (got {n})")
@@ -289,15 +312,17 @@ def write_world(world: World, out_dir: str | Path) -> Path:
         with (out / f"{split}.jsonl").open("w", encoding="utf-8") as f:
             for r in recs:
                 f.write(json.dumps(r.to_dict(), ensure_ascii=False) + "\n")
-    meta = {"seed": world.seed, "n_entities": world.n_entities, "generator_version": GENERATOR_VERSION,
-            "test_questions": world.test_questions, "counts": world.counts()}
+    meta = {"seed": world.seed, "n_entities": world.n_entities,
+            "generator_version": GENERATOR_VERSION, "test_questions": world.test_questions,
+            "counts": world.counts()}
     (out / "world.json").write_text(json.dumps(meta, indent=1) + "\n", encoding="utf-8")
     return out
 
 
 def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None = None,
                      test_questions: int | None = None) -> bool:
-    """True when ``out_dir`` holds a complete world of this seed, size, test size and generator version."""
+    """True when ``out_dir`` holds a complete world of this seed, size, test size and generator
+    version."""
     out = Path(out_dir)
     try:
         meta = json.loads((out / "world.json").read_text(encoding="utf-8"))
@@ -306,23 +331,25 @@ def world_is_current(out_dir: str | Path, seed: int = 0, n_entities: int | None 
     files = ["corpus.jsonl"] + [f"{s}.jsonl" for s in DEFAULT_SPLITS]
     return (meta.get("seed") == seed and meta.get("n_entities") == (n_entities or DEFAULT_ENTITIES)
             and meta.get("generator_version") == GENERATOR_VERSION
-            and meta.get("test_questions") == test_questions and all((out / f).is_file() for f in files))
+            and meta.get("test_questions") == test_questions
+            and all((out / f).is_file() for f in files))
 
 
 def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = None,
                  test_questions: int | None = None) -> Path:
     """Build the world into ``out_dir`` unless it is already there (same seed/size/version).
 
-    Atomic: written to a temporary sibling folder, then renamed over ``out_dir``, so a crash
-    never leaves a half-written world that looks complete. An existing ``out_dir`` is replaced only
-    when it is a world folder (``world.json``) or empty; anything else is refused (``UnsafeOutput``).
+    Atomic: written to a temporary sibling folder, then renamed over ``out_dir``, so a crash never
+    leaves a half-written world that looks complete. An existing ``out_dir`` is replaced only when
+    it is a world folder (``world.json``) or empty; anything else is refused (``UnsafeOutput``).
     """
     out = Path(out_dir)
     if world_is_current(out, seed, n_entities, test_questions):
         return out
     from hindsearch.fsutil import check_replaceable, json_marker
 
-    check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")  # never replace user data
+    # never replace user data
+    check_replaceable(out, json_marker("world.json", "generator_version"), "world folder")
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}-{time.monotonic_ns()}"
     try:
@@ -346,6 +373,8 @@ def ensure_world(out_dir: str | Path, seed: int = 0, n_entities: int | None = No
 
 
 def ensure_world_for(data_cfg: Any) -> Path:
-    """``ensure_world`` with the world fields of a ``DataConfig`` (dir, seed, entities, test size)."""
-    return ensure_world(data_cfg.world_dir, seed=data_cfg.world_seed, n_entities=data_cfg.world_entities,
+    """``ensure_world`` with the world fields of a ``DataConfig`` (dir, seed, entities, test
+    size)."""
+    return ensure_world(data_cfg.world_dir, seed=data_cfg.world_seed,
+                        n_entities=data_cfg.world_entities,
                         test_questions=getattr(data_cfg, "world_test_questions", None))

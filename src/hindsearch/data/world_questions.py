@@ -1,5 +1,6 @@
-"""The fictional world's questions: one-hop facts of each entity's passage and two-hop bridge chains, with
-the checks that each answer is stated where the question says (``generate_world`` draws the splits)."""
+"""The fictional world's questions: one-hop facts of each entity's passage and two-hop bridge
+chains, with the checks that each answer is stated where the question says (``generate_world`` draws
+the splits)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ def _one_hop(e: Entity) -> list[tuple[str, str, str, list[str]]]:
                 ("city_founded", f"In which year was {n} founded?", str(a["year"]), [])]
     if e.kind == "country":
         return [("capital", f"What is the capital of {n}?", a["capital"], []),
-                ("independence_year", f"In which year did {n} become independent?", str(a["year"]), [])]
+                ("independence_year", f"In which year did {n} become independent?",
+                 str(a["year"]), [])]
     if e.kind == "org":
         return [("founded_by", f"Who founded the {n}?", a["founded_by"], []),
                 ("headquarters", f"In which city is the {n} headquartered?", a["hq"], []),
@@ -40,18 +42,26 @@ def _one_hop(e: Entity) -> list[tuple[str, str, str, list[str]]]:
 
 # Two-hop chains: (kind, first relation, bridge attr, second relation, question template).
 _CHAINS = [
-    ("person", "birth_country", "country", "capital", "What is the capital of the country where {} was born?"),
-    ("person", "employer", "employer", "founded_by", "Who founded the organisation that {} worked for?"),
-    ("person", "employer", "employer", "org_founded", "In which year was the organisation that {} worked for founded?"),
-    ("person", "employer", "employer", "headquarters", "In which city is the employer of {} headquartered?"),
-    ("person", "born_in", "born_in", "city_founded", "In which year was the birthplace of {} founded?"),
+    ("person", "birth_country", "country", "capital",
+     "What is the capital of the country where {} was born?"),
+    ("person", "employer", "employer", "founded_by",
+     "Who founded the organisation that {} worked for?"),
+    ("person", "employer", "employer", "org_founded",
+     "In which year was the organisation that {} worked for founded?"),
+    ("person", "employer", "employer", "headquarters",
+     "In which city is the employer of {} headquartered?"),
+    ("person", "born_in", "born_in", "city_founded",
+     "In which year was the birthplace of {} founded?"),
     ("work", "author", "author", "born_in", "Where was the author of {} born?"),
     ("work", "author", "author", "birth_year", "In which year was the author of {} born?"),
     ("work", "author", "author", "employer", "Which organisation did the author of {} work for?"),
     ("org", "founded_by", "founded_by", "born_in", "Where was the founder of the {} born?"),
-    ("org", "founded_by", "founded_by", "birth_year", "In which year was the founder of the {} born?"),
-    ("org", "headquarters", "hq", "located_in", "In which country is the city where the {} is headquartered?"),
-    ("city", "located_in", "country", "capital", "What is the capital of the country in which {} lies?"),
+    ("org", "founded_by", "founded_by", "birth_year",
+     "In which year was the founder of the {} born?"),
+    ("org", "headquarters", "hq", "located_in",
+     "In which country is the city where the {} is headquartered?"),
+    ("city", "located_in", "country", "capital",
+     "What is the capital of the country in which {} lies?"),
 ]
 
 
@@ -60,7 +70,8 @@ def _aliases(name: str, ents: dict[str, Entity]) -> list[str]:
     return [name] + (e.aliases if e else [])
 
 
-def _questions(ents: dict[str, Entity], text_of: dict[str, str]) -> tuple[list[QARecord], list[QARecord]]:
+def _questions(ents: dict[str, Entity],
+               text_of: dict[str, str]) -> tuple[list[QARecord], list[QARecord]]:
     """All candidate one-hop and two-hop questions (answers checked against evidence text)."""
     from hindsearch.answers import normalize_answer
 

@@ -1,4 +1,5 @@
-"""The fictional world's word tables: syllables of invented names, name forms, kinds, regions, filler sentences."""
+"""The fictional world's word tables: syllables of invented names, name forms, kinds, regions,
+filler sentences."""
 
 from __future__ import annotations
 
@@ -6,16 +7,17 @@ _ONSETS = "b d f g k l m n p r s t v z th br dr kr tr vr sk gr kh q ch".split()
 _VOWELS = "a e i o u ae ei ou y ia".split()
 _CODAS = ["", "", "n", "r", "l", "s", "th", "x", "m", "nd", "rk", "sh", "v"]
 _COUNTRY_SUFFIX = ["ia", "ar", "and", "esh", "ovia", "eth", "oria", "ain"]
-_CITY_FORMS = ["{}", "{}", "{}", "{}mor", "{}hold", "{}ra", "Port {}", "New {}", "{} Vale", "{} Falls"]
+_CITY_FORMS = ["{}", "{}", "{}", "{}mor", "{}hold", "{}ra", "Port {}", "New {}",
+               "{} Vale", "{} Falls"]
 _ORG_KINDS = ["Company", "Institute", "Guild", "Bank", "Press", "Observatory", "Trading Company",
               "Society", "Shipyards", "Railway", "Conservatory", "Mining Company"]
 _WORK_NOUNS = ["Lantern", "Chronicle", "Atlas", "Sonata", "Letters", "Garden", "Tides", "Mirror",
                "Ledger", "Orchard", "Compass", "Harvest", "Archive", "Crossing", "Bell"]
 _GENRES = ["novel", "collection of poems", "treatise", "play", "travel memoir", "historical study",
            "short story collection", "essay"]
-_OCCUPATIONS = ["cartographer", "engineer", "botanist", "painter", "merchant", "physician", "architect",
-                "astronomer", "composer", "jurist", "chemist", "sculptor", "historian", "shipwright",
-                "linguist", "banker", "printer", "surveyor"]
+_OCCUPATIONS = ["cartographer", "engineer", "botanist", "painter", "merchant", "physician",
+                "architect", "astronomer", "composer", "jurist", "chemist", "sculptor", "historian",
+                "shipwright", "linguist", "banker", "printer", "surveyor"]
 _REGIONS = ["northern archipelago", "eastern steppe", "western highlands", "southern coast",
             "central plateau", "inner sea basin", "river delta lowlands"]
 

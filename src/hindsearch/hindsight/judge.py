@@ -1,21 +1,12 @@
 """Judges that write a short critique of a failed rollout (HindSearch).
 
-- ``build_judge_prompt``: fills the judge template (``HindSearchConfig.judge_template``) with the
-  question, one line per search (query, then the titles and a short snippet of what it
-  retrieved), the predicted answer and - iff ``sees_gold`` - the gold answers.
-- ``LMJudge``: a frozen causal LM writing critiques greedily, batched (left padding), at most
-  ``critique_max_tokens`` new tokens, the chat template applied when the tokenizer has one; the
-  raw text is cut at the first blank line and to at most two sentences. It decodes with the model core's
-  decode loop (``core.decode``: one call per step, so with several processes its forwards run in lockstep,
-  since the default judge, the frozen initial policy, is sharded under ZeRO-3 / FSDP).
-- ``OracleJudge``: a rule-based judge for the fictional world (it reads the question's recorded
-  evidence titles and, for two-hop questions, the bridge entity). It measures the distillation
-  mechanism apart from judge quality and is labelled ``judge_kind = oracle`` wherever it is used.
-- ``redact`` replaces gold-answer strings in a critique with ``[ANSWER]``; ``is_degenerate`` flags
-  critiques that cannot guide anything (empty, too short, punctuation only, template echo).
-
-A degenerate critique or a judge exception means *no distillation for that rollout*; the term
-counts both.
+``build_judge_prompt`` fills the judge template with the question, one line per search, the
+predicted answer and, iff ``sees_gold``, the gold answers. ``LMJudge`` is a frozen causal LM that
+writes critiques greedily on the model core's decode loop; ``OracleJudge`` is a rule-based judge for
+the fictional world, labelled ``judge_kind = oracle``. ``redact`` hides gold-answer strings and
+``is_degenerate`` flags critiques that cannot guide anything. A degenerate critique or a judge
+exception means *no distillation for that rollout*; the term counts both. The judges in detail:
+docs/methods.md, "The judges".
 """
 
 from __future__ import annotations
@@ -66,7 +57,8 @@ def _search_lines(traj: Trajectory, snippets: bool, skip: int) -> str:
                 snip = " ".join(turn.doc_snippets[i].split())
                 doc += f": {snip[:SNIPPET_CHARS]}{'...' if len(snip) > SNIPPET_CHARS else ''}"
             docs.append(f"[{doc}]")
-        lines.append(f"{n}. query: {turn.content!r} -> " + ("; ".join(docs) if docs else "(nothing retrieved)"))
+        lines.append(f"{n}. query: {turn.content!r} -> "
+                     + ("; ".join(docs) if docs else "(nothing retrieved)"))
     if not searches:
         lines.append("(no search was made)")
     return "\n".join(lines)
@@ -75,11 +67,14 @@ def _search_lines(traj: Trajectory, snippets: bool, skip: int) -> str:
 def _fill(template: str, traj: Trajectory, sees_gold: bool, question: str, searches: str) -> str:
     gold_line = f"Correct answer: {' | '.join(traj.golden_answers)}\n" if sees_gold else ""
     pred = traj.answer if traj.answer else "(no answer given)"
-    return template.format(question=question, gold_line=gold_line, searches=searches, prediction=pred)
+    return template.format(question=question, gold_line=gold_line, searches=searches,
+                           prediction=pred)
 
 
-def build_judge_prompt(traj: Trajectory, template: str, sees_gold: bool, max_prompt_tokens: int, tokenizer: Any) -> str:
-    """The judge's user message for one rollout (see ``judge_prompt_with_steps`` for the budget rule)."""
+def build_judge_prompt(traj: Trajectory, template: str, sees_gold: bool, max_prompt_tokens: int,
+                       tokenizer: Any) -> str:
+    """The judge's user message for one rollout (see ``judge_prompt_with_steps`` for the budget
+    rule)."""
     return judge_prompt_with_steps(traj, template, sees_gold, max_prompt_tokens, tokenizer)[0]
 
 
@@ -96,7 +91,8 @@ def judge_prompt_with_steps(
     """
 
     def n_tokens(msg: str) -> int:
-        return len(tokenizer(protocol.apply_template(tokenizer, msg), add_special_tokens=False)["input_ids"])
+        text = protocol.apply_template(tokenizer, msg)
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     n_search = sum(1 for t in traj.turns if t.action == "search")
     question, steps = traj.question, []
@@ -115,17 +111,20 @@ def judge_prompt_with_steps(
     lo, hi = 0, len(q_ids)  # binary search the longest question prefix that fits
     while lo < hi:
         mid = (lo + hi + 1) // 2
-        cand = _fill(template, traj, sees_gold, tokenizer.decode(q_ids[:mid]) + " ...", _search_lines(traj, False, n_search))
+        cand = _fill(template, traj, sees_gold, tokenizer.decode(q_ids[:mid]) + " ...",
+                     _search_lines(traj, False, n_search))
         if n_tokens(cand) <= max_prompt_tokens:
             lo = mid
         else:
             hi = mid - 1
     steps.append("question")
-    return _fill(template, traj, sees_gold, tokenizer.decode(q_ids[:lo]) + " ...", _search_lines(traj, False, n_search)), steps
+    return _fill(template, traj, sees_gold, tokenizer.decode(q_ids[:lo]) + " ...",
+                 _search_lines(traj, False, n_search)), steps
 
 
 def redact(critique: str, golds: Sequence[str]) -> tuple[str, int]:
-    """Replace every case-insensitive occurrence of a gold string (as a whole word run) with ``[ANSWER]``.
+    """Replace every case-insensitive occurrence of a gold string (as a whole word run) with
+    ``[ANSWER]``.
 
     Longer golds are replaced first; empty golds are ignored. Returns ``(text, n_redactions)``.
     """
@@ -186,21 +185,25 @@ class LMJudge:
         self.seconds = 0.0
 
     def critique(self, trajs: Sequence[Trajectory]) -> list[Critique]:
-        """One ``Critique`` per trajectory (decoded ``batch_size`` at a time); a generation failure yields
-        ``error`` critiques (counted)."""
+        """One ``Critique`` per trajectory (decoded ``batch_size`` at a time); a generation failure
+        yields ``error`` critiques (counted)."""
         t0 = time.perf_counter()
         cfg, tok = self.cfg, self.tokenizer
         prompts, steps = [], []
         for tr in trajs:
-            msg, st = judge_prompt_with_steps(tr, cfg.judge_template, cfg.judge_sees_gold, cfg.judge_max_prompt_tokens, tok)
-            prompts.append(list(tok(protocol.apply_template(tok, msg), add_special_tokens=False)["input_ids"]))
+            msg, st = judge_prompt_with_steps(tr, cfg.judge_template, cfg.judge_sees_gold,
+                                              cfg.judge_max_prompt_tokens, tok)
+            prompts.append(
+                list(tok(protocol.apply_template(tok, msg), add_special_tokens=False)["input_ids"]))
             steps.append(st)
         try:
             texts = self._generate(prompts)
-        except Exception as e:  # the judge failing must not stop training: no distillation for these rollouts
+        # the judge failing must not stop training: no distillation for these rollouts
+        except Exception as e:
             self.errors += len(trajs)
             self.seconds += time.perf_counter() - t0
-            return [Critique(text="", error=f"{type(e).__name__}: {e}", prompt_tokens=len(p)) for p in prompts]
+            return [Critique(text="", error=f"{type(e).__name__}: {e}", prompt_tokens=len(p))
+                    for p in prompts]
         res = []
         for tr, p, st, raw in zip(trajs, prompts, steps, texts):
             c = finish(raw, tr.golden_answers, cfg.judge_template, cfg.redact_gold_in_critique)
@@ -210,23 +213,26 @@ class LMJudge:
         return res
 
     def _generate(self, prompts: list[list[int]]) -> list[str]:
-        """Greedy critiques (``core.decode``, ``batch_size`` rows at a time; EOS ids of the tokenizer and the
-        generation config, the generation config's ``repetition_penalty`` if any), special tokens dropped."""
+        """Greedy critiques (``core.decode``, ``batch_size`` rows at a time; EOS ids of the
+        tokenizer and the generation config, the generation config's ``repetition_penalty`` if any),
+        special tokens dropped."""
         tok, model = self.tokenizer, self.model
         penalty = getattr(getattr(model, "generation_config", None), "repetition_penalty", None)
         outs = decode(model, prompts, Stop(tok, stop_token_ids(tok, model)), GREEDY,
-                      [self.cfg.critique_max_tokens] * len(prompts), logits_hook=repetition_penalty(prompts, penalty),
+                      [self.cfg.critique_max_tokens] * len(prompts),
+                      logits_hook=repetition_penalty(prompts, penalty),
                       max_rows=self.batch_size)
         return [tok.decode(o.ids, skip_special_tokens=True) for o in outs]
 
 
 class OracleJudge:
-    """Rule-based critiques from the recorded evidence (fictional world only; ``judge_kind = oracle``).
+    """Rule-based critiques from the recorded evidence (fictional world only; ``judge_kind =
+    oracle``).
 
     With gold: names the evidence passages that no search retrieved (by bare title, compared
     case-insensitively with the retrieved titles) and, for a two-hop question, the bridge entity
-    (``traj.extra['bridge']`` or ``traj.extra['metadata']['bridge']``). Without gold it knows nothing
-    privileged and can only say the answer was not found.
+    (``traj.extra['bridge']`` or ``traj.extra['metadata']['bridge']``). Without gold it knows
+    nothing privileged and can only say the answer was not found.
     """
 
     kind = "oracle"
@@ -240,23 +246,31 @@ class OracleJudge:
         queries = traj.queries
         if not self.sees_gold:
             if not queries:
-                return "No search was made, so the answer was never found. Search for the entity the question asks about."
-            return "The searches did not find the answer. Try a query that names the entity the question asks about."
+                return ("No search was made, so the answer was never found. Search for the entity "
+                        "the question asks about.")
+            return ("The searches did not find the answer. Try a query that names the entity the "
+                    "question asks about.")
         got = traj.retrieved_keys()
         missed = [e for e in traj.evidence if title_key(e) not in got]
-        meta = traj.extra.get("metadata", {}) if isinstance(traj.extra.get("metadata"), dict) else {}
+        meta = traj.extra.get("metadata", {}) if isinstance(traj.extra.get("metadata"), dict) else {
+            }
         bridge = traj.extra.get("bridge") or meta.get("bridge")
         if missed:
-            msg = f"The searches never retrieved the passage about {' and '.join(missed)}; search for {missed[0]} directly."
+            msg = (f"The searches never retrieved the passage about {' and '.join(missed)}; search "
+                   f"for {missed[0]} directly.")
             if bridge and (traj.hops or 0) >= 2:
-                msg += f" This question needs two hops: first find {bridge}, then search about {bridge}."
+                msg += (f" This question needs two hops: first find {bridge}, then search about "
+                        f"{bridge}.")
             return msg
         if traj.evidence:
-            return f"The passages about {' and '.join(traj.evidence)} were retrieved; read them again and answer from them."
-        return "The searches did not find the answer. Try a query that names the entity the question asks about."
+            return (f"The passages about {' and '.join(traj.evidence)} were retrieved; read them "
+                    "again and answer from them.")
+        return ("The searches did not find the answer. Try a query that names the entity the "
+                "question asks about.")
 
     def critique(self, trajs: Sequence[Trajectory]) -> list[Critique]:
         t0 = time.perf_counter()
-        out = [finish(self.raw(tr), tr.golden_answers, self.template, self.do_redact) for tr in trajs]
+        out = [finish(self.raw(tr), tr.golden_answers, self.template, self.do_redact)
+               for tr in trajs]
         self.seconds += time.perf_counter() - t0
         return out

@@ -1,7 +1,7 @@
-"""Pure loss functions of the hindsight terms (HindSearch, IGSD): per-token losses ``[B, T]`` (or ``[N]``), their
-reductions (``agg``), the divergence, gate and aggregation registries, and IGSD's gated pair KL. Nothing here
-touches a model; every function is NaN-free on empty masks. The formulas and how they relate to TRL's
-self-distillation code are in docs/methods.md.
+"""Pure loss functions of the hindsight terms (HindSearch, IGSD): per-token losses ``[B, T]`` (or
+``[N]``), their reductions (``agg``), the divergence, gate and aggregation registries, and IGSD's
+gated pair KL. Nothing here touches a model; every function is NaN-free on empty masks. The formulas
+and how they relate to TRL's self-distillation code are in docs/methods.md.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ GATES = fields.GATES
 """IGSD gates (declared once, ``igsd.gate``'s choices)."""
 
 
-# ---------------------------------------------------------------------------------------- aggregation
+# -------------------------------------------------------------------------------------- aggregation
 Aggregation = Callable[[Tensor, Tensor], Tensor]
-"""``(masked_loss [B, T], mask [B, T] as loss dtype) -> scalar``; masked-out entries are already 0."""
+"""``(masked_loss [B, T], mask [B, T] as loss dtype) -> scalar``; masked-out entries are already
+0."""
 Units = Callable[[Tensor], float]
 """``mask [B, T] -> the number of units a reduction divides by`` (tokens, or rows with a token)."""
 AGGREGATIONS: dict[str, Aggregation] = {}
@@ -32,8 +33,8 @@ AGG_UNITS: dict[str, Units | None] = {}
 
 
 def register_aggregation(name: str, units: Units | None) -> Callable[[Aggregation], Aggregation]:
-    """Decorator: make ``fn`` the reduction called ``name`` (a value of the terms' ``aggregation`` field);
-    ``units(mask)`` counts what it averages over (``None`` for a plain sum)."""
+    """Decorator: make ``fn`` the reduction called ``name`` (a value of the terms' ``aggregation``
+    field); ``units(mask)`` counts what it averages over (``None`` for a plain sum)."""
     def add(fn: Aggregation) -> Aggregation:
         AGGREGATIONS[name] = fn
         AGG_UNITS[name] = units
@@ -42,7 +43,8 @@ def register_aggregation(name: str, units: Units | None) -> Callable[[Aggregatio
 
 
 def _tokens(mask: Tensor) -> float:
-    return float(mask.float().clamp(min=0.0).sum())  # the number of tokens of a 0/1 mask, the weight of a weighted one
+    # the number of tokens of a 0/1 mask, the weight of a weighted one
+    return float(mask.float().clamp(min=0.0).sum())
 
 
 def _rows(mask: Tensor) -> float:
@@ -50,13 +52,14 @@ def _rows(mask: Tensor) -> float:
 
 
 def micro_batch_weight(mask_micro: Tensor, mask_all: Tensor, mode: str) -> float:
-    """Weight of a micro-batch's reduced loss so that the micro-batches of one optimizer step add up to the
-    reduction over the whole generation batch: ``units(micro) / units(all)`` (0 when the batch has none), 1 for
-    ``sum``. ``mask_micro [b, T]`` (the micro-batch's rows), ``mask_all [B, T]`` (every row of the step).
+    """Weight of a micro-batch's reduced loss so that the micro-batches of one optimizer step add up
+    to the reduction over the whole generation batch: ``units(micro) / units(all)`` (0 when the
+    batch has none), 1 for ``sum``. ``mask_micro [b, T]`` (the micro-batch's rows), ``mask_all [B,
+    T]`` (every row of the step).
 
-    Without it each micro-batch's mean counts equally, so a term whose positions sit in a few rollouts (failed
-    ones) is diluted by the micro-batches that have none: its effective weight would change with
-    ``train.micro_batch_size``."""
+    Without it each micro-batch's mean counts equally, so a term whose positions sit in a few
+    rollouts (failed ones) is diluted by the micro-batches that have none: its effective weight
+    would change with ``train.micro_batch_size``."""
     units = AGG_UNITS[mode]
     if units is None:
         return 1.0
@@ -96,9 +99,9 @@ def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
     have a masked token of each row's token mean; ``seq-mean-token-sum``: same with row sums;
     ``sum``: plain masked sum. Empty masks give an exact 0 that keeps ``loss``'s graph.
 
-    A mask with values other than 0 and 1 is a per-token weight ``w >= 0``: every reduction becomes its
-    weighted form (``token-mean`` = ``sum(w * loss) / sum(w)``, ...). On a 0/1 mask ``loss * w`` is ``loss``
-    exactly, so the result is bit-identical to the unweighted reduction.
+    A mask with values other than 0 and 1 is a per-token weight ``w >= 0``: every reduction becomes
+    its weighted form (``token-mean`` = ``sum(w * loss) / sum(w)``, ...). On a 0/1 mask ``loss * w``
+    is ``loss`` exactly, so the result is bit-identical to the unweighted reduction.
     """
     fn = AGGREGATIONS.get(mode)
     if fn is None:
@@ -108,7 +111,8 @@ def agg(loss: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
 
 
 def token_logprobs(logits: Tensor, ids: Tensor) -> Tensor:
-    """Log-prob of ``ids [B, T]`` under ``logits [B, T, V]`` → ``[B, T]`` (no full log-softmax kept)."""
+    """Log-prob of ``ids [B, T]`` under ``logits [B, T, V]`` → ``[B, T]`` (no full log-softmax
+    kept)."""
     picked = logits.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
     return picked.float() - torch.logsumexp(logits.float(), dim=-1)
 
@@ -123,18 +127,21 @@ def signed_advantage(lT: Tensor, lS: Tensor, clip: float = 1.0) -> Tensor:
     return (lT.detach() - lS.detach()).clamp(-clip, clip)
 
 
-def topk_divergence_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, teacher_topk_logp: Tensor,
-                              alpha: float) -> Tensor:
-    """TRL's ``compute_divergence`` (``alpha = 1``: ``KL(p_S || p_T)``, ``0.5``: JSD) over the teacher's top-k ids
-    plus TRL's tail bucket (``add_tail_bucket``: the mass outside the k ids), in float32.
+def topk_divergence_per_token(student_logits: Tensor, teacher_topk_ids: Tensor,
+                              teacher_topk_logp: Tensor, alpha: float) -> Tensor:
+    """TRL's ``compute_divergence`` (``alpha = 1``: ``KL(p_S || p_T)``, ``0.5``: JSD) over the
+    teacher's top-k ids plus TRL's tail bucket (``add_tail_bucket``: the mass outside the k ids), in
+    float32.
 
-    ``student_logits [..., V]``, ``teacher_topk_ids [..., k]`` (long), ``teacher_topk_logp [..., k]`` (the teacher's
-    full-vocabulary log-probs of those ids) → ``[...]``. The student's log-probs come from its full softmax, so the
-    tail bucket carries the gradient of every id outside the teacher's top-k.
+    ``student_logits [..., V]``, ``teacher_topk_ids [..., k]`` (long), ``teacher_topk_logp [...,
+    k]`` (the teacher's full-vocabulary log-probs of those ids) → ``[...]``. The student's log-probs
+    come from its full softmax, so the tail bucket carries the gradient of every id outside the
+    teacher's top-k.
     """
     import warnings
 
-    with warnings.catch_warnings():  # trl.experimental's import notice (the two helpers are pinned by tests)
+    # trl.experimental's import notice (the two helpers are pinned by tests)
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from trl.experimental.sdpo.loss_utils import add_tail_bucket, compute_divergence
 
@@ -143,7 +150,7 @@ def topk_divergence_per_token(student_logits: Tensor, teacher_topk_ids: Tensor, 
     return compute_divergence(add_tail_bucket(s), add_tail_bucket(teacher_topk_logp.float()), alpha)
 
 
-# ---------------------------------------------------------------------------------------- divergences
+# -------------------------------------------------------------------------------------- divergences
 @dataclass
 class DistillInputs:
     """What a HindSearch divergence sees at ``N`` selected positions."""
@@ -174,8 +181,10 @@ class Divergence:
 DIVERGENCES: dict[str, Divergence] = {}
 
 
-def register_divergence(name: str, needs_topk: bool = False) -> Callable[[Callable[[DistillInputs], Tensor]], Callable]:
-    """Decorator: make ``fn`` the divergence called ``name`` (a value of ``hindsearch.divergence``)."""
+def register_divergence(name: str, needs_topk: bool = False
+                        ) -> Callable[[Callable[[DistillInputs], Tensor]], Callable]:
+    """Decorator: make ``fn`` the divergence called ``name`` (a value of
+    ``hindsearch.divergence``)."""
     def add(fn: Callable[[DistillInputs], Tensor]) -> Callable[[DistillInputs], Tensor]:
         DIVERGENCES[name] = Divergence(fn, needs_topk)
         return fn
@@ -201,12 +210,13 @@ def _signed(x: DistillInputs) -> Tensor:
 
 @register_divergence("one_sided")
 def _one_sided(x: DistillInputs) -> Tensor:
-    """The lowering half of ``signed``: ``-clamp(lT - lS, -c, 0) * lS``. It lowers a failed rollout's token where
-    the teacher gives it less probability than the student, and never raises a token, so on a failed rollout it
-    always has the sign of GRPO's own gradient there. It is one-sided per token, not per decision: a failed "answer
-    now" is no longer raised where the student searches more than the teacher (as ``reverse_kl`` does), but a
-    failed "search again" is still lowered there, so on every distilled position it still pulls towards the
-    teacher from above. ``distill_on = answer_decision`` keeps only the decisions to answer: then it can only
+    """The lowering half of ``signed``: ``-clamp(lT - lS, -c, 0) * lS``. It lowers a failed
+    rollout's token where the teacher gives it less probability than the student, and never raises a
+    token, so on a failed rollout it always has the sign of GRPO's own gradient there. It is
+    one-sided per token, not per decision: a failed "answer now" is no longer raised where the
+    student searches more than the teacher (as ``reverse_kl`` does), but a failed "search again" is
+    still lowered there, so on every distilled position it still pulls towards the teacher from
+    above. ``distill_on = answer_decision`` keeps only the decisions to answer: then it can only
     lower "answer now" where the teacher would search again."""
     return -signed_advantage(x.lT, x.lS, x.signed_clip).clamp(max=0.0) * x.lS
 
@@ -239,12 +249,14 @@ def gap_diagnostics(lT: Tensor, lS: Tensor, mask: Tensor, eps: float = 1e-4) -> 
 
 
 def pair_probs(logit_a: Tensor, logit_b: Tensor) -> Tensor:
-    """Softmax over a pair of logits (or log-probs): ``[N]``, ``[N]`` → ``[N, 2]`` (column 0 = a)."""
+    """Softmax over a pair of logits (or log-probs): ``[N]``, ``[N]`` → ``[N, 2]`` (column 0 =
+    a)."""
     return torch.softmax(torch.stack([logit_a.float(), logit_b.float()], dim=-1), dim=-1)
 
 
 def pair_kl(p_T: Tensor, student_pair_logits: Tensor) -> Tensor:
-    """``KL(p_T || p_S)`` per position, ``p_S = softmax(student_pair_logits)``; ``[N, 2]``, ``[N, 2]`` → ``[N]``.
+    """``KL(p_T || p_S)`` per position, ``p_S = softmax(student_pair_logits)``; ``[N, 2]``, ``[N,
+    2]`` → ``[N]``.
 
     ``p_T`` is treated as a constant (detached); a zero entry of ``p_T`` contributes 0.
     """
@@ -269,8 +281,10 @@ def register_gate(name: str) -> Callable[[GateFn], GateFn]:
 
 @register_gate("positive_tanh")
 def _positive_tanh(d: Tensor, sharpness: float, margin: float) -> Tensor:
-    """``2 sigmoid(beta (delta - margin)) - 1`` above the margin, 0 at and below it: continuous, zero at the margin."""
-    return (2.0 * torch.sigmoid(sharpness * (d - margin)) - 1.0).clamp(min=0.0) * (d > margin).float()
+    """``2 sigmoid(beta (delta - margin)) - 1`` above the margin, 0 at and below it: continuous,
+    zero at the margin."""
+    above = (d > margin).float()
+    return (2.0 * torch.sigmoid(sharpness * (d - margin)) - 1.0).clamp(min=0.0) * above
 
 
 @register_gate("positive_sigmoid")
@@ -293,13 +307,15 @@ def _ungated(d: Tensor, sharpness: float, margin: float) -> Tensor:
     return torch.ones_like(d)
 
 
-def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0, margin: float = 0.0) -> Tensor:
-    """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached; ``beta`` is the sharpness.
+def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0,
+         margin: float = 0.0) -> Tensor:
+    """IGSD gate on the paired gain ``delta [N]`` → ``[N]``, always detached; ``beta`` is the
+    sharpness.
 
-    ``positive_tanh``: ``2 sigmoid(beta (delta - margin)) - 1`` above the margin, else 0 (zero at the margin);
-    ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]`` (jumps to 0.5 just above the
-    margin); ``sigmoid``: no indicator;
-    ``hard``: ``[delta > margin]``; ``none``: 1 everywhere (ungated pair distillation).
+    ``positive_tanh``: ``2 sigmoid(beta (delta - margin)) - 1`` above the margin, else 0 (zero at
+    the margin); ``positive_sigmoid``: ``sigmoid(beta (delta - margin)) * [delta > margin]`` (jumps
+    to 0.5 just above the margin); ``sigmoid``: no indicator; ``hard``: ``[delta > margin]``;
+    ``none``: 1 everywhere (ungated pair distillation).
     """
     fn = GATE_FNS.get(kind)
     if fn is None:
@@ -308,21 +324,23 @@ def gate(delta: Tensor, kind: str = "positive_sigmoid", beta: float = 5.0, margi
 
 
 def igsd_loss(gates: Tensor, kl: Tensor, mask: Tensor, mode: str = "token-mean") -> Tensor:
-    """``agg(g * KL, mask, mode)``, by default ``sum(g * KL * mask) / max(sum(mask), 1)``; any matching
-    shapes (``[N]`` or ``[B, T]``) → scalar.
+    """``agg(g * KL, mask, mode)``, by default ``sum(g * KL * mask) / max(sum(mask), 1)``; any
+    matching shapes (``[N]`` or ``[B, T]``) → scalar.
 
-    ``mask`` marks the verified positions (the denominator counts them whether or not their gate is 0).
+    ``mask`` marks the verified positions (the denominator counts them whether or not their gate is
+    0).
     """
     return agg(gates.detach() * kl, mask, mode)
 
 
 def igsd_pair_loss(logits: Tensor, b: Tensor, a: Tensor, p_T: Tensor, gates: Tensor, mask: Tensor,
                    mode: str = "token-mean") -> Tensor:
-    """``L_igsd`` from live student logits ``[..., V]`` and the prepared pair tensors at the same positions.
+    """``L_igsd`` from live student logits ``[..., V]`` and the prepared pair tensors at the same
+    positions.
 
-    ``b``, ``a`` ``[...]``: the student's and the teacher's token ids of each verified pair; ``p_T [..., 2]``
-    the teacher's pair distribution over ``(b, a)``; ``gates``, ``mask`` ``[...]``. Exact 0 when no position
-    is verified.
+    ``b``, ``a`` ``[...]``: the student's and the teacher's token ids of each verified pair; ``p_T
+    [..., 2]`` the teacher's pair distribution over ``(b, a)``; ``gates``, ``mask`` ``[...]``. Exact
+    0 when no position is verified.
     """
     pair_ids = torch.stack([b, a], dim=-1).to(logits.device).long()  # [..., 2]
     sp = logits.gather(-1, pair_ids)  # [..., 2] student pair logits (b, a)

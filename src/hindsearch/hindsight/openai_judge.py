@@ -1,4 +1,5 @@
-"""A HindSearch judge behind an OpenAI-compatible chat-completions endpoint (``judge_kind = openai``).
+"""A HindSearch judge behind an OpenAI-compatible chat-completions endpoint (``judge_kind =
+openai``).
 
 ``OpenAIJudge`` sends the in-process judge's message (``judge.judge_prompt_with_steps``) to
 ``{judge_url}/chat/completions`` greedily, ``judge_concurrency`` at a time, and cleans each answer
@@ -34,25 +35,27 @@ class JudgeUnavailable(ConnectionError):
 
 
 class JudgeRejected(ValueError):
-    """The judge endpoint refused the run's requests (401, 403, 404: the key, the URL or the model name)."""
+    """The judge endpoint refused the run's requests (401, 403, 404: the key, the URL or the model
+    name)."""
 
 
 def chat_completions_url(base: str) -> str:
-    """``{base}/chat/completions`` for a base URL such as ``http://host:8000/v1`` (a URL that already ends with
-    ``/chat/completions`` is kept)."""
+    """``{base}/chat/completions`` for a base URL such as ``http://host:8000/v1`` (a URL that
+    already ends with ``/chat/completions`` is kept)."""
     base = base.rstrip("/")
     return base if base.endswith("/chat/completions") else base + "/chat/completions"
 
 
 def chat_request(model: str, message: str, max_tokens: int) -> dict[str, Any]:
-    """The chat-completions body of one judge prompt: one user message, greedy, at most ``max_tokens`` tokens."""
-    return {"model": model, "messages": [{"role": "user", "content": message}], "max_tokens": max_tokens,
-            "temperature": 0.0, "n": 1, "stream": False}
+    """The chat-completions body of one judge prompt: one user message, greedy, at most
+    ``max_tokens`` tokens."""
+    return {"model": model, "messages": [{"role": "user", "content": message}],
+            "max_tokens": max_tokens, "temperature": 0.0, "n": 1, "stream": False}
 
 
 def parse_chat_answer(body: bytes) -> tuple[str, int | None]:
-    """The first choice's message text of a chat-completions answer, and ``usage.prompt_tokens`` when it is an
-    integer. Raises ``ValueError`` naming what is missing or malformed."""
+    """The first choice's message text of a chat-completions answer, and ``usage.prompt_tokens``
+    when it is an integer. Raises ``ValueError`` naming what is missing or malformed."""
     try:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -70,21 +73,21 @@ def parse_chat_answer(body: bytes) -> tuple[str, int | None]:
 
 
 def api_key(env_name: str | None) -> str | None:
-    """The API key from the environment variable ``env_name`` (None: no key). Raises ``ValueError`` naming the
-    variable when it is named but unset or empty."""
+    """The API key from the environment variable ``env_name`` (None: no key). Raises ``ValueError``
+    naming the variable when it is named but unset or empty."""
     if not env_name:
         return None
     key = os.environ.get(env_name, "")
     if not key:
-        raise ValueError(f"hindsearch.judge_api_key_env = {env_name!r}: the environment variable {env_name} "
-                         f"is not set (export the judge endpoint's API key there)")
+        raise ValueError(f"hindsearch.judge_api_key_env = {env_name!r}: the environment variable "
+                         f"{env_name} is not set (export the judge endpoint's API key there)")
     return key
 
 
 @dataclass
 class Reply:
-    """One judge request's outcome: the answer's text, or an error; the ``attempts`` made; ``prompt_tokens`` from
-    the answer's usage, when given."""
+    """One judge request's outcome: the answer's text, or an error; the ``attempts`` made;
+    ``prompt_tokens`` from the answer's usage, when given."""
 
     text: str | None = None
     error: str | None = None
@@ -99,13 +102,15 @@ class OpenAIJudge:
 
     def __init__(self, cfg: Any, tokenizer: Any) -> None:
         if not cfg.judge_url or not cfg.judge_model:
-            raise ValueError("hindsearch.judge_kind = 'openai' needs hindsearch.judge_url and hindsearch.judge_model")
+            raise ValueError("hindsearch.judge_kind = 'openai' needs hindsearch.judge_url and "
+                             "hindsearch.judge_model")
         self.cfg, self.tokenizer = cfg, tokenizer
         self.url = chat_completions_url(cfg.judge_url)
         key = api_key(cfg.judge_api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
         n = cfg.judge_concurrency
-        self.client = httpx.Client(headers=headers, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
+        self.client = httpx.Client(
+            headers=headers, limits=httpx.Limits(max_connections=n, max_keepalive_connections=n))
         self.errors = 0
         self.requests = 0
         self.seconds = 0.0
@@ -116,14 +121,15 @@ class OpenAIJudge:
         self.client.close()
 
     def critique(self, trajs: Sequence[Trajectory]) -> list[Critique]:
-        """One ``Critique`` per trajectory, in order; a failed request is that rollout's ``error`` critique. Raises
-        ``JudgeUnavailable`` when the endpoint cannot be reached and ``JudgeRejected`` on a 401/403/404."""
+        """One ``Critique`` per trajectory, in order; a failed request is that rollout's ``error``
+        critique. Raises ``JudgeUnavailable`` when the endpoint cannot be reached and
+        ``JudgeRejected`` on a 401/403/404."""
         t0 = time.perf_counter()
         cfg = self.cfg
         msgs, steps = [], []
         for tr in trajs:
-            msg, st = judge_prompt_with_steps(tr, cfg.judge_template, cfg.judge_sees_gold, cfg.judge_max_prompt_tokens,
-                                              self.tokenizer)
+            msg, st = judge_prompt_with_steps(tr, cfg.judge_template, cfg.judge_sees_gold,
+                                              cfg.judge_max_prompt_tokens, self.tokenizer)
             msgs.append(msg)
             steps.append(st)
         self._down = None
@@ -141,7 +147,8 @@ class OpenAIJudge:
             n_prompt = rep.prompt_tokens if rep.prompt_tokens is not None else self._n_tokens(msg)
             if rep.error is not None or rep.text is None:
                 self.errors += 1
-                out.append(Critique(text="", error=rep.error, prompt_tokens=n_prompt, truncation=st))
+                out.append(Critique(text="", error=rep.error, prompt_tokens=n_prompt,
+                                    truncation=st))
                 continue
             c = finish(rep.text, tr.golden_answers, cfg.judge_template, cfg.redact_gold_in_critique)
             c.prompt_tokens, c.truncation = n_prompt, st
@@ -149,10 +156,12 @@ class OpenAIJudge:
         return out
 
     def _n_tokens(self, msg: str) -> int:
-        return len(self.tokenizer(protocol.apply_template(self.tokenizer, msg), add_special_tokens=False)["input_ids"])
+        text = protocol.apply_template(self.tokenizer, msg)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def ask(self, message: str) -> Reply:
-        """One judge request with its retries (thread-safe): the answer's text, or the error of its last attempt."""
+        """One judge request with its retries (thread-safe): the answer's text, or the error of its
+        last attempt."""
         cfg = self.cfg
         body = chat_request(cfg.judge_model, message, cfg.critique_max_tokens)
         rep, last, connected, t0 = Reply(), "", False, time.monotonic()
@@ -176,15 +185,16 @@ class OpenAIJudge:
                 continue
             connected = True
             if status in (401, 403, 404):
-                raise JudgeRejected(f"judge endpoint {self.url} refused the request (HTTP {status}): "
-                                    f"{data[:300].decode(errors='replace')} (check hindsearch.judge_url, "
-                                    f"judge_model and judge_api_key_env)")
+                raise JudgeRejected(f"judge endpoint {self.url} refused the request (HTTP "
+                                    f"{status}): {data[:300].decode(errors='replace')} (check "
+                                    f"hindsearch.judge_url, judge_model and judge_api_key_env)")
             if status == 429 or status >= 500:
                 last = f"HTTP {status}: {data[:300].decode(errors='replace')}"
                 retry_after = _retry_after(headers)
                 continue
             if status >= 400:
-                rep.error = f"judge endpoint answered HTTP {status}: {data[:300].decode(errors='replace')}"
+                rep.error = (f"judge endpoint answered HTTP {status}: "
+                             f"{data[:300].decode(errors='replace')}")
                 return rep
             try:
                 rep.text, rep.prompt_tokens = parse_chat_answer(data)
@@ -196,13 +206,14 @@ class OpenAIJudge:
             with self._lock:
                 if self._down is None:
                     self._down = (f"judge endpoint {self.url} unreachable after {tries} in "
-                                  f"{time.monotonic() - t0:.1f} s: {last} (is the server at hindsearch.judge_url up?)")
+                                  f"{time.monotonic() - t0:.1f} s: {last} (is the server at "
+                                  "hindsearch.judge_url up?)")
         rep.error = f"judge request failed after {tries}: {last}"
         return rep
 
     def _pause(self, attempt: int, retry_after: float | None) -> float:
-        """Seconds before retry ``attempt`` (1-based): exponential backoff, at least the server's ``Retry-After``,
-        at most ``judge_timeout_s``."""
+        """Seconds before retry ``attempt`` (1-based): exponential backoff, at least the server's
+        ``Retry-After``, at most ``judge_timeout_s``."""
         pause = self.cfg.judge_backoff_s * 2 ** (attempt - 1)
         if retry_after is not None:
             pause = max(pause, retry_after)
@@ -212,7 +223,8 @@ class OpenAIJudge:
         """One POST that gives up after ``judge_timeout_s`` even when the answer trickles in."""
         t = self.cfg.judge_timeout_s
         deadline = time.monotonic() + t
-        with self.client.stream("POST", self.url, json=body, timeout=httpx.Timeout(t, connect=min(t, 10.0))) as r:
+        with self.client.stream("POST", self.url, json=body,
+                                timeout=httpx.Timeout(t, connect=min(t, 10.0))) as r:
             chunks, size = [], 0
             for chunk in r.iter_bytes():
                 size += len(chunk)

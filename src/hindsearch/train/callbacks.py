@@ -1,6 +1,6 @@
-"""The trainer's ``TrainerCallback``s (step timing, ``metrics.jsonl`` and ``samples.jsonl`` writers, the EMA teachers,
-the finite-weights check, a stop at a step's end) and ``gather_metrics``, the reduction of a process's step metrics
-over all processes before they go into TRL's ``_metrics``.
+"""The trainer's ``TrainerCallback``s (step timing, ``metrics.jsonl`` and ``samples.jsonl`` writers,
+the EMA teachers, the finite-weights check, a stop at a step's end) and ``gather_metrics``, the
+reduction of a process's step metrics over all processes before they go into TRL's ``_metrics``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ from hindsearch.train import rollout_adapter as ra
 
 def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
                    summed: Callable[[str], bool] = lambda _k: False) -> dict[str, float]:
-    """``metrics`` of this process reduced over all processes: the sum for keys ``summed(key)``, else the mean
-    over the processes that logged the key. One process: returned as is. Every process must call it (two
-    collectives: the union of the keys, sorted so every rank reduces them in the same order, then the values)."""
+    """``metrics`` of this process reduced over all processes: the sum for keys ``summed(key)``,
+    else the mean over the processes that logged the key. One process: returned as is. Every process
+    must call it (two collectives: the union of the keys, sorted so every rank reduces them in the
+    same order, then the values)."""
     if accelerator.num_processes == 1:
         return dict(metrics)
     from accelerate.utils import gather_object
@@ -31,16 +32,17 @@ def gather_metrics(metrics: Mapping[str, float], accelerator: Any,
     keys = sorted(set(gather_object(list(metrics))))
     if not keys:
         return {}
-    local = torch.tensor([[float(metrics.get(k, 0.0)), float(k in metrics)] for k in keys], dtype=torch.float64,
-                         device=accelerator.device)
+    local = torch.tensor([[float(metrics.get(k, 0.0)), float(k in metrics)] for k in keys],
+                         dtype=torch.float64, device=accelerator.device)
     total = accelerator.gather(local[None]).sum(0)  # [P, K, 2] -> [K, 2]
     return {k: t if summed(k) else t / c for k, (t, c) in zip(keys, total.tolist()) if c > 0}
 
 
 # ---------------------------------------------------------------------- callbacks
 class FiniteWeights(TrainerCallback):
-    """After each optimizer step, before it is logged or saved: ``check(step)`` (``AtomicCheckpoints.
-    check_finite_weights``) raises when a weight went NaN or inf, so no later step trains on it."""
+    """After each optimizer step, before it is logged or saved: ``check(step)``
+    (``AtomicCheckpoints. check_finite_weights``) raises when a weight went NaN or inf, so no later
+    step trains on it."""
 
     def __init__(self, check: Callable[[int], None]) -> None:
         self.check = check
@@ -50,9 +52,10 @@ class FiniteWeights(TrainerCallback):
 
 
 class StepTimer(TrainerCallback):
-    """``time/*`` of each optimizer step, recorded at its end: the parts the trainer times (``part``: rollout,
-    reward, aux_prepare), the step's wall time ``time/step`` and process CPU time ``time/step_cpu`` (all threads;
-    robust to a busy machine) from ``on_step_begin`` to ``on_step_end``, and ``time/update`` = the rest."""
+    """``time/*`` of each optimizer step, recorded at its end: the parts the trainer times
+    (``part``: rollout, reward, aux_prepare), the step's wall time ``time/step`` and process CPU
+    time ``time/step_cpu`` (all threads; robust to a busy machine) from ``on_step_begin`` to
+    ``on_step_end``, and ``time/update`` = the rest."""
 
     PARTS = ("rollout", "reward", "aux_prepare")
 
@@ -84,8 +87,8 @@ class StepTimer(TrainerCallback):
 
 
 class MetricsWriter(TrainerCallback):
-    """One line per optimizer step in ``run_dir/metrics.jsonl`` (main process): ``step`` and every logged value
-    (TRL's metrics and ours, as TRL's ``log`` hands them to the callbacks)."""
+    """One line per optimizer step in ``run_dir/metrics.jsonl`` (main process): ``step`` and every
+    logged value (TRL's metrics and ours, as TRL's ``log`` hands them to the callbacks)."""
 
     def __init__(self, run_dir: Path | None) -> None:
         self.run_dir = run_dir
@@ -93,7 +96,8 @@ class MetricsWriter(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if self.run_dir is None or not state.is_world_process_zero or not logs:
             return
-        if "loss" not in logs or "train_runtime" in logs:  # a training step's log, not the end-of-training summary
+        # a training step's log, not the end-of-training summary
+        if "loss" not in logs or "train_runtime" in logs:
             return
         row = {"step": state.global_step, **{k: v for k, v in logs.items() if _jsonable(v)}}
         with (self.run_dir / "metrics.jsonl").open("a") as f:
@@ -101,14 +105,16 @@ class MetricsWriter(TrainerCallback):
 
 
 class SamplesWriter(TrainerCallback):
-    """Up to ``k`` rollouts per optimizer step in ``run_dir/samples.jsonl`` (``rollout_adapter.sample_records``:
-    failed ones first, with their turns and the terms' samples), written when the step ends."""
+    """Up to ``k`` rollouts per optimizer step in ``run_dir/samples.jsonl``
+    (``rollout_adapter.sample_records``: failed ones first, with their turns and the terms'
+    samples), written when the step ends."""
 
     def __init__(self, run_dir: Path | None, k: int) -> None:
         self.run_dir, self.k = run_dir, k
         self.pending: list[dict[str, Any]] = []
 
-    def add(self, trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], step: int) -> None:
+    def add(self, trajs: Sequence[Trajectory],
+            aux_samples: Mapping[str, Sequence[dict]], step: int) -> None:
         """Keep the records of a generation batch of step ``step`` (1-based) until the step ends."""
         if self.run_dir is not None and self.k > 0:
             self.pending += ra.sample_records(trajs, aux_samples, self.k, step)
@@ -123,9 +129,9 @@ class SamplesWriter(TrainerCallback):
 
 
 class EMATeachers(TrainerCallback):
-    """After each optimizer step each EMA teacher (a full copy of the policy per decay) moves toward the policy,
-    ``ema <- ema + (1 - decay) (policy - ema)``. Under ZeRO-3 the policy's shards are gathered for the update on
-    every process (TRL's ``SyncRefModelCallback`` pattern)."""
+    """After each optimizer step each EMA teacher (a full copy of the policy per decay) moves toward
+    the policy, ``ema <- ema + (1 - decay) (policy - ema)``. Under ZeRO-3 the policy's shards are
+    gathered for the update on every process (TRL's ``SyncRefModelCallback`` pattern)."""
 
     def __init__(self, emas: Mapping[float, Any], accelerator: Any) -> None:
         self.emas, self.accelerator = dict(emas), accelerator
@@ -145,15 +151,17 @@ class EMATeachers(TrainerCallback):
         if plugin is not None and plugin.zero_stage == 3:
             import deepspeed  # optional: gpu
 
-            gathered = deepspeed.zero.GatheredParameters(list(policy.parameters()))  # read only: no modifier rank
+            # read only: no modifier rank
+            gathered = deepspeed.zero.GatheredParameters(list(policy.parameters()))
         with gathered:
             for decay, ema in self.emas.items():
                 self.update(ema, policy, decay)
 
 
 class StopAtStepEnd(TrainerCallback):
-    """Once ``requested()`` is true, the step that ends saves a checkpoint and training stops there (the Trainer's
-    own save and stop at a step boundary: ``control.should_save``, ``control.should_training_stop``)."""
+    """Once ``requested()`` is true, the step that ends saves a checkpoint and training stops there
+    (the Trainer's own save and stop at a step boundary: ``control.should_save``,
+    ``control.should_training_stop``)."""
 
     def __init__(self, requested: Callable[[], bool]) -> None:
         self.requested = requested

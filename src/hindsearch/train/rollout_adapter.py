@@ -1,10 +1,11 @@
 """Pure glue between our multi-turn rollouts and TRL's ``GRPOTrainer`` (no TRL import here).
 
-Prompt ``i`` of TRL's ``rollout_func`` is one trajectory ``i`` (``records_for_prompts``; no regrouping).
-``rollout_output`` hands TRL exactly the engine's ids, the sampling log-probs, ``env_mask`` = ``gen_mask`` (no loss on
-injected text) and, per sample, the reward functions' columns: ``model_text``, ``em`` (the engine's exact match,
-computed once per rollout), ``answered``, ``num_searches`` (the dataset adds ``golden_answers``). Step statistics
-come from small per-row records (gathered over processes first), and the vLLM log-prob mismatch metrics from sums.
+Prompt ``i`` of TRL's ``rollout_func`` is one trajectory ``i`` (``records_for_prompts``; no
+regrouping). ``rollout_output`` hands TRL exactly the engine's ids, the sampling log-probs,
+``env_mask`` = ``gen_mask`` (no loss on injected text) and, per sample, the reward functions'
+columns: ``model_text``, ``em`` (the engine's exact match, computed once per rollout), ``answered``,
+``num_searches`` (the dataset adds ``golden_answers``). Step statistics come from small per-row
+records (gathered over processes first), and the vLLM log-prob mismatch metrics from sums.
 """
 
 from __future__ import annotations
@@ -35,15 +36,18 @@ def records_for_prompts(prompts: Sequence[Any], by_key: Mapping[str, QARecord]) 
 
 
 def nonempty(traj: Trajectory, filler_id: int) -> tuple[list[int], list[int], list[float]]:
-    """``(completion_ids, env_mask, logprobs)``; an empty completion becomes one masked filler token.
+    """``(completion_ids, env_mask, logprobs)``; an empty completion becomes one masked filler
+    token.
 
     TRL indexes ``ids[-1]`` of every completion, so a rollout that produced nothing (error before
-    the first token) is represented by a single ``filler_id`` with mask 0 (no loss, no reward signal).
+    the first token) is represented by a single ``filler_id`` with mask 0 (no loss, no reward
+    signal).
     """
     ids, mask, lps = list(traj.completion_ids), list(traj.gen_mask), list(traj.logprobs)
     if not (len(ids) == len(mask) == len(lps)):
         raise ValueError(
-            f"trajectory {traj.qid}: completion_ids/gen_mask/logprobs lengths differ ({len(ids)}/{len(mask)}/{len(lps)})"
+            f"trajectory {traj.qid}: completion_ids/gen_mask/logprobs lengths differ "
+            f"({len(ids)}/{len(mask)}/{len(lps)})"
         )
     if not ids:
         return [filler_id], [0], [0.0]
@@ -51,15 +55,16 @@ def nonempty(traj: Trajectory, filler_id: int) -> tuple[list[int], list[int], li
 
 
 def model_answered(traj: Trajectory) -> bool:
-    """The model itself ended with a well-formed ``<answer>`` turn (the injected invalid-action notice
-    also contains ``<answer> and </answer>``, so ``traj.answer`` alone is not proof of a model answer)."""
+    """The model itself ended with a well-formed ``<answer>`` turn (the injected invalid-action
+    notice also contains ``<answer> and </answer>``, so ``traj.answer`` alone is not proof of a
+    model answer)."""
     return bool(traj.turns) and traj.turns[-1].action == "answer"
 
 
 def rollout_output(trajs: Sequence[Trajectory], filler_id: int,
                    decode: Callable[[list[int]], str]) -> dict[str, list]:
-    """The ``rollout_func`` return value for trajectories aligned with TRL's prompts (``decode``: ids -> text,
-    as the engine decodes, for ``model_text``)."""
+    """The ``rollout_func`` return value for trajectories aligned with TRL's prompts (``decode``:
+    ids -> text, as the engine decodes, for ``model_text``)."""
     out: dict[str, list] = {k: [] for k in ("prompt_ids", "completion_ids", "logprobs", "env_mask")}
     for t in trajs:
         ids, mask, lps = nonempty(t, filler_id)
@@ -86,13 +91,16 @@ def _std(xs: Sequence[float]) -> float:
 
 
 def row_stats(t: Trajectory) -> dict[str, float]:
-    """The per-trajectory numbers ``rollout_metrics`` averages (small: gathered across processes)."""
+    """The per-trajectory numbers ``rollout_metrics`` averages (small: gathered across
+    processes)."""
     return {
-        "reward": float(t.reward), "em": float(t.em), "f1": float(t.f1), "searches": float(t.num_searches),
-        "invalid": float(t.num_invalid), "turns": float(len(t.turns)),
+        "reward": float(t.reward), "em": float(t.em), "f1": float(t.f1),
+        "searches": float(t.num_searches), "invalid": float(t.num_invalid),
+        "turns": float(len(t.turns)),
         "valid": float(any(tn.action in ("search", "answer") for tn in t.turns)),
         "answered": float(model_answered(t)), "completion_len": float(len(t.completion_ids)),
-        "generated_len": float(sum(t.gen_mask)), "prompt_len": float(len(t.prompt_ids)), "errors": float(len(t.errors)),
+        "generated_len": float(sum(t.gen_mask)), "prompt_len": float(len(t.prompt_ids)),
+        "errors": float(len(t.errors)),
     }
 
 
@@ -104,7 +112,8 @@ def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -
     """
     rewards = [r["reward"] for r in rows]
     n = len(rows)
-    groups = [rewards[i : i + num_generations] for i in range(0, n, num_generations)] if num_generations else []
+    groups = ([rewards[i : i + num_generations] for i in range(0, n, num_generations)]
+              if num_generations else [])
 
     def mean(key: str) -> float:
         return _mean([r[key] for r in rows])
@@ -115,7 +124,8 @@ def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -
         "em": mean("em"),
         "f1": mean("f1"),
         "searches_per_rollout": mean("searches"),
-        "invalid_turn_rate": sum(r["invalid"] for r in rows) / max(sum(r["turns"] for r in rows), 1),
+        "invalid_turn_rate": (sum(r["invalid"] for r in rows)
+                              / max(sum(r["turns"] for r in rows), 1)),
         "validity_rate": mean("valid"),
         "answered_rate": mean("answered"),
         "completion_len": mean("completion_len"),
@@ -128,10 +138,10 @@ def rollout_metrics(rows: Sequence[Mapping[str, float]], num_generations: int) -
 
 
 def sample_order(rewards: Sequence[float], k: int) -> list[int]:
-    """Indices of the ``k`` rollouts a step writes to ``samples.jsonl``: failures and successes (reward > 0) in
-    their shares of the step (``k * successes / n`` rounded, at least one of each when both occur and ``k`` > 1),
-    so the file's rewards agree with the step's ``rollout/reward_mean``; the first of each kind, failures first.
-    All of them when ``k >= n``."""
+    """Indices of the ``k`` rollouts a step writes to ``samples.jsonl``: failures and successes
+    (reward > 0) in their shares of the step (``k * successes / n`` rounded, at least one of each
+    when both occur and ``k`` > 1), so the file's rewards agree with the step's
+    ``rollout/reward_mean``; the first of each kind, failures first. All of them when ``k >= n``."""
     ok = [i for i, r in enumerate(rewards) if r > 0]
     bad = [i for i, r in enumerate(rewards) if not r > 0]
     n, k = len(rewards), max(0, min(k, len(rewards)))
@@ -149,10 +159,10 @@ def sample_order(rewards: Sequence[float], k: int) -> list[int]:
 def sample_records(
     trajs: Sequence[Trajectory], aux_samples: Mapping[str, Sequence[dict]], k: int, step: int
 ) -> list[dict[str, Any]]:
-    """Up to ``k`` rollouts for ``samples.jsonl`` (``sample_order``: successes and failures in the step's
-    shares, failed ones first: they carry the aux samples). Each carries its ``turns`` (``Turn.record``: action,
-    query or answer, retrieved ids and titles) and its question's ``evidence`` titles, so readers parse nothing
-    and need no QA file.
+    """Up to ``k`` rollouts for ``samples.jsonl`` (``sample_order``: successes and failures in the
+    step's shares, failed ones first: they carry the aux samples). Each carries its ``turns``
+    (``Turn.record``: action, query or answer, retrieved ids and titles) and its question's
+    ``evidence`` titles, so readers parse nothing and need no QA file.
 
     ``aux_samples[name][i]`` is term ``name``'s record for trajectory ``i`` (may be shorter).
     """
@@ -167,7 +177,8 @@ def sample_records(
             "question": t.question,
             "golden_answers": t.golden_answers,
             "hops": t.hops,
-            "evidence": list(t.evidence),  # the question's evidence titles: the report's retrieval quality needs no QA file
+            # the question's evidence titles: the report's retrieval quality needs no QA file
+            "evidence": list(t.evidence),
             "completion": t.completion_text,
             "answer": t.answer,
             "reward": t.reward,
@@ -184,15 +195,17 @@ def sample_records(
 
 
 # ---------------------------------------------------------------- vLLM log-prob mismatch
-MISMATCH_FIELDS = ("tokens", "abs_diff_sum", "abs_diff_max", "ratio_sum", "ratio_min", "ratio_max", "capped", "nan")
+MISMATCH_FIELDS = ("tokens", "abs_diff_sum", "abs_diff_max", "ratio_sum", "ratio_min", "ratio_max",
+                   "capped", "nan")
 
 
 def truncated_is_ratio(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
                        cap: float) -> torch.Tensor:
     """TRL's ``token_truncate`` importance ratio: ``min(exp((lp_train - lp_vllm) * mask), cap)``.
 
-    All inputs ``[B, T]`` (``mask``: 1 on generated, non-padding tokens); -> ``[B, T]``. A NaN sampler
-    log-prob (vLLM could not score the token) gives ratio 1, as in TRL; masked positions give 1.
+    All inputs ``[B, T]`` (``mask``: 1 on generated, non-padding tokens); -> ``[B, T]``. A NaN
+    sampler log-prob (vLLM could not score the token) gives ratio 1, as in TRL; masked positions
+    give 1.
     """
     diff = torch.nan_to_num((trainer_logps - sampler_logps) * mask, nan=0.0)
     return torch.exp(diff).clamp(max=cap)
@@ -200,9 +213,10 @@ def truncated_is_ratio(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor,
 
 def mismatch_sums(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask: torch.Tensor,
                   cap: float) -> torch.Tensor:
-    """One process's reducible mismatch statistics -> ``[8]`` float (``MISMATCH_FIELDS``):
-    scored tokens, sum and max of ``|lp_train - lp_vllm|``, sum/min/max of the truncated ratio, tokens whose
-    raw ratio exceeded ``cap``, generated tokens without a sampler log-prob (NaN, left out of the rest).
+    """One process's reducible mismatch statistics -> ``[8]`` float (``MISMATCH_FIELDS``): scored
+    tokens, sum and max of ``|lp_train - lp_vllm|``, sum/min/max of the truncated ratio, tokens
+    whose raw ratio exceeded ``cap``, generated tokens without a sampler log-prob (NaN, left out of
+    the rest).
 
     ``trainer_logps``, ``sampler_logps``, ``mask``: ``[B, T]``.
     """
@@ -221,9 +235,10 @@ def mismatch_sums(trainer_logps: torch.Tensor, sampler_logps: torch.Tensor, mask
 
 
 def mismatch_metrics(sums: torch.Tensor) -> dict[str, float]:
-    """Combine ``mismatch_sums`` rows of all processes (``[P, 8]`` or ``[8]``) into the logged metrics:
-    ``logp_diff_mean`` / ``logp_diff_max`` (|lp_train - lp_vllm| per generated token), ``is_ratio_mean`` /
-    ``_min`` / ``_max`` (truncated ratio), ``is_capped_frac`` (share of tokens at the cap), ``logp_nan_tokens``."""
+    """Combine ``mismatch_sums`` rows of all processes (``[P, 8]`` or ``[8]``) into the logged
+    metrics: ``logp_diff_mean`` / ``logp_diff_max`` (|lp_train - lp_vllm| per generated token),
+    ``is_ratio_mean`` / ``_min`` / ``_max`` (truncated ratio), ``is_capped_frac`` (share of tokens
+    at the cap), ``logp_nan_tokens``."""
     s = sums.reshape(-1, len(MISMATCH_FIELDS)).double()
     n = float(s[:, 0].sum())
     if n == 0:

@@ -1,15 +1,12 @@
 """Supervised training loops (warm-up SFT, micro pretraining) through transformers' ``Trainer``.
 
-Both loops train on batches that are planned up front (the warm-up's length-windowed shuffle, the
-micro model's seeded mix of text and copy rows), with our own loss (the warm-up projects only the
-labelled positions through the LM head; micro pretraining weights two forwards), AdamW and a LambdaLR
-schedule built by the caller. ``run_steps`` hands these to ``Trainer``: one dataset item is one
-optimizer step's batch (sequential sampler, batch size 1, the collator unwraps it), ``optimizers=``
-carries the caller's optimizer and schedule unchanged, and ``training_step`` calls the caller's
-``step_fn(model, batch, backward) -> loss`` so the caller can split a batch into micro-batches that
-each run forward and backward (the same gradient, a fraction of the activations). The Trainer brings
-gradient clipping, the progress bar, logging callbacks (``report_to``), device placement and
-accelerate; ``metrics.jsonl`` gets one row per step (loss, learning rate, gradient norm).
+Both loops train on batches planned up front, with the caller's loss, AdamW and LambdaLR schedule.
+``run_steps`` hands these to ``Trainer``: one dataset item is one optimizer step's batch,
+``optimizers=`` carries the caller's optimizer and schedule unchanged, and ``training_step`` calls
+the caller's ``step_fn(model, batch, backward) -> loss``, so the caller can split a batch into
+micro-batches. The Trainer brings gradient clipping, the progress bar, logging callbacks, device
+placement and accelerate; ``metrics.jsonl`` gets one row per step. In detail: docs/methods.md,
+"How the warm-up trains".
 """
 
 from __future__ import annotations
@@ -43,11 +40,13 @@ class _Batches(torch.utils.data.Dataset):
 
 
 def _step_trainer(step_fn: StepFn, losses: list[float]) -> type:
-    """A ``Trainer`` subclass whose ``training_step`` runs ``step_fn`` and appends each step's loss to ``losses``."""
+    """A ``Trainer`` subclass whose ``training_step`` runs ``step_fn`` and appends each step's loss
+    to ``losses``."""
     from transformers import Trainer
 
     class StepTrainer(Trainer):
-        def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: D401 - Trainer hook
+        # a Trainer hook
+        def training_step(self, model, inputs, num_items_in_batch=None):  # noqa: D401
             model.train()
             inputs = self._prepare_inputs(inputs)
             loss = step_fn(model, inputs, self.accelerator.backward).detach()
@@ -58,11 +57,12 @@ def _step_trainer(step_fn: StepFn, losses: list[float]) -> type:
 
 
 def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] = ("loss",)) -> Any:
-    """A Trainer callback in place of transformers' ``ProgressCallback``: a bar labelled ``desc`` on a terminal,
-    plain progress lines elsewhere (``hindsearch.progress``), the logged ``postfix`` keys shown beside it, and no
-    log dict printed per step (the metrics file has them). The Trainer ends a step before it logs the step, so
-    the bar moves on when the step's log arrives (or at the next step, or the end, for a step that logs nothing):
-    a line never pairs a step's count with the values of the step before."""
+    """A Trainer callback in place of transformers' ``ProgressCallback``: a bar labelled ``desc`` on
+    a terminal, plain progress lines elsewhere (``hindsearch.progress``), the logged ``postfix``
+    keys shown beside it, and no log dict printed per step (the metrics file has them). The Trainer
+    ends a step before it logs the step, so the bar moves on when the step's log arrives (or at the
+    next step, or the end, for a step that logs nothing): a line never pairs a step's count with the
+    values of the step before."""
     from transformers import ProgressCallback
 
     from hindsearch.progress import progress_bar
@@ -70,7 +70,8 @@ def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] =
     class Bar(ProgressCallback):
         def on_train_begin(self, args, state, control, **kwargs):
             if state.is_world_process_zero:
-                self.training_bar = progress_bar(state.max_steps, desc, unit=unit, initial=state.global_step)
+                self.training_bar = progress_bar(state.max_steps, desc, unit=unit,
+                                                 initial=state.global_step)
             self.current_step = self.shown_step = state.global_step
 
         def _advance(self) -> None:
@@ -96,9 +97,11 @@ def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] =
     return Bar()
 
 
-def use_progress(trainer: Any, desc: str, postfix: tuple[str, ...] = ("loss",), show: bool = True) -> None:
-    """Replace transformers' ``ProgressCallback`` / ``PrinterCallback`` of ``trainer`` by ``progress_callback``
-    (nothing shown with ``show = False``): one bar or plain lines, never a log dict per step."""
+def use_progress(trainer: Any, desc: str, postfix: tuple[str, ...] = ("loss",),
+                 show: bool = True) -> None:
+    """Replace transformers' ``ProgressCallback`` / ``PrinterCallback`` of ``trainer`` by
+    ``progress_callback`` (nothing shown with ``show = False``): one bar or plain lines, never a log
+    dict per step."""
     from transformers import PrinterCallback, ProgressCallback
 
     trainer.remove_callback(PrinterCallback)
@@ -108,8 +111,8 @@ def use_progress(trainer: Any, desc: str, postfix: tuple[str, ...] = ("loss",), 
 
 
 def _metrics_writer(metrics_path: str | Path | None) -> Any:
-    """A callback appending one JSON row per logged step (step, loss, lr, grad norm, seconds since it was made)
-    to ``metrics_path`` (nothing when None)."""
+    """A callback appending one JSON row per logged step (step, loss, lr, grad norm, seconds since
+    it was made) to ``metrics_path`` (nothing when None)."""
     from transformers import TrainerCallback
 
     class Metrics(TrainerCallback):
@@ -127,22 +130,25 @@ def _metrics_writer(metrics_path: str | Path | None) -> Any:
     return Metrics()
 
 
-def _training_args(output_dir: str, n_steps: int, seed: int, max_grad_norm: float, on_cpu: bool) -> Any:
-    """``TrainingArguments`` for ``run_steps``: one item per step in order, a log row per step, no checkpoints."""
+def _training_args(output_dir: str, n_steps: int, seed: int, max_grad_norm: float,
+                   on_cpu: bool) -> Any:
+    """``TrainingArguments`` for ``run_steps``: one item per step in order, a log row per step, no
+    checkpoints."""
     from transformers import TrainingArguments
 
     return TrainingArguments(
-        output_dir=output_dir, per_device_train_batch_size=1, max_steps=n_steps, logging_steps=1, save_strategy="no",
-        report_to="none", seed=seed, data_seed=seed, max_grad_norm=max_grad_norm,
-        train_sampling_strategy="sequential", use_cpu=on_cpu, dataloader_pin_memory=False,
-        remove_unused_columns=False, disable_tqdm=True,
+        output_dir=output_dir, per_device_train_batch_size=1, max_steps=n_steps, logging_steps=1,
+        save_strategy="no", report_to="none", seed=seed, data_seed=seed,
+        max_grad_norm=max_grad_norm, train_sampling_strategy="sequential", use_cpu=on_cpu,
+        dataloader_pin_memory=False, remove_unused_columns=False, disable_tqdm=True,
     )
 
 
 @contextmanager
 def activation_checkpointing(model: Any, every_n_layers: int) -> Iterator[None]:
-    """Checkpoint every ``every_n_layers``-th decoder layer of ``model`` inside the block (0 = leave it as it is):
-    those layers keep only their inputs and run their forward again in the backward (the same gradients)."""
+    """Checkpoint every ``every_n_layers``-th decoder layer of ``model`` inside the block (0 = leave
+    it as it is): those layers keep only their inputs and run their forward again in the backward
+    (the same gradients)."""
     if not every_n_layers:
         yield
         return
@@ -155,16 +161,16 @@ def activation_checkpointing(model: Any, every_n_layers: int) -> Iterator[None]:
 
 
 def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_fn: StepFn,
-              optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int, desc: str,
-              progress: bool = True, metrics_path: str | Path | None = None,
+              optimizer: torch.optim.Optimizer, scheduler: Any, *, max_grad_norm: float, seed: int,
+              desc: str, progress: bool = True, metrics_path: str | Path | None = None,
               callbacks: Sequence[Any] = (), release_memory: bool = True) -> dict[str, Any]:
     """Train ``model`` in place for ``n_steps`` optimizer steps with transformers' ``Trainer``.
 
     ``make_batch(i)``: step ``i``'s batch (any object; tensors in a dict are moved to the device).
-    ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per part;
-    returns the step's loss (detached). ``release_memory``: hand freed heap pages back to the kernel after every
-    step (``hindsearch.memory.release_memory_callback``; for big models, where a step's activations are GBs).
-    Returns ``{"loss": [per step], "steps", "seconds"}``.
+    ``step_fn(model, batch, backward)``: runs the forward and calls ``backward(loss_part)`` once per
+    part; returns the step's loss (detached). ``release_memory``: hand freed heap pages back to the
+    kernel after every step (``hindsearch.memory.release_memory_callback``; for big models, where a
+    step's activations are GBs). Returns ``{"loss": [per step], "steps", "seconds"}``.
     """
     from hindsearch.memory import release_memory_callback
 
@@ -178,19 +184,22 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
         trainer = _step_trainer(step_fn, losses)(
             model=model, args=args, train_dataset=_Batches(n_steps, make_batch),
             data_collator=lambda items: items[0], optimizers=(optimizer, scheduler),
-            callbacks=[_metrics_writer(metrics_path), *([release_memory_callback()] if release_memory else []),
+            callbacks=[_metrics_writer(metrics_path),
+                       *([release_memory_callback()] if release_memory else []),
                        *callbacks])
         use_progress(trainer, desc, show=progress)
         trainer.train()
         del trainer
-        gc.collect()  # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected
+        # the Trainer's reference cycles hold the optimizer state (2x the weights) until collected
+        gc.collect()
     model.eval()
     return {"loss": losses, "steps": n_steps, "seconds": time.time() - t0}
 
 
 def warmup_cosine(step: int, n_warm: int, total: int) -> float:
-    """LR multiplier of step ``step`` (0-based): linear warm-up ``(step + 1) / n_warm`` over ``n_warm`` steps,
-    then cosine decay from 1 to 0 over the remaining ``total - n_warm`` steps (for ``LambdaLR``)."""
+    """LR multiplier of step ``step`` (0-based): linear warm-up ``(step + 1) / n_warm`` over
+    ``n_warm`` steps, then cosine decay from 1 to 0 over the remaining ``total - n_warm`` steps (for
+    ``LambdaLR``)."""
     if step < n_warm:
         return (step + 1) / n_warm
     return 0.5 * (1 + math.cos(math.pi * (step - n_warm) / max(1, total - n_warm)))

@@ -1,6 +1,7 @@
-"""The trainer's vLLM glue (``rollout.backend = vllm``): ``GRPOConfig`` fields from our ``rollout`` section, the
-engine pointed at TRL's vLLM (its ``LLM`` in colocate mode, a ``VLLMClient`` in server mode), and the colocated
-engine's wake-up / sleep around the rollout. The functions take the trainer (``self``) as their first argument."""
+"""The trainer's vLLM glue (``rollout.backend = vllm``): ``GRPOConfig`` fields from our ``rollout``
+section, the engine pointed at TRL's vLLM (its ``LLM`` in colocate mode, a ``VLLMClient`` in server
+mode), and the colocated engine's wake-up / sleep around the rollout. The functions take the trainer
+(``self``) as their first argument."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 def vllm_grpo_fields(rollout_cfg: Any) -> dict[str, Any]:
     """``GRPOConfig`` fields of the vLLM path from our ``rollout`` section (``rollout.vllm_*``).
 
-    Token-level truncated importance sampling (``token_truncate``; TRL's default ``sequence_mask`` would drop
-    whole multi-turn trajectories), capped at ``vllm_is_cap``; vLLM's context is ``max_total_tokens``.
+    Token-level truncated importance sampling (``token_truncate``; TRL's default ``sequence_mask``
+    would drop whole multi-turn trajectories), capped at ``vllm_is_cap``; vLLM's context is
+    ``max_total_tokens``.
     """
     return dict(
         vllm_mode=rollout_cfg.vllm_mode,
@@ -27,7 +29,8 @@ def vllm_grpo_fields(rollout_cfg: Any) -> dict[str, Any]:
 
 
 def apply_vllm_fields(args: Any, engine: Any) -> None:
-    """Set ``vllm_grpo_fields`` of the engine's rollout config on ``args`` (before TRL reads them)."""
+    """Set ``vllm_grpo_fields`` of the engine's rollout config on ``args`` (before TRL reads
+    them)."""
     import dataclasses
     import warnings
 
@@ -40,13 +43,15 @@ def apply_vllm_fields(args: Any, engine: Any) -> None:
         if k == "vllm_max_model_length" and old is not None:
             continue  # a [train.trl] vllm_max_model_length wins (a longer context is harmless)
         if old != defaults.get(k) and old != v:
-            warnings.warn(f"train.trl.{k} = {old!r} is ignored: rollout.vllm_* sets {k} = {v!r}", stacklevel=3)
+            warnings.warn(f"train.trl.{k} = {old!r} is ignored: rollout.vllm_* sets {k} = {v!r}",
+                          stacklevel=3)
         setattr(args, k, v)
     if args.vllm_mode == "colocate" and int(getattr(args, "vllm_tensor_parallel_size", 1)) > 1:
         raise ValueError(
-            "rollout.backend = vllm with vllm_tensor_parallel_size > 1 in colocate mode is not supported: the "
-            "multi-turn loop issues a different number of generate calls on each process, and a tensor-"
-            "parallel group needs identical calls. Use tensor parallel size 1, or rollout.vllm_mode = server")
+            "rollout.backend = vllm with vllm_tensor_parallel_size > 1 in colocate mode is not "
+            "supported: the multi-turn loop issues a different number of generate calls on each "
+            "process, and a tensor-parallel group needs identical calls. Use tensor parallel size "
+            "1, or rollout.vllm_mode = server")
 
 
 def attach_vllm(self: Any) -> None:
@@ -79,8 +84,9 @@ def attach_vllm(self: Any) -> None:
 
 
 def vllm_wake(self: Any) -> None:
-    """Colocate + sleep mode: weights back (re-synced if they were discarded) and the KV cache mapped.
-    Server mode on several processes: wait until the main process has pushed this step's weights."""
+    """Colocate + sleep mode: weights back (re-synced if they were discarded) and the KV cache
+    mapped. Server mode on several processes: wait until the main process has pushed this step's
+    weights."""
     vg = self.vllm_generation
     if self.vllm_mode == "colocate" and getattr(vg, "enable_sleep_mode", False):
         if getattr(vg, "_llm_weights_sleeping", False):
@@ -91,7 +97,8 @@ def vllm_wake(self: Any) -> None:
 
 
 def vllm_sleep(self: Any) -> None:
-    """Colocate + sleep mode: free vLLM's GPU memory for the update (level 2, as TRL's own generate)."""
+    """Colocate + sleep mode: free vLLM's GPU memory for the update (level 2, as TRL's own
+    generate)."""
     vg = self.vllm_generation
     if self.vllm_mode == "colocate" and getattr(vg, "enable_sleep_mode", False):
         vg.llm.sleep(level=2)

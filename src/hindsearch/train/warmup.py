@@ -29,9 +29,11 @@ CACHE_VERSION = 1
 
 
 # ---------------------------------------------------------------- SFT
-def collate(batch: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-padded ``(input_ids [B, L], attention_mask [B, L], labels [B, L])``. Right, not ``core.model.left_pad``'s
-    left: a training batch is never continued, and ``sft_step`` cuts a micro-batch to its own longest row by columns.
+def collate(batch: Sequence[Trajectory],
+            pad_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ``(input_ids [B, L], attention_mask [B, L], labels [B, L])``. Right, not
+    ``core.model.left_pad``'s left: a training batch is never continued, and ``sft_step`` cuts a
+    micro-batch to its own longest row by columns.
 
     ``labels[b, i] = input_ids[b, i]`` where the token is a generated completion token
     (gen_mask 1), else -100 (prompt, injected blocks, padding). Labels are *not* shifted.
@@ -51,10 +53,11 @@ def collate(batch: Sequence[Trajectory], pad_id: int) -> tuple[torch.Tensor, tor
     return ids, att, lab
 
 
-def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor,
-             num_items: int | torch.Tensor | None = None) -> torch.Tensor:
+def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+             labels: torch.Tensor, num_items: int | torch.Tensor | None = None) -> torch.Tensor:
     """Next-token cross-entropy over labelled positions (labels != -100): the token mean, or with
-    ``num_items`` the token sum divided by ``num_items`` (a micro-batch's share of a larger batch's mean).
+    ``num_items`` the token sum divided by ``num_items`` (a micro-batch's share of a larger batch's
+    mean).
 
     Shapes: ``input_ids``, ``attention_mask``, ``labels`` [B, L]. The LM head is applied only at
     the positions that predict a labelled token (cheaper than full [B, L, V] logits).
@@ -66,7 +69,8 @@ def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     decoder = model.get_decoder() if hasattr(model, "get_decoder") else None
     head = model.get_output_embeddings()
     if decoder is not None and head is not None:
-        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state  # [B, L, H]
+        # [B, L, H]
+        hidden = decoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
         logits = head(hidden[:, :-1][sel])  # [N, V]
     else:
         logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1][sel]
@@ -75,13 +79,15 @@ def sft_loss(model: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return torch.nn.functional.cross_entropy(logits.float(), tgt[sel], reduction="sum") / num_items
 
 
-def sft_step(model: Any, batch: dict[str, torch.Tensor], backward: Any, micro_batch_size: int | None) -> torch.Tensor:
-    """Forward and backward of one SFT batch in micro-batches of ``micro_batch_size`` rows (None: all at once).
+def sft_step(model: Any, batch: dict[str, torch.Tensor], backward: Any,
+             micro_batch_size: int | None) -> torch.Tensor:
+    """Forward and backward of one SFT batch in micro-batches of ``micro_batch_size`` rows (None:
+    all at once).
 
-    Each micro-batch contributes its token sum divided by the whole batch's labelled-token count, so the
-    accumulated gradient is the gradient of the batch's token mean (``sft_loss``), with the activations of one
-    micro-batch alive at a time. Rows are right-padded: a micro-batch is cut to its own longest row. Returns the
-    batch's token-mean loss (detached).
+    Each micro-batch contributes its token sum divided by the whole batch's labelled-token count, so
+    the accumulated gradient is the gradient of the batch's token mean (``sft_loss``), with the
+    activations of one micro-batch alive at a time. Rows are right-padded: a micro-batch is cut to
+    its own longest row. Returns the batch's token-mean loss (detached).
     """
     ids, att, lab = batch["input_ids"], batch["attention_mask"], batch["labels"]
     n = (lab[:, 1:] != -100).sum()
@@ -94,13 +100,15 @@ def sft_step(model: Any, batch: dict[str, torch.Tensor], backward: Any, micro_ba
         part_lab = lab[s : s + step, :width]
         if not bool((part_lab[:, 1:] != -100).any()):
             continue
-        part = sft_loss(model, ids[s : s + step, :width], att[s : s + step, :width], part_lab, num_items=n)
+        part = sft_loss(model, ids[s : s + step, :width], att[s : s + step, :width],
+                        part_lab, num_items=n)
         backward(part)
         total += part.detach()
     return total
 
 
-def _batches(n: int, batch_size: int, lengths: Sequence[int], rng: random.Random) -> list[list[int]]:
+def _batches(n: int, batch_size: int, lengths: Sequence[int],
+             rng: random.Random) -> list[list[int]]:
     """Shuffled batches; within windows of 4 batches, indices sorted by length (less padding)."""
     idx = list(range(n))
     rng.shuffle(idx)
@@ -114,7 +122,8 @@ def _batches(n: int, batch_size: int, lengths: Sequence[int], rng: random.Random
 
 
 def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
-    """Parameters to train: all (``n`` None) or only the top ``n`` decoder layers and the final norm.
+    """Parameters to train: all (``n`` None) or only the top ``n`` decoder layers and the final
+    norm.
 
     With ``n`` set, everything else gets ``requires_grad=False`` (the frozen lower layers then
     build no autograd graph: a cheaper step on CPU). Call ``model.requires_grad_(True)`` to undo.
@@ -123,7 +132,8 @@ def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
         return [p for p in model.parameters() if p.requires_grad]
     layers = getattr(model.get_decoder(), "layers", None)
     if layers is None or not 0 < n <= len(layers):
-        raise ValueError(f"train_layers = {n}: the model has {len(layers) if layers is not None else '?'} decoder layers")
+        raise ValueError(f"train_layers = {n}: the model has "
+                         f"{len(layers) if layers is not None else '?'} decoder layers")
     model.requires_grad_(False)
     for mod in [*layers[len(layers) - n :], getattr(model.get_decoder(), "norm", None)]:
         if mod is not None:
@@ -131,18 +141,20 @@ def trainable_top_layers(model: Any, n: int | None) -> list[torch.nn.Parameter]:
     return [p for p in model.parameters() if p.requires_grad]
 
 
-def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr: float, batch_size: int,
-        seed: int = 0, warmup_frac: float = 0.1, max_grad_norm: float = 1.0, progress: bool = True,
-        train_layers: int | None = None, micro_batch_size: int | None = None,
+def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr: float,
+        batch_size: int, seed: int = 0, warmup_frac: float = 0.1, max_grad_norm: float = 1.0,
+        progress: bool = True, train_layers: int | None = None, micro_batch_size: int | None = None,
         metrics_path: str | Path | None = None, checkpoint_every: int = 0) -> dict[str, Any]:
     """Train ``model`` in place on tokenised demonstrations with transformers' ``Trainer``
-    (``hindsearch.train.steps``): AdamW (no weight decay), linear warm-up over ``warmup_frac`` of the steps then
-    cosine decay, gradient norm clipped to ``max_grad_norm``, the loss of ``sft_loss`` over each planned batch.
+    (``hindsearch.train.steps``): AdamW (no weight decay), linear warm-up over ``warmup_frac`` of
+    the steps then cosine decay, gradient norm clipped to ``max_grad_norm``, the loss of
+    ``sft_loss`` over each planned batch.
 
-    ``train_layers``: train only the top N decoder layers (None = the whole model). ``micro_batch_size``: demos
-    per forward/backward (None = the whole batch; the gradient is the same). ``metrics_path``: one JSONL row
-    per step. ``checkpoint_every``: activation checkpointing of every N-th decoder layer (0 = off; the same
-    weights). Returns ``{"loss": [per-step loss], "steps", "tokens_trained", "seconds"}``.
+    ``train_layers``: train only the top N decoder layers (None = the whole model).
+    ``micro_batch_size``: demos per forward/backward (None = the whole batch; the gradient is the
+    same). ``metrics_path``: one JSONL row per step. ``checkpoint_every``: activation checkpointing
+    of every N-th decoder layer (0 = off; the same weights). Returns ``{"loss": [per-step loss],
+    "steps", "tokens_trained", "seconds"}``.
     """
     from functools import partial
 
@@ -150,14 +162,16 @@ def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr
 
     if not demos:
         raise ValueError("warm-up has no demonstrations to train on")
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad_id = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+              else tokenizer.eos_token_id)
     rng = random.Random(seed)
     lengths = [len(t.prompt_ids) + len(t.completion_ids) for t in demos]
     plan = [b for _ in range(epochs) for b in _batches(len(demos), batch_size, lengths, rng)]
     total = len(plan)
     params = trainable_top_layers(model, train_layers)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine, n_warm=max(1, int(warmup_frac * total)),
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, partial(warmup_cosine,
+                                                           n_warm=max(1, int(warmup_frac * total)),
                                                            total=total))
 
     def make_batch(i: int) -> dict[str, torch.Tensor]:
@@ -166,9 +180,10 @@ def sft(model: Any, tokenizer: Any, demos: Sequence[Trajectory], epochs: int, lr
 
     try:
         with activation_checkpointing(model, checkpoint_every):
-            out = run_steps(model, total, make_batch, partial(sft_step, micro_batch_size=micro_batch_size), opt,
-                            sched, max_grad_norm=max_grad_norm, seed=seed, desc="warm-up SFT", progress=progress,
-                            metrics_path=metrics_path)
+            out = run_steps(model, total, make_batch,
+                            partial(sft_step, micro_batch_size=micro_batch_size), opt,
+                            sched, max_grad_norm=max_grad_norm, seed=seed, desc="warm-up SFT",
+                            progress=progress, metrics_path=metrics_path)
     finally:
         if train_layers is not None:
             model.requires_grad_(True)
@@ -198,25 +213,29 @@ def build_demos(cfg: Any, tokenizer: Any, retriever: Any, train_records: Sequenc
         info.update(source=str(path), skipped_without_answer=skipped)
     else:
         searcher = ScriptedSearcher(retriever, topk=cfg.retrieval.topk, p_bridge=w.p_bridge,
-                                    p_feedback=w.p_feedback, max_turns=cfg.rollout.max_turns, seed=cfg.train.seed,
-                                    feedback_kinds=w.feedback_kinds)
+                                    p_feedback=w.p_feedback, max_turns=cfg.rollout.max_turns,
+                                    seed=cfg.train.seed, feedback_kinds=w.feedback_kinds)
         texts = searcher.demos(select_records(train_records, w.num_demos, cfg.train.seed))
         info.update(source="scripted", p_bridge=w.p_bridge, p_feedback=w.p_feedback)
     info["scripted_ceiling" if not path else "demo_em"] = ceiling_from_demos(texts)
     demos = [tokenize_demo(tokenizer, t, cfg.rollout.max_total_tokens) for t in texts]
     info.update(num_demos=len(demos), truncated=sum(t.stop_reason == "length" for t in demos),
                 with_feedback=sum(bool(t.extra.get("hint")) for t in demos),
-                feedback_by_kind={k: sum(t.extra.get("hint_kind") == k and bool(t.extra.get("hint")) for t in demos)
+                feedback_by_kind={k: sum(t.extra.get("hint_kind") == k and bool(t.extra.get("hint"))
+                                         for t in demos)
                                   for k in w.feedback_kinds},
                 answer_query_found=sum(t.extra.get("answer_query_found") is True for t in demos),
-                mean_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in demos) / max(1, len(demos)),
+                mean_tokens=sum(len(t.prompt_ids) + len(t.completion_ids) for t in demos) / max(
+                    1, len(demos)),
                 mean_gen_tokens=sum(sum(t.gen_mask) for t in demos) / max(1, len(demos)))
     return demos, info
 
 
-def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
-               out_dir: str | Path, demos_path: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
-    """Build demonstrations, SFT ``model`` in place, save model + tokenizer + ``warmup.json`` to ``out_dir``."""
+def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any,
+               train_records: Sequence[QARecord], out_dir: str | Path,
+               demos_path: str | Path | None = None, progress: bool = True) -> dict[str, Any]:
+    """Build demonstrations, SFT ``model`` in place, save model + tokenizer + ``warmup.json`` to
+    ``out_dir``."""
     w = cfg.warmup
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -239,15 +258,17 @@ def run_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_recor
 
 
 def model_fingerprint(name: str) -> str | None:
-    """Identity of a local model folder's contents (None for a hub id or alias): the same path rebuilt with
-    other weights (e.g. the ``micro`` model after a spec change) must not reuse a warm-up of the old weights.
+    """Identity of a local model folder's contents (None for a hub id or alias): the same path
+    rebuilt with other weights (e.g. the ``micro`` model after a spec change) must not reuse a
+    warm-up of the old weights.
 
     A hash of the names, sizes and modification times (ns) of the folder's files.
     """
     d = Path(name)
     if not d.is_dir():
         return None
-    st = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.iterdir()) if f.is_file()]
+    st = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in sorted(d.iterdir())
+          if f.is_file()]
     return hashlib.sha256(json.dumps(st).encode()).hexdigest()[:16]
 
 
@@ -255,17 +276,19 @@ def model_fingerprint(name: str) -> str | None:
 MEMORY_ONLY = ("gradient_checkpointing", "checkpoint_every_n_layers")
 
 
-def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Path | None = None) -> str:
+def warmup_key(cfg: Any, train_records: Sequence[QARecord],
+               demos_path: str | Path | None = None) -> str:
     """Cache key: hash of (model, warm-up config, rollout budget, retrieval, seed, data)."""
     h = hashlib.sha256()
     path = demos_path or cfg.warmup.demos
     parts = {
         "version": CACHE_VERSION,
-        "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype, model_fingerprint(cfg.model.name)],
+        "model": [cfg.model.name, cfg.model.gguf_file, cfg.model.dtype,
+                  model_fingerprint(cfg.model.name)],
         "warmup": {k: v for k, v in asdict(cfg.warmup).items() if k not in MEMORY_ONLY},
         "rollout": [cfg.rollout.max_turns, cfg.rollout.max_total_tokens],
-        "retrieval": [cfg.retrieval.kind, cfg.retrieval.index_dir, cfg.retrieval.url, cfg.retrieval.topk,
-                      cfg.retrieval.encoder],
+        "retrieval": [cfg.retrieval.kind, cfg.retrieval.index_dir, cfg.retrieval.url,
+                      cfg.retrieval.topk, cfg.retrieval.encoder],
         "seed": cfg.train.seed,
     }
     h.update(json.dumps(parts, sort_keys=True).encode())
@@ -273,18 +296,20 @@ def warmup_key(cfg: Any, train_records: Sequence[QARecord], demos_path: str | Pa
         h.update(Path(path).read_bytes())
     else:
         for r in train_records:
-            h.update(json.dumps([r.id, r.question, r.golden_answers, r.hops, r.metadata], sort_keys=True).encode())
+            h.update(json.dumps([r.id, r.question, r.golden_answers, r.hops, r.metadata],
+                                sort_keys=True).encode())
     return h.hexdigest()[:16]
 
 
 def warmup_dir(cfg: Any, train_records: Sequence[QARecord], cache_dir: str | Path) -> Path:
-    """The cached warm-up folder of this config and data (``cache_dir/warmup-<key>``); it is complete, and
-    ``ensure_warmup`` trains nothing, when its ``warmup.json`` exists."""
+    """The cached warm-up folder of this config and data (``cache_dir/warmup-<key>``); it is
+    complete, and ``ensure_warmup`` trains nothing, when its ``warmup.json`` exists."""
     return Path(cache_dir) / f"warmup-{warmup_key(cfg, train_records)}"
 
 
-def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_records: Sequence[QARecord],
-                  cache_dir: str | Path, progress: bool = True) -> Path:
+def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any,
+                  train_records: Sequence[QARecord], cache_dir: str | Path,
+                  progress: bool = True) -> Path:
     """The warmed-up checkpoint folder, built once per (model, warm-up config, data).
 
     On a cache miss ``model`` is trained in place and saved; on a hit nothing is trained and
@@ -304,7 +329,8 @@ def ensure_warmup(cfg: Any, model: Any, tokenizer: Any, retriever: Any, train_re
 
 # ---------------------------------------------------------------- CLI
 def cmd_sft(args: Any) -> int:
-    """``hindsearch sft`` (the parser lives in ``hindsearch.cli.train`` so the CLI starts without torch)."""
+    """``hindsearch sft`` (the parser lives in ``hindsearch.cli.train`` so the CLI starts without
+    torch)."""
     from hindsearch.config import Config
 
     from hindsearch.hindsight.registry import resolve_methods
@@ -325,6 +351,7 @@ def cmd_sft(args: Any) -> int:
     model, tokenizer = load_policy(cfg.model)
     info = run_warmup(cfg, model, tokenizer, retriever, records, args.out, demos_path=args.demos)
     c = info.get("scripted_ceiling") or info.get("demo_em") or {}
-    print(f"warm-up: {info['num_demos']} demos, demo EM {c.get('em', 0):.3f} by hops {c.get('em_by_hops')}, "
-          f"final loss {(info['sft']['loss'] or [float('nan')])[-1]:.3f}, {info['seconds']:.0f}s -> {args.out}")
+    print(f"warm-up: {info['num_demos']} demos, demo EM {c.get('em', 0):.3f} by hops "
+          f"{c.get('em_by_hops')}, final loss {(info['sft']['loss'] or [float('nan')])[-1]:.3f}, "
+          f"{info['seconds']:.0f}s -> {args.out}")
     return 0

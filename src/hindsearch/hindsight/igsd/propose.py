@@ -1,5 +1,5 @@
-"""Stage 1, propose: the teacher (policy + gold answer line) scores the student's failed query tokens; the
-positions where it prefers another token become pairs."""
+"""Stage 1, propose: the teacher (policy + gold answer line) scores the student's failed query
+tokens; the positions where it prefers another token become pairs."""
 
 from __future__ import annotations
 
@@ -24,7 +24,8 @@ def select_positions(
     cap: int,
     rng: random.Random,
 ) -> list[int]:
-    """Completion indices to verify for one rollout, sorted; ``pref[t] = log pT(b_t) - log pT(a_t)``."""
+    """Completion indices to verify for one rollout, sorted; ``pref[t] = log pT(b_t) - log
+    pT(a_t)``."""
     cand = [t for t, m in enumerate(query_mask) if m]
     if mode == "disagree":
         cand = [t for t in cand if a_ids[t] != b_ids[t]]
@@ -39,8 +40,8 @@ def select_positions(
 
 
 def answer_token_ids(tokenizer: Any, golds: Sequence[str]) -> set[int]:
-    """Token ids of the gold answers as they can appear in a query: each answer tokenised alone and after a
-    space (no special tokens)."""
+    """Token ids of the gold answers as they can appear in a query: each answer tokenised alone and
+    after a space (no special tokens)."""
     ids: set[int] = set()
     for g in golds:
         for text in (g, " " + g):
@@ -48,11 +49,12 @@ def answer_token_ids(tokenizer: Any, golds: Sequence[str]) -> set[int]:
     return ids
 
 
-def unreachable_positions(completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int],
-                          prompt_ids: Sequence[int]) -> set[int]:
-    """Query positions ``t`` whose proposed token occurs neither in ``prompt_ids`` nor in ``completion[:t]`` (the
-    retrieved text included): tokens the student cannot produce from what it has seen. All sequences are per
-    rollout; ``completion``, ``proposed`` and ``query_mask`` have length n (the scored completion)."""
+def unreachable_positions(completion: Sequence[int], proposed: Sequence[int],
+                          query_mask: Sequence[int], prompt_ids: Sequence[int]) -> set[int]:
+    """Query positions ``t`` whose proposed token occurs neither in ``prompt_ids`` nor in
+    ``completion[:t]`` (the retrieved text included): tokens the student cannot produce from what it
+    has seen. All sequences are per rollout; ``completion``, ``proposed`` and ``query_mask`` have
+    length n (the scored completion)."""
     seen = set(prompt_ids)
     out: set[int] = set()
     for t, (tok, b) in enumerate(zip(completion, proposed)):
@@ -63,21 +65,23 @@ def unreachable_positions(completion: Sequence[int], proposed: Sequence[int], qu
 
 
 def unseen_answer_positions(
-    completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int], prompt_ids: Sequence[int],
-    answer_ids: set[int],
+    completion: Sequence[int], proposed: Sequence[int], query_mask: Sequence[int],
+    prompt_ids: Sequence[int], answer_ids: set[int],
 ) -> set[int]:
-    """Query positions ``t`` whose proposed teacher token ``proposed[t]`` is one of ``answer_ids`` and occurs
-    neither in ``prompt_ids`` nor in ``completion[:t]``: tokens only the hindsight can supply
-    (``unreachable_positions`` restricted to answer tokens)."""
-    return {t for t in unreachable_positions(completion, proposed, query_mask, prompt_ids) if proposed[t] in answer_ids}
+    """Query positions ``t`` whose proposed teacher token ``proposed[t]`` is one of ``answer_ids``
+    and occurs neither in ``prompt_ids`` nor in ``completion[:t]``: tokens only the hindsight can
+    supply (``unreachable_positions`` restricted to answer tokens)."""
+    return {t for t in unreachable_positions(completion, proposed, query_mask, prompt_ids)
+            if proposed[t] in answer_ids}
 
 
 def teacher_prompts(trajs: Sequence[Trajectory], rows: Sequence[int], tokenizer: Any,
                     hints: dict[int, str] | None) -> list[list[int]]:
-    """The teacher prompt of each row: the answer line (``hints`` None), else the row's hint line (a redacted
-    critique or group summary, ``FEEDBACK_TEMPLATE`` shape)."""
+    """The teacher prompt of each row: the answer line (``hints`` None), else the row's hint line (a
+    redacted critique or group summary, ``FEEDBACK_TEMPLATE`` shape)."""
     if hints is None:
-        return [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers) for i in rows]
+        return [igsd_prompt_ids(tokenizer, trajs[i].question, trajs[i].golden_answers)
+                for i in rows]
     return [protocol.encode_prompt(tokenizer, trajs[i].question, hints[i]) for i in rows]
 
 
@@ -85,15 +89,18 @@ def propose_pairs(
     trajs: Sequence[Trajectory], T: int, teacher: Any, tokenizer: Any, cfg: Any, rng: random.Random,
     m: dict[str, float], batch_size: int = 16, hints: dict[int, str] | None = None,
 ) -> list[Pair]:
-    """Teacher forward (hindsight in the prompt) on failed rollouts with query tokens → the positions to verify.
-    ``hints``: row -> hint line for ``igsd.hindsight`` other than ``answer`` (a row without one is skipped)."""
+    """Teacher forward (hindsight in the prompt) on failed rollouts with query tokens → the
+    positions to verify. ``hints``: row -> hint line for ``igsd.hindsight`` other than ``answer`` (a
+    row without one is skipped)."""
     failed = [i for i, tr in enumerate(trajs) if tr.failed]
     rows = [i for i in failed if any(trajs[i].query_mask[:T]) and trajs[i].golden_answers
             and (hints is None or i in hints)]
     m["failed"], m["rows_no_query"] = float(len(failed)), float(len(failed) - len(rows))
     prompts = teacher_prompts(trajs, rows, tokenizer, hints)
-    comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]  # exact: scores at query tokens only
-    lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1, batch_size=batch_size)
+    # exact: scores at query tokens only
+    comps = [through_last_query(trajs[i].completion_ids, trajs[i].query_mask, T) for i in rows]
+    lT, top_ids, top_lp = teacher_token_logprobs(teacher, prompts, comps, topk=1,
+                                                 batch_size=batch_size)
     pairs = []
     for j, i in enumerate(rows):
         tr, n = trajs[i], len(comps[j])
@@ -110,11 +117,13 @@ def propose_pairs(
         if cfg.proposals == "reachable":  # tokens the student cannot produce: not verified
             m["positions_unreachable"] += sum(1 for t in off if a[t] != b[t])
             qm = [0 if t in off else q for t, q in enumerate(qm)]
-        if cfg.answer_tokens == "drop":  # tokens only the hindsight can supply: not verified, not distilled
+        # tokens only the hindsight can supply: not verified, not distilled
+        if cfg.answer_tokens == "drop":
             drop = {t for t in gold if qm[t]}
             m["answer_tokens_dropped"] += len(drop)
             qm = [0 if t in drop else q for t, q in enumerate(qm)]
-        for t in select_positions(qm, a, b, pref, cfg.positions, cfg.max_positions_per_rollout, rng):
+        for t in select_positions(qm, a, b, pref, cfg.positions,
+                                  cfg.max_positions_per_rollout, rng):
             p_T = losses.pair_probs(top_lp[j, t, 0:1], lT[j, t : t + 1])[0].tolist()
             pairs.append(Pair(i, t, a[t], b[t], (p_T[0], p_T[1]), query_start(tr.query_mask, t)))
     return pairs

@@ -1,4 +1,5 @@
-"""GRPO (method ``grpo``): TRL's loss alone; no options of its own and no term (it composes with nothing)."""
+"""GRPO (method ``grpo``): TRL's loss alone; no options of its own and no term (it composes with
+nothing)."""
 
 from __future__ import annotations
 

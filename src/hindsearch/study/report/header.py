@@ -1,11 +1,12 @@
 """The header of a run's (or an evaluation's) page: what a GRPO user checks first.
 
-A run: model, method, LoRA, steps, questions and rollouts per step, wall time, date, git commit and hardware,
-read from ``config.toml``, ``summary.json``, ``metrics.jsonl`` and the folder's marker (``.hindsearch-output.json``:
-its ``created`` time and the ``provenance`` that ``fsutil.claim_output`` records: the hindsearch commit and the
-machine). An evaluation folder: model, decoding, questions, retriever, date, commit, hardware. A value no file
-holds is None (the page says "not recorded": runs from before the marker recorded provenance have no commit
-and no hardware).
+A run: model, method, LoRA, steps, questions and rollouts per step, wall time, date, git commit and
+hardware, read from ``config.toml``, ``summary.json``, ``metrics.jsonl`` and the folder's marker
+(``.hindsearch-output.json``: its ``created`` time and the ``provenance`` that
+``fsutil.claim_output`` records: the hindsearch commit and the machine). An evaluation folder:
+model, decoding, questions, retriever, date, commit, hardware. A value no file holds is None (the
+page says "not recorded": runs from before the marker recorded provenance have no commit and no
+hardware).
 """
 
 from __future__ import annotations
@@ -57,11 +58,13 @@ def lora_text(cfg: dict[str, Any]) -> tuple[str | None, str | None]:
         return "off", "full fine-tuning: model.lora.r = 0"
     targets = lora.get("target_modules")
     targets = ", ".join(text(t) for t in targets) if isinstance(targets, list) else text(targets)
-    return f"r = {text(r)}", f"alpha {text(lora.get('alpha', '?'))}, dropout {text(lora.get('dropout', '?'))}, targets {targets}"
+    return (f"r = {text(r)}", f"alpha {text(lora.get('alpha', '?'))}, dropout "
+                              f"{text(lora.get('dropout', '?'))}, targets {targets}")
 
 
 def commit_text(marker: dict[str, Any]) -> tuple[str | None, str | None]:
-    """The hindsearch commit a folder was made with (12 hex digits) and whether tracked files were edited."""
+    """The hindsearch commit a folder was made with (12 hex digits) and whether tracked files were
+    edited."""
     src = dig(marker, "provenance", "hindsearch")
     if not isinstance(src, dict):
         return None, None
@@ -75,7 +78,8 @@ def commit_text(marker: dict[str, Any]) -> tuple[str | None, str | None]:
 
 
 def hardware_text(marker: dict[str, Any]) -> str | None:
-    """The machine of the marker's ``provenance.host``: CPU and cores, memory, GPUs, torch / transformers / TRL."""
+    """The machine of the marker's ``provenance.host``: CPU and cores, memory, GPUs, torch /
+    transformers / TRL."""
     h = dig(marker, "provenance", "host")
     if not isinstance(h, dict):
         return None
@@ -84,7 +88,8 @@ def hardware_text(marker: dict[str, Any]) -> str | None:
     cores = h.get("cpus")
     if is_value(cores):
         usable = h.get("cpus_usable")
-        cpu += f", {text(cores)} cores" + (f" ({text(usable)} usable)" if is_value(usable) and usable != cores else "")
+        cpu += f", {text(cores)} cores" + (f" ({text(usable)} usable)" if is_value(usable)
+                                           and usable != cores else "")
     parts.append(cpu)
     if is_value(h.get("memory_gb")):
         parts.append(f"{text(h['memory_gb'])} GB RAM")
@@ -115,16 +120,19 @@ def logged_steps(run: Run) -> int:
 
 
 def wall_time(run: Run) -> tuple[str | None, str | None]:
-    """``summary.json``'s total (with the RL stage and the median step), else the sum of the logged step times."""
+    """``summary.json``'s total (with the RL stage and the median step), else the sum of the logged
+    step times."""
     timings = run.summary.get("timings_s")
     steps = sorted(f for f in (finite(r.get("time/step")) for r in run.metrics) if f is not None)
     median = f"median step {duration(steps[len(steps) // 2])}" if steps else None
     if isinstance(timings, dict) and duration(timings.get("total")):
         rl = duration(timings.get("rl"))
-        return duration(timings["total"]), "; ".join(x for x in (f"RL {rl}" if rl else None, median) if x) or None
+        return duration(timings["total"]), "; ".join(x for x in (f"RL {rl}" if rl else None, median)
+                                                     if x) or None
     if steps:
         return (f"at least {duration(math.fsum(steps))}",
-                "no summary.json (the run has not finished): the sum of the logged step times" + (f"; {median}" if median else ""))
+                "no summary.json (the run has not finished): the sum of the logged step times"
+                + (f"; {median}" if median else ""))
     return None, None
 
 
@@ -133,10 +141,12 @@ def run_header(run: Run) -> list[dict[str, Any]]:
     cfg, summary, marker = run.config, run.summary, run.marker
     model = dig(cfg, "model", "name")
     model_note = ", ".join(f"{k} {text(v)}" for k, v in (("dtype", dig(cfg, "model", "dtype")),
-                                                          ("device", dig(cfg, "model", "device"))) if v)
+                                                          ("device", dig(cfg, "model", "device")))
+                           if v)
     method = summary.get("method") or cfg.get("method")
     lora, lora_note = lora_text(cfg)
-    configured = summary.get("steps") if is_value(summary.get("steps")) else dig(cfg, "train", "steps")
+    configured = summary.get("steps") if is_value(summary.get("steps")) else dig(
+        cfg, "train", "steps")
     logged = logged_steps(run)
     if is_value(configured):
         steps = f"{logged} of {text(configured)} logged"
@@ -151,7 +161,8 @@ def run_header(run: Run) -> list[dict[str, Any]]:
         per_step = f"{text(q)} questions × {text(g)} rollouts = {text(q * g)} rollouts"
     wall, wall_note = wall_time(run)
     commit, commit_note = commit_text(marker)
-    resumes = [r for r in marker.get("resumes", []) if isinstance(r, dict)] if isinstance(marker.get("resumes"), list) else []
+    resumes = ([r for r in marker.get("resumes", []) if isinstance(r, dict)]
+               if isinstance(marker.get("resumes"), list) else [])
     if resumes:  # a resume on another commit or machine is named beside the start's
         last_commit, _ = commit_text(resumes[-1])
         last_hw = hardware_text(resumes[-1])
@@ -169,31 +180,35 @@ def run_header(run: Run) -> list[dict[str, Any]]:
         hw_note.append(f"train.threads = {text(dig(cfg, 'train', 'threads'))}")
     elif is_value(dig(summary, "threads", "count")):  # the count the run chose itself
         count, why = dig(summary, "threads", "count"), dig(summary, "threads", "why")
-        hw_note.append(f"torch threads {text(count)}" + (f" ({text(why)})" if isinstance(why, str) and why else ""))
+        hw_note.append(f"torch threads {text(count)}"
+                       + (f" ({text(why)})" if isinstance(why, str) and why else ""))
     peak = finite(dig(summary, "memory", "peak_rss_mb"))
     if peak:
         hw_note.append(f"peak RSS {peak / 1024:.1f} GiB")
     return [row("model", model, model_note), row("method", method), row("LoRA", lora, lora_note),
-            row("steps", steps, steps_note), row("per step", per_step), row("wall time", wall, wall_note),
-            row("started", when(marker.get("created"))), row("git commit", commit, commit_note),
-            row("hardware", hw, "; ".join(hw_note))]
+            row("steps", steps, steps_note), row("per step", per_step),
+            row("wall time", wall, wall_note), row("started", when(marker.get("created"))),
+            row("git commit", commit, commit_note), row("hardware", hw, "; ".join(hw_note))]
 
 
 def describe_model(m: Any) -> str | None:
     """An evaluation marker's ``model`` (``eval.model_identity``): the hub name or the folder."""
     if isinstance(m, dict):
         name = m.get("name") or m.get("path")
-        return None if name is None else text(name) + (f" ({text(m['gguf_file'])})" if m.get("gguf_file") else "")
+        gguf = f" ({text(m['gguf_file'])})" if m.get("gguf_file") else ""
+        return None if name is None else text(name) + gguf
     return None if m is None else text(m)
 
 
 def describe_retriever(marker: dict[str, Any]) -> str | None:
     r = marker.get("retriever")
     if isinstance(r, dict):
-        return ", ".join(f"{text(k)} {text(v)}" for k, v in r.items() if isinstance(v, (str, int, float)))
+        return ", ".join(f"{text(k)} {text(v)}" for k, v in r.items()
+                         if isinstance(v, (str, int, float)))
     ret = dig(marker, "config", "retrieval")
     if isinstance(ret, dict) and ret.get("kind"):
-        return f"{text(ret['kind'])}, top-{text(ret.get('topk', '?'))}" + (f", {text(ret['url'])}" if ret.get("url") else "")
+        return f"{text(ret['kind'])}, top-{text(ret.get('topk', '?'))}" + (
+            f", {text(ret['url'])}" if ret.get("url") else "")
     return None
 
 
@@ -205,17 +220,21 @@ def eval_header(summary: dict[str, Any], marker: dict[str, Any]) -> list[dict[st
     overall = summary.get("overall") if isinstance(summary.get("overall"), dict) else {}
     benches = summary.get("benchmarks") if isinstance(summary.get("benchmarks"), dict) else {}
     n = overall.get("n")
-    questions = None if n is None else f"{text(n)} over {len(benches)} benchmark{'s' * (len(benches) != 1)}"
+    questions = (None if n is None else f"{text(n)} over {len(benches)} "
+                                        f"benchmark{'s' * (len(benches) != 1)}")
     roll = dig(marker, "config", "rollout")
     roll_note = None
     if isinstance(roll, dict):
-        roll_note = ", ".join(f"{k} {text(roll[k])}" for k in ("max_turns", "max_new_tokens_per_turn", "max_total_tokens")
+        roll_note = ", ".join(f"{k} {text(roll[k])}"
+                              for k in ("max_turns", "max_new_tokens_per_turn", "max_total_tokens")
                               if k in roll)
     model_cfg = dig(marker, "config", "model")
-    model_note = ", ".join(f"{k} {text(model_cfg[k])}" for k in ("dtype", "device") if isinstance(model_cfg, dict)
+    model_note = ", ".join(f"{k} {text(model_cfg[k])}" for k in ("dtype", "device")
+                           if isinstance(model_cfg, dict)
                            and model_cfg.get(k))
     commit, commit_note = commit_text(marker)
-    return [row("model", describe_model(marker.get("model")), model_note), row("decoding", decoding, roll_note),
-            row("questions", questions), row("retriever", describe_retriever(marker)),
+    return [row("model", describe_model(marker.get("model")), model_note),
+            row("decoding", decoding, roll_note), row("questions", questions),
+            row("retriever", describe_retriever(marker)),
             row("evaluated", when(marker.get("created")), "the folder's last (re)start"),
             row("git commit", commit, commit_note), row("hardware", hardware_text(marker))]
