@@ -1,4 +1,5 @@
-"""Safe output folders (replace only what hindsearch wrote), atomic publishes, PID locks, checkpoints.
+"""Safe output folders (replace only what hindsearch wrote), atomic publishes, PID locks,
+checkpoints.
 
 ``expand_out`` is the one place an output path's ``~`` is expanded. ``check_replaceable`` /
 ``guard_output`` / ``claim_output`` refuse an ``--out`` hindsearch did not write (or holding a file
@@ -43,8 +44,8 @@ class DiskFull(OSError):
 
 _NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
 _WRITE_FAILED = ("unexpected pos", "file write failed")
-"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why, torch's zip writer
-only that its file position is wrong)."""
+"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why,
+torch's zip writer only that its file position is wrong)."""
 
 
 def _free(folder: Path) -> int | None:
@@ -55,8 +56,9 @@ def _free(folder: Path) -> int | None:
 
 
 def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | None:
-    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space (ENOSPC or
-    EDQUOT, or a library's write error with less than 64 MiB free); None for any other error."""
+    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space
+    (ENOSPC or EDQUOT, or a library's write error with less than 64 MiB free); None for any other
+    error."""
     import errno
 
     text = str(err).lower()
@@ -72,8 +74,8 @@ def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | N
 
 
 def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> None:
-    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write removes the file
-    again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
+    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write
+    removes the file again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
     if fd is None:
         fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
     try:
@@ -86,8 +88,9 @@ def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> Non
 
 
 class NotRegularFile(OSError):
-    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as ``/dev/zero``), or
-    larger than the reader's size cap. Its message says which, without the path (the caller names the file)."""
+    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as
+    ``/dev/zero``), or larger than the reader's size cap. Its message says which, without the path
+    (the caller names the file)."""
 
 
 _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
@@ -95,9 +98,10 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat
 
 
 def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
-    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened file, so a
-    symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most ``cap`` bytes; else
-    ``NotRegularFile``. A file that grows after the check is the reader's to bound."""
+    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened
+    file, so a symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most
+    ``cap`` bytes; else ``NotRegularFile``. A file that grows after the check is the reader's to
+    bound."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
     try:
         st = os.fstat(fd)
@@ -115,10 +119,10 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
 
 JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail", "yield-bad")
 """How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line;
-``skip-bad`` skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline
-that does not parse (what a killed writer leaves; named in ``bad``) and is strict about every other
-line; ``yield-bad`` yields it as ``(line, BadLine(reason))`` in file order, for a caller that names it
-in its own words (and is strict about the file itself)."""
+``skip-bad`` skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a
+newline that does not parse (what a killed writer leaves; named in ``bad``) and is strict about
+every other line; ``yield-bad`` yields it as ``(line, BadLine(reason))`` in file order, for a caller
+that names it in its own words (and is strict about the file itself)."""
 
 
 class BadJsonl(ValueError):
@@ -138,8 +142,8 @@ def _clean(s: str) -> str:
 
 
 def json_problem(e: BaseException) -> str:
-    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for the
-    parser, or another ``ValueError`` (an integer past Python's digit limit, say)."""
+    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for
+    the parser, or another ``ValueError`` (an integer past Python's digit limit, say)."""
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON: {e.msg} (column {e.colno})"
     if isinstance(e, RecursionError):
@@ -150,12 +154,13 @@ def json_problem(e: BaseException) -> str:
 def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,
                parse: Callable[[str], Any] = json.loads, objects: bool = True, max_bytes: int | None = None,
                max_line: int | None = None) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent), read through
-    ``open_regular`` (a FIFO or a device is refused, never read). A line that is not UTF-8, does not ``parse``, or
-    (``objects``) is not a JSON object is bad; ``mode`` (``JSONL_MODES``) says what then. ``bad`` collects
-    ``"file:line: reason"`` of what was skipped or dropped; ``name`` is how the file is named (default: its path).
-    ``max_bytes`` / ``max_line`` cap what is read; past a cap the rest is not read (named, or an error). A
-    byte-order mark before the first line is read past, and a ``.gz`` file is read decompressed."""
+    """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent),
+    read through ``open_regular`` (a FIFO or a device is refused, never read). A line that is not
+    UTF-8, does not ``parse``, or (``objects``) is not a JSON object is bad; ``mode``
+    (``JSONL_MODES``) says what then. ``bad`` collects ``"file:line: reason"`` of what was skipped
+    or dropped; ``name`` is how the file is named (default: its path). ``max_bytes`` / ``max_line``
+    cap what is read; past a cap the rest is not read (named, or an error). A byte-order mark before
+    the first line is read past, and a ``.gz`` file is read decompressed."""
     if mode not in JSONL_MODES:
         raise ValueError(f"iter_jsonl: mode {mode!r} is not one of {', '.join(JSONL_MODES)}")
     where = name or str(path)
@@ -230,8 +235,8 @@ def drop_torn_tail(path: str | Path) -> None:
 
 
 class NonFiniteWeights(RuntimeError):
-    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter); nothing of
-    that step is saved."""
+    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter);
+    nothing of that step is saved."""
 
     def __init__(self, message: str, step: int, name: str) -> None:
         super().__init__(message)
@@ -248,8 +253,8 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def expand_out(path: str | Path) -> Path:
-    """An output path with ``~`` expanded: the one place this happens, so logs and checkpoints of one
-    ``--out '~/x'`` land in the same folder."""
+    """An output path with ``~`` expanded: the one place this happens, so logs and checkpoints of
+    one ``--out '~/x'`` land in the same folder."""
     return Path(os.path.expanduser(str(path)))
 
 
@@ -269,8 +274,9 @@ def written_files(folder: str | Path) -> list[str]:
 
 
 def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
-    """The files of ``folder`` that a replace would delete and its maker did not write: those not in ``listed`` (the
-    files its marker records), or, when the marker records none, those modified after the ``marker`` file."""
+    """The files of ``folder`` that a replace would delete and its maker did not write: those not in
+    ``listed`` (the files its marker records), or, when the marker records none, those modified
+    after the ``marker`` file."""
     if listed is not None:
         known = set(listed)
         return [f for f in written_files(folder) if f not in known and f != LOCK_NAME]
@@ -285,8 +291,9 @@ def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
 def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str, flag: str = "--out",
                       protect: tuple[str | Path, ...] = (),
                       stray: Callable[[Path], list[str]] | None = None) -> Path:
-    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours`` accepts that
-    holds no file ``stray`` names (files its maker did not write: replacing the folder would delete them).
+    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours``
+    accepts that holds no file ``stray`` names (files its maker did not write: replacing the folder
+    would delete them).
 
     ``protect`` lists inputs (e.g. the corpus being indexed) that must not lie inside ``out``.
     Returns ``out`` with ``~`` expanded (``expand_out``).
@@ -337,8 +344,8 @@ def output_kind(folder: str | Path) -> str | None:
 
 def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str = "--out",
                  protect: tuple[str | Path, ...] = ()) -> Path:
-    """``check_replaceable`` for a folder a command writes into: ours when its marker names ``kind``. Returns the
-    expanded path."""
+    """``check_replaceable`` for a folder a command writes into: ours when its marker names
+    ``kind``. Returns the expanded path."""
     if not str(out).strip():
         raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); give a new folder")
 
@@ -357,8 +364,9 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
-    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the marker, with the
-    ``provenance``: the hindsearch commit and the machine that made the folder, which ``hindsearch report`` shows)."""
+    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the
+    marker, with the ``provenance``: the hindsearch commit and the machine that made the folder,
+    which ``hindsearch report`` shows)."""
     from hindsearch.provenance import provenance
 
     out = Path(out)
@@ -390,8 +398,9 @@ def _link_target(out: str | Path) -> Path:
 
 @contextlib.contextmanager
 def staging(out: str | Path) -> Iterator[Path]:
-    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises. When ``out``
-    is a symbolic link, the sibling is made next to the folder the link points to (see ``publish``)."""
+    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises. When
+    ``out`` is a symbolic link, the sibling is made next to the folder the link points to (see
+    ``publish``)."""
     out = _link_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -405,8 +414,9 @@ def staging(out: str | Path) -> Iterator[Path]:
 
 
 def publish(tmp: Path, out: str | Path) -> Path:
-    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside, then deleted.
-    A symbolic link ``out`` stays a link: the folder it points to is the one replaced."""
+    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside,
+    then deleted. A symbolic link ``out`` stays a link: the folder it points to is the one
+    replaced."""
     out = _link_target(out)
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
@@ -551,8 +561,8 @@ WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_mo
                 "pytorch_model.bin.index.json", "adapter_model.bin")
 """The weights files a transformers/PEFT save writes (one of them; an index names its shards)."""
 TRAINING_STATE = ("optimizer.pt", "scheduler.pt")
-"""Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``) and
-``trainer_state.json`` they are what a resume needs to continue the same run."""
+"""Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``)
+and ``trainer_state.json`` they are what a resume needs to continue the same run."""
 
 
 def _safetensors_problem(path: Path) -> str | None:
@@ -576,8 +586,8 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def _torch_file_problem(path: Path) -> str | None:
-    """Why a ``torch.save`` file is unreadable: it is a zip archive whose directory is at its end, so a
-    truncated or empty file fails to open (its tensors are not read)."""
+    """Why a ``torch.save`` file is unreadable: it is a zip archive whose directory is at its end,
+    so a truncated or empty file fails to open (its tensors are not read)."""
     import zipfile
 
     try:
@@ -590,8 +600,9 @@ def _torch_file_problem(path: Path) -> str | None:
 
 
 def corrupted_file(path: Path) -> str | None:
-    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32 the archive
-    recorded when it was written (bytes overwritten in place, the size unchanged). Reads the whole file."""
+    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32
+    the archive recorded when it was written (bytes overwritten in place, the size unchanged). Reads
+    the whole file."""
     import zipfile
     import zlib
 
@@ -637,19 +648,21 @@ def _weights_problem(ckpt: Path) -> str | None:
 
 
 def _sharded_layout(ckpt: Path) -> bool:
-    """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its weights and
-    optimizer are not the files ``checkpoint_problem`` checks by name (the recorded sizes still are)."""
+    """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its
+    weights and optimizer are not the files ``checkpoint_problem`` checks by name (the recorded
+    sizes still are)."""
     return any(p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in ckpt.iterdir())
 
 
 def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None:
     """Why ``ckpt`` cannot be resumed from (None when it is complete).
 
-    Complete means: ``trainer_state.json`` readable, the weights readable and of the size their header
-    says (every shard of a sharded save), and, unless the save was model-only, ``optimizer.pt``,
-    ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable. The completion marker
-    written by ``AtomicCheckpoints`` lists every file with its size; a file that changed size since
-    (truncated, replaced) or went missing makes the checkpoint incomplete too.
+    Complete means: ``trainer_state.json`` readable, the weights readable and of the size their
+    header says (every shard of a sharded save), and, unless the save was model-only,
+    ``optimizer.pt``, ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable.
+    The completion marker written by ``AtomicCheckpoints`` lists every file with its size; a file
+    that changed size since (truncated, replaced) or went missing makes the checkpoint incomplete
+    too.
     """
     ckpt = Path(ckpt)
     marker: dict[str, Any] = {}
@@ -693,8 +706,9 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
 
 
 def corrupted_checkpoint(ckpt: Path) -> str | None:
-    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are corrupted although
-    complete (``corrupted_file``); read in full, so a resume checks only the checkpoint it starts from."""
+    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are
+    corrupted although complete (``corrupted_file``); read in full, so a resume checks only the
+    checkpoint it starts from."""
     for p in sorted(Path(ckpt).rglob("*")):
         if p.is_file() and p.suffix in (".pt", ".pth", ".bin") and (why := corrupted_file(p)):
             return f"corrupted: {why}"
@@ -729,10 +743,10 @@ def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[tuple[P
 
 
 class AtomicCheckpoints:
-    """A ``transformers.Trainer`` mixin (``class T(AtomicCheckpoints, Trainer)``) that makes each checkpoint save
-    atomic: save into ``OUTPUT/.checkpoint-staging``, write the completion marker, then rename ``checkpoint-N``
-    into ``OUTPUT`` and rotate there. A kill during a save leaves only the staging folder, which no resume reads
-    (it is cleared on the next save)."""
+    """A ``transformers.Trainer`` mixin (``class T(AtomicCheckpoints, Trainer)``) that makes each
+    checkpoint save atomic: save into ``OUTPUT/.checkpoint-staging``, write the completion marker,
+    then rename ``checkpoint-N`` into ``OUTPUT`` and rotate there. A kill during a save leaves only
+    the staging folder, which no resume reads (it is cleared on the next save)."""
 
     _checkpoint_stage: Path | None = None
     """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
@@ -750,7 +764,8 @@ class AtomicCheckpoints:
         if name is not None:
             raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}", step, name)
 
-    # transformers 5 has no public hook for where a checkpoint is written: these two overrides redirect it
+    # transformers 5 has no public hook for where a checkpoint is written: these two overrides
+    # redirect it
     def _get_output_dir(self, trial: Any) -> str:
         if self._checkpoint_stage is not None:
             return str(self._checkpoint_stage)
