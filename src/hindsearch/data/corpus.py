@@ -78,8 +78,8 @@ def _is_json_list(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> Any:
-    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start
-    is read past."""
+    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its
+    start is read past."""
     if path.suffix == ".gz":
         import gzip
 
@@ -139,8 +139,9 @@ def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:
 
 
 class SeenIds:
-    """The passage ids read so far, small for wiki-18's 21M: canonical decimal ids (``"1"``, ``"21015324"``)
-    below ``2**28`` are bits of a bitmap (32 MiB at most), any other id is kept in a dict with its row."""
+    """The passage ids read so far, small for wiki-18's 21M: canonical decimal ids (``"1"``,
+    ``"21015324"``) below ``2**28`` are bits of a bitmap (32 MiB at most), any other id is kept in a
+    dict with its row."""
 
     BITMAP_LIMIT = 1 << 28
 
@@ -149,8 +150,8 @@ class SeenIds:
         self.other: dict[str, int] = {}
 
     def add(self, pid: str, row: int) -> int | None:
-        """Record ``pid`` (read at ``row``); returns the row that had it first (0 when that row is not kept: a
-        bitmap id), or None when it is new."""
+        """Record ``pid`` (read at ``row``); returns the row that had it first (0 when that row is
+        not kept: a bitmap id), or None when it is new."""
         if pid.isascii() and pid.isdigit() and (pid == "0" or pid[0] != "0") and len(pid) <= 9 \
                 and int(pid) < self.BITMAP_LIMIT:
             k = int(pid)

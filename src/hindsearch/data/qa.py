@@ -35,8 +35,8 @@ class QAError(ValueError):
 
 
 SKIP_HINT = "skip_bad=True skips bad rows; for an evaluation, hindsearch eval --skip-bad"
-"""How to skip bad rows, appended to a bad row's error (``eval`` has the flag; ``train`` reads its QA files
-strictly)."""
+"""How to skip bad rows, appended to a bad row's error (``eval`` has the flag; ``train`` reads its
+QA files strictly)."""
 
 
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
@@ -71,8 +71,8 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
     """Yield ``(where, parse error or None, row)`` for every row of a QA file.
 
     ``where`` is ``"line N"`` (JSON Lines), ``"item N"`` (JSON list) or ``"row N"`` (parquet),
-    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines. A byte-order mark at the
-    start of the file is read past.
+    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines. A byte-order mark
+    at the start of the file is read past.
     """
     path = Path(path)
     if not path.is_file():
@@ -186,16 +186,17 @@ def _answers(row: dict[str, Any]) -> list[str]:
 
 
 # Reasoning hops by question type (HotpotQA: bridge, comparison; 2WikiMultihopQA: comparison,
-# inference, compositional, bridge_comparison): the length of the longest chain of dependent lookups.
-# Every type is 2 hops. A bridge_comparison ("Which film has the director born first, A or B?") has
-# 4 supporting titles but is two parallel 2-hop chains (film -> director -> birth date) and a
-# comparison, so its title count (kept in ``evidence``) is not its hop count.
+# inference, compositional, bridge_comparison): the length of the longest chain of dependent
+# lookups. Every type is 2 hops. A bridge_comparison ("Which film has the director born first, A or
+# B?") has 4 supporting titles but is two parallel 2-hop chains (film -> director -> birth date) and
+# a comparison, so its title count (kept in ``evidence``) is not its hop count.
 TYPE_HOPS = {"bridge": 2, "comparison": 2, "inference": 2, "compositional": 2, "bridge_comparison": 2}
 
 
 def _hops(row: dict[str, Any], evidence: list[str]) -> int | None:
-    """Hop count: an explicit ``hops``; MuSiQue's id prefix; the question ``type`` (``TYPE_HOPS``, top level
-    or in FlashRAG's ``metadata``); else the number of supporting titles (None when there are none)."""
+    """Hop count: an explicit ``hops``; MuSiQue's id prefix; the question ``type`` (``TYPE_HOPS``,
+    top level or in FlashRAG's ``metadata``); else the number of supporting titles (None when there
+    are none)."""
     if isinstance(row.get("hops"), int):
         return row["hops"]
     rid = str(row.get("id", ""))
@@ -247,9 +248,9 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
             stats: QAStats | None = None) -> list[QARecord]:
     """All (or the first ``limit``) questions of a QA file as ``QARecord``s, in file order.
 
-    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). A question id read twice is a
-    bad row (the error names both lines). Skipped rows are
-    logged as a warning, unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
+    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). A question id
+    read twice is a bad row (the error names both lines). Skipped rows are logged as a warning,
+    unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
     """
     path = Path(path)
     quiet, stats = stats is not None, stats if stats is not None else QAStats()  # a caller's stats: it reports
@@ -282,8 +283,8 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
 
 def load_qa_reporting(path: str | Path, name: str | None = None, limit: int | None = None,
                       skip_bad: bool = False) -> list[QARecord]:
-    """``load_qa`` for a command: with ``skip_bad``, the rows skipped are counted and named on stderr
-    (the first 20, each with its line), so that a skipped row is never silent."""
+    """``load_qa`` for a command: with ``skip_bad``, the rows skipped are counted and named on
+    stderr (the first 20, each with its line), so that a skipped row is never silent."""
     import sys
 
     stats = QAStats()
