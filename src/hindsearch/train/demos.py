@@ -1,5 +1,6 @@
-"""Warm-up demonstrations: read them from JSONL and tokenize them into training rows (ids, gen_mask, query_mask)
-exactly as the rollout engine builds them; the text rules (segments, prompt, query mask) are ``agent.protocol``'s."""
+"""Warm-up demonstrations: read them from JSONL and tokenize them into training rows (ids, gen_mask,
+query_mask) exactly as the rollout engine builds them; the text rules (segments, prompt, query mask)
+are ``agent.protocol``'s."""
 
 from __future__ import annotations
 
@@ -51,12 +52,12 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
 def tokenize_demo(tokenizer: Any, traj: Trajectory, max_total_tokens: int | None = None) -> Trajectory:
     """Token ids and exact masks of a text-level demonstration (see the module docstring).
 
-    Uses ``traj.extra["segments"]`` when present, else ``protocol.segments_from_text(completion_text)``. The
-    prompt is ``protocol.encode_prompt`` and a model-written segment's query mask ``protocol.query_token_mask``
-    over the segment's ids, the rules of the rollout engine.
-    Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``, ``query_mask``, ``logprobs`` (zeros)
-    and the turns' token spans. When prompt + completion exceed ``max_total_tokens`` the
-    completion is cut to fit and ``stop_reason`` becomes ``length``.
+    Uses ``traj.extra["segments"]`` when present, else
+    ``protocol.segments_from_text(completion_text)``. The prompt is ``protocol.encode_prompt`` and a
+    model-written segment's query mask ``protocol.query_token_mask`` over the segment's ids, the
+    rules of the rollout engine. Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``,
+    ``query_mask``, ``logprobs`` (zeros) and the turns' token spans. When prompt + completion exceed
+    ``max_total_tokens`` the completion is cut to fit and ``stop_reason`` becomes ``length``.
     """
     hint = traj.extra.get("hint")
     p_ids = protocol.encode_prompt(tokenizer, traj.question, hint)

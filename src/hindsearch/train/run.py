@@ -1,10 +1,12 @@
-"""The main job: ``run_train(cfg)`` = data and index -> policy -> warm-up -> dev eval -> the method's steps -> dev eval.
+"""The main job: ``run_train(cfg)`` = data and index -> policy -> warm-up -> dev eval -> the
+method's steps -> dev eval.
 
-Everything a bad config can break fails in ``preflight`` before a model loads; it also builds the run's ``Parts``
-(terms, reward functions) once. ``RUN_DIR`` holds ``config.toml``, ``metrics.jsonl``, ``samples.jsonl``,
-``checkpoints/``, ``eval/<stage>/`` and ``summary.json``; one trainer at a time (``.hindsearch.lock``). A resume
-(``resume=RUN_DIR``) continues from the last complete checkpoint and writes no step twice; SIGTERM/SIGINT stop at a
-step's end with a checkpoint. docs/runs.md describes the folder, resumes and stops in full.
+Everything a bad config can break fails in ``preflight`` before a model loads; it also builds the
+run's ``Parts`` (terms, reward functions) once. ``RUN_DIR`` holds ``config.toml``,
+``metrics.jsonl``, ``samples.jsonl``, ``checkpoints/``, ``eval/<stage>/`` and ``summary.json``; one
+trainer at a time (``.hindsearch.lock``). A resume (``resume=RUN_DIR``) continues from the last
+complete checkpoint and writes no step twice; SIGTERM/SIGINT stop at a step's end with a checkpoint.
+docs/runs.md describes the folder, resumes and stops in full.
 """
 
 from __future__ import annotations
@@ -29,8 +31,8 @@ from hindsearch.train.grpo_config import grpo_args, route_every_n_layers
 # ---------------------------------------------------------------- validation (no model loads)
 @dataclass
 class Parts:
-    """What a run assembles once from its config, before any model loads: the method's terms and the reward
-    functions with TRL's ``reward_weights`` (None: 1 each)."""
+    """What a run assembles once from its config, before any model loads: the method's terms and the
+    reward functions with TRL's ``reward_weights`` (None: 1 each)."""
 
     terms: list[Any]
     reward_funcs: list[Any]
@@ -51,8 +53,9 @@ class Parts:
 
 
 def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
-    """Validate everything that does not need a model and build the run's ``Parts``; errors name the key and what
-    is allowed (``reward_funcs``: the ones given from Python instead of ``train.reward_funcs``)."""
+    """Validate everything that does not need a model and build the run's ``Parts``; errors name the
+    key and what is allowed (``reward_funcs``: the ones given from Python instead of
+    ``train.reward_funcs``)."""
     from hindsearch.hindsight.registry import resolve_methods
     from hindsearch.retrieval.factory import check_kind
 
@@ -94,8 +97,9 @@ def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
 
 def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, train_records: list[Any], run_dir: Path,
                   parts: Parts | None = None) -> Any:
-    """``HindsearchGRPOTrainer`` over ``engine``'s rollouts with the run's ``parts`` (``preflight``'s; None:
-    ``Parts.of(cfg)``): the method's terms (their own models loaded here) and the reward functions."""
+    """``HindsearchGRPOTrainer`` over ``engine``'s rollouts with the run's ``parts``
+    (``preflight``'s; None: ``Parts.of(cfg)``): the method's terms (their own models loaded here)
+    and the reward functions."""
     from hindsearch.models import lora_peft_config
     from hindsearch.train.trainer import HindsearchGRPOTrainer
 
@@ -108,9 +112,11 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, train_re
     if peft_config is not None:  # the saved adapter names its base: `--resume` and `eval --model RUN/final` load it
         base = getattr(model.config, "_name_or_path", "") or ""
         model.name_or_path = str(Path(base).resolve()) if base and Path(base).is_dir() else base
-    # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the initial policy
+    # with LoRA TRL keeps no reference copy (the reference is the adapter-disabled base): copy the
+    # initial policy
     frozen = copy.deepcopy(model).eval() if terms and (cfg.train.kl_coef == 0 or peft_config is not None) else None
-    # one EMA copy of the policy per decay some term asks for (terms with the same decay read the same copy)
+    # one EMA copy of the policy per decay some term asks for (terms with the same decay read the
+    # same copy)
     decays = dict.fromkeys(getattr(t, "ema_decay", None) for t in terms)
     emas = {d: copy.deepcopy(model).eval() for d in decays if d is not None}
     nproc = int(os.environ.get("WORLD_SIZE", "1"))
@@ -129,9 +135,9 @@ def build_trainer(cfg: Config, model: Any, tokenizer: Any, engine: Any, train_re
 
 def last_checkpoint(run_dir: Path, log: Any = None) -> Path | None:
     """The newest complete checkpoint of ``run_dir``; incomplete ones (a save that was killed) are
-    skipped, moved aside to ``checkpoints/.torn-checkpoint-N`` and reported through ``log``. With ``log``
-    (a resume) the one returned also passes ``corrupted_checkpoint`` (bytes overwritten in place): a
-    corrupted one is set aside the same way and the next newer one is checked."""
+    skipped, moved aside to ``checkpoints/.torn-checkpoint-N`` and reported through ``log``. With
+    ``log`` (a resume) the one returned also passes ``corrupted_checkpoint`` (bytes overwritten in
+    place): a corrupted one is set aside the same way and the next newer one is checked."""
     from hindsearch.fsutil import complete_checkpoints, corrupted_checkpoint
 
     good, skipped = complete_checkpoints(run_dir / "checkpoints")
@@ -145,8 +151,8 @@ def last_checkpoint(run_dir: Path, log: Any = None) -> Path | None:
 
 
 def set_aside(ckpt: Path, why: str, log: Any) -> Path:
-    """Rename ``ckpt`` to ``.torn-<name>`` beside it (kept for inspection, never resumed from; ``.torn-<name>.2``
-    when that is taken) and say why through ``log``."""
+    """Rename ``ckpt`` to ``.torn-<name>`` beside it (kept for inspection, never resumed from;
+    ``.torn-<name>.2`` when that is taken) and say why through ``log``."""
     aside, n = ckpt.with_name(f".torn-{ckpt.name}"), 1
     while aside.exists():  # one set aside earlier: keep both
         n += 1
@@ -161,8 +167,9 @@ def checkpoint_step(ckpt: Path) -> int:
 
 
 def read_jsonl_rows(path: Path, log: Any = None) -> list[dict[str, Any]]:
-    """The rows of a run log (``fsutil.read_jsonl``, ``drop-torn-tail``). A torn last line (a write cut by a
-    kill) is dropped, with a message naming it; any other bad line is an error naming the file and line."""
+    """The rows of a run log (``fsutil.read_jsonl``, ``drop-torn-tail``). A torn last line (a write
+    cut by a kill) is dropped, with a message naming it; any other bad line is an error naming the
+    file and line."""
     torn: list[str] = []
     try:
         rows = read_jsonl(path, "drop-torn-tail", torn)
@@ -175,8 +182,9 @@ def read_jsonl_rows(path: Path, log: Any = None) -> list[dict[str, Any]]:
 
 
 def truncate_jsonl(path: Path, max_step: int, log: Any = None) -> int:
-    """Drop rows whose ``step`` is past ``max_step`` (they are redone on resume), and a torn last line.
-    Returns rows dropped. The file is replaced atomically (a crash keeps the old or the new file)."""
+    """Drop rows whose ``step`` is past ``max_step`` (they are redone on resume), and a torn last
+    line. Returns rows dropped. The file is replaced atomically (a crash keeps the old or the new
+    file)."""
     if not path.exists():
         return 0
     rows = read_jsonl_rows(path, log)
@@ -199,8 +207,9 @@ NOT_TRAINING = ("out", "train.save_steps", "train.keep_steps", "train.eval_steps
                 "train.samples_per_step", "train.threads",
                 "eval.", "rollout.vllm_server_host", "rollout.vllm_server_port", "rollout.vllm_server_timeout",
                 "retrieval.timeout_s", "retrieval.retries")
-"""Config keys (``eval.``: a whole section) that change no training step: where the run is, how often it saves
-and evaluates dev, what it logs and how it reaches its servers. A resume accepts changes to these (and says so)."""
+"""Config keys (``eval.``: a whole section) that change no training step: where the run is, how
+often it saves and evaluates dev, what it logs and how it reaches its servers. A resume accepts
+changes to these (and says so)."""
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
@@ -214,8 +223,9 @@ def affects_training(key: str) -> bool:
 
 
 def _normal(d: dict[str, Any]) -> dict[str, Any]:
-    """A config dict as the current code reads it (defaults of newer fields filled in) and as JSON holds it
-    (tuples as lists), so a record and a reloaded config compare equal when nothing changed."""
+    """A config dict as the current code reads it (defaults of newer fields filled in) and as JSON
+    holds it (tuples as lists), so a record and a reloaded config compare equal when nothing
+    changed."""
     from hindsearch.hindsight.registry import resolve_methods
 
     try:
@@ -226,16 +236,17 @@ def _normal(d: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_resume_config(cfg: Config, run_dir: Path, allow_change: bool, log: Any) -> dict[str, Any]:
-    """Compare ``RUN_DIR/config.toml`` (as resumed) with the config the run started with (recorded in the
-    folder's marker). A change to a key that changes training is refused, naming the key and both values,
-    unless ``allow_change``: then it is used, recorded in the marker (with the first step it applies to), and said.
-    Returns the marker to write back."""
+    """Compare ``RUN_DIR/config.toml`` (as resumed) with the config the run started with (recorded
+    in the folder's marker). A change to a key that changes training is refused, naming the key and
+    both values, unless ``allow_change``: then it is used, recorded in the marker (with the first
+    step it applies to), and said. Returns the marker to write back."""
     from hindsearch.fsutil import read_marker
 
     marker = read_marker(run_dir) or {"kind": "run"}
     from hindsearch.provenance import provenance
 
-    # what made each resume (the marker's own provenance is the start's): the report names a commit or machine change
+    # what made each resume (the marker's own provenance is the start's): the report names a commit
+    # or machine change
     marker.setdefault("resumes", []).append({"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                                              "provenance": provenance()})
     started = marker.get("config")
@@ -270,8 +281,9 @@ TB_DIR = "tb"
 
 
 def tensorboard_to(trainer: Any, path: Path) -> bool:
-    """Point the trainer's TensorBoard callback (if ``report_to`` has one) at ``path`` instead of transformers'
-    ``RUN/checkpoints/runs/<date>_<host>/``; a user's ``TENSORBOARD_LOGGING_DIR`` wins. Returns whether it did."""
+    """Point the trainer's TensorBoard callback (if ``report_to`` has one) at ``path`` instead of
+    transformers' ``RUN/checkpoints/runs/<date>_<host>/``; a user's ``TENSORBOARD_LOGGING_DIR``
+    wins. Returns whether it did."""
     from transformers.integrations import TensorBoardCallback
 
     done = False
@@ -284,8 +296,9 @@ def tensorboard_to(trainer: Any, path: Path) -> bool:
 
 # ---------------------------------------------------------------- signals
 class TrainingStopped(KeyboardInterrupt):
-    """A run stopped by SIGTERM or SIGINT: the message says what was kept and how to continue; ``exit_code`` is
-    128 + the signal (the CLI exits with it). A ``KeyboardInterrupt``, so no ``except Exception`` swallows it."""
+    """A run stopped by SIGTERM or SIGINT: the message says what was kept and how to continue;
+    ``exit_code`` is 128 + the signal (the CLI exits with it). A ``KeyboardInterrupt``, so no
+    ``except Exception`` swallows it."""
 
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
@@ -293,8 +306,9 @@ class TrainingStopped(KeyboardInterrupt):
 
 
 class StopRequest:
-    """What ``stop_on_signals`` shares with the training loop: the signal received (None: none yet) and whether a
-    stop now waits for the end of the step in progress (``at_step_end``, set while the trainer runs)."""
+    """What ``stop_on_signals`` shares with the training loop: the signal received (None: none yet)
+    and whether a stop now waits for the end of the step in progress (``at_step_end``, set while the
+    trainer runs)."""
 
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = run_dir
@@ -311,11 +325,12 @@ class StopRequest:
 
 @contextlib.contextmanager
 def stop_on_signals(run_dir: Path, log: Any = print) -> Any:
-    """SIGTERM and SIGINT while the block runs: during training (``StopRequest.at_step_end``) the first one asks
-    for a checkpoint at the end of the step in progress (``callbacks.StopAtStepEnd``, the caller raises
-    ``TrainingStopped`` after it); otherwise, or on a second signal, ``TrainingStopped`` is raised at once.
-    Yields the ``StopRequest``; the previous handlers are restored after the block. Off the main thread signals
-    cannot be caught: the block runs with the handlers as they are."""
+    """SIGTERM and SIGINT while the block runs: during training (``StopRequest.at_step_end``) the
+    first one asks for a checkpoint at the end of the step in progress (``callbacks.StopAtStepEnd``,
+    the caller raises ``TrainingStopped`` after it); otherwise, or on a second signal,
+    ``TrainingStopped`` is raised at once. Yields the ``StopRequest``; the previous handlers are
+    restored after the block. Off the main thread signals cannot be caught: the block runs with the
+    handlers as they are."""
     import signal
     import threading
 
@@ -346,18 +361,21 @@ def stop_on_signals(run_dir: Path, log: Any = print) -> Any:
 def run_train(cfg: Config | None = None, resume: str | Path | None = None, log: Any = print,
               allow_config_change: bool = False, threads: int | None = None, retriever: Any = None,
               reward_funcs: list[Any] | None = None) -> dict[str, Any]:
-    """Run (or resume) the whole job; returns the summary dict (also written to ``RUN_DIR/summary.json``).
+    """Run (or resume) the whole job; returns the summary dict (also written to
+    ``RUN_DIR/summary.json``).
 
-    From Python, ``retriever`` (any object with ``retrieve(queries: list[str], k: int) -> list[list[Passage]]``)
-    replaces the configured ``[retrieval]`` (no index is built; the protocol warm-up's cache is keyed by the config,
-    so give it ``warmup.enabled = false`` or its own ``warmup.demos``), and ``reward_funcs`` (TRL reward functions or
-    registered names) replace ``train.reward_funcs``; the configured format reward is still added.
+    From Python, ``retriever`` (any object with
+    ``retrieve(queries: list[str], k: int) -> list[list[Passage]]``) replaces the configured
+    ``[retrieval]`` (no index is built; the protocol warm-up's cache is keyed by the config, so give
+    it ``warmup.enabled = false`` or its own ``warmup.demos``), and ``reward_funcs`` (TRL reward
+    functions or registered names) replace ``train.reward_funcs``; the configured format reward is
+    still added.
 
     A new run writes only into a new or empty folder, or a run folder hindsearch made (its marker
     ``.hindsearch-output.json`` says ``run``) that holds no checkpoint. A resume refuses a
     ``config.toml`` edited since the start in a key that changes training, unless
-    ``allow_config_change`` (recorded in the run). ``threads`` (``--threads`` with ``--resume``) overrides
-    ``train.threads`` for this process: a machine setting, not a training key."""
+    ``allow_config_change`` (recorded in the run). ``threads`` (``--threads`` with ``--resume``)
+    overrides ``train.threads`` for this process: a machine setting, not a training key."""
     from hindsearch.fsutil import FolderLock, UnsafeOutput, complete_checkpoints, expand_out, guard_output, output_kind
 
     t_start = time.time()
@@ -426,9 +444,10 @@ STEP_LOGS = ("metrics.jsonl", "samples.jsonl", "dev_curve.jsonl")  # a run folde
 
 def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Path | None, log: Any,
                 marker: dict[str, Any] | None = None) -> int:
-    """A new run marks its folder (recording its config) and starts with empty logs; a resumed one drops the
-    rows past its checkpoint (all step rows when no complete checkpoint is left, so no step is written twice)
-    and a torn last line. Saves the resolved config; returns the number of steps already done."""
+    """A new run marks its folder (recording its config) and starts with empty logs; a resumed one
+    drops the rows past its checkpoint (all step rows when no complete checkpoint is left, so no
+    step is written twice) and a torn last line. Saves the resolved config; returns the number of
+    steps already done."""
     from hindsearch.fsutil import claim_output, write_json_atomic
 
     rank0 = int(os.environ.get("RANK", "0")) == 0
@@ -568,8 +587,9 @@ class _Job:
         return model
 
     def _train(self, model: Any, ckpt: Path | None) -> Any:
-        """Train from ``ckpt``; when the first step after it makes a weight non-finite (its optimizer state is
-        poisoned), that checkpoint is set aside and training falls back to the one before it (or to step 0)."""
+        """Train from ``ckpt``; when the first step after it makes a weight non-finite (its
+        optimizer state is poisoned), that checkpoint is set aside and training falls back to the
+        one before it (or to step 0)."""
         from hindsearch.fsutil import NonFiniteWeights
 
         source = getattr(model.config, "_name_or_path", "") or ""  # what step 0 starts from (ensure_on_disk)
