@@ -27,11 +27,12 @@ from typing import Any
 def _jax_on_cpu() -> Iterator[None]:
     """While bm25s is imported, JAX (if installed and not yet imported) may only use the CPU.
 
-    ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's default
-    backend: with a CUDA build of JAX that preallocates 75% of the GPU (105.5 GiB of an H200 in the 2026-12-04
-    GPU check, held through training until the first out-of-memory). hindsearch never uses bm25s' top-k (the
-    search below has its own), so JAX gets ``JAX_PLATFORMS=cpu`` for that import; the variable is restored
-    afterwards, and a process that set it, or imported JAX before, keeps its own choice."""
+    ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's
+    default backend: with a CUDA build of JAX that preallocates 75% of the GPU (105.5 GiB of an H200
+    in the 2026-12-04 GPU check, held through training until the first out-of-memory). hindsearch
+    never uses bm25s' top-k (the search below has its own), so JAX gets ``JAX_PLATFORMS=cpu`` for
+    that import; the variable is restored afterwards, and a process that set it, or imported JAX
+    before, keeps its own choice."""
     if "jax" in sys.modules or "JAX_PLATFORMS" in os.environ:
         yield
         return
@@ -60,8 +61,8 @@ MAX_CHUNK_NNZ = 20_000_000  # sparse fallback: entries of one W @ Q product
 BLOCK = 64  # documents per block of the scan (one vectorised max, then a look inside only when needed)
 SMALL_K = 128  # up to this k the top k is kept in a sorted buffer; above it the matches are sorted
 PARSE_AT_LOAD_MAX_BYTES = 64 << 20  # ~100k passages, ~200 MB of Python strings
-# bm25s.tokenize's default pattern is r"(?u)\b\w\w+\b"; for findall this is the same (a match always takes
-# a whole run of word characters), and faster
+# bm25s.tokenize's default pattern is r"(?u)\b\w\w+\b"; for findall this is the same (a match always
+# takes a whole run of word characters), and faster
 _SPLIT = re.compile(r"\w\w+").findall
 _STOPWORDS = frozenset(_infer_stopwords(STOPWORDS))
 MIN_QUERIES_PER_THREAD = 64
@@ -104,7 +105,8 @@ def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compil
 
 
 def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids, out_scores, out_n):  # pragma: no cover
-    """Top k per query of the batch (see the module docstring); writes ``out_*``, leaves ``buf`` all zero.
+    """Top k per query of the batch (see the module docstring); writes ``out_*``, leaves ``buf`` all
+    zero.
 
     ``terms``/``counts``: each query's distinct term ids, ascending, and how often the query has
     them; query q owns ``terms[qptr[q]:qptr[q + 1]]``. ``buf``: float32 [num_docs], all zero.
@@ -270,7 +272,8 @@ class BM25Retriever(IndexedRetriever):
         return [[self.vocab[t] for t in q if t in self.vocab] for q in tokenize(queries, self.stemmer)]
 
     def _query_terms(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(distinct term ids, ascending per query; their counts as float32; query pointers [nq + 1]).
+        """(distinct term ids, ascending per query; their counts as float32; query pointers [nq +
+        1]).
 
         The tokens of ``bm25s.tokenize`` (lowercase, its word pattern, a text without a word is the
         one token "", English stopwords dropped, PyStemmer), made without Python per token: each
