@@ -39,7 +39,8 @@ class FolderLocked(RuntimeError):
 
 
 class DiskFull(OSError):
-    """A write failed because the disk (or the user's quota) is full; the message says so and names the folder."""
+    """A write failed because the disk (or the user's quota) is full; the message says so and names
+    the folder."""
 
 
 _NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
@@ -137,7 +138,8 @@ class BadLine:
 
 
 def _clean(s: str) -> str:
-    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 file name shown as its escape)."""
+    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 file name shown as its
+    escape)."""
     return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -228,7 +230,8 @@ def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
 
 
 def drop_torn_tail(path: str | Path) -> None:
-    """Cut a file after its last newline: what ``drop-torn-tail`` dropped is then gone from the file too."""
+    """Cut a file after its last newline: what ``drop-torn-tail`` dropped is then gone from the file
+    too."""
     with open(path, "rb+") as f:
         data = f.read()
         f.truncate(data.rfind(b"\n") + 1)
@@ -268,7 +271,8 @@ def _has_content(folder: Path) -> bool:
 
 
 def written_files(folder: str | Path) -> list[str]:
-    """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote, for its marker."""
+    """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote,
+    for its marker."""
     folder = Path(folder)
     return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
 
@@ -356,7 +360,8 @@ def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str 
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new file)."""
+    """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new
+    file)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _write_fresh(tmp, json.dumps(obj, indent=1, default=str) + "\n", path.name)
@@ -378,7 +383,8 @@ def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
 
 
 def json_marker(filename: str, key: str) -> Callable[[Path], bool]:
-    """A predicate for ``check_replaceable``: the folder holds ``filename``, a JSON object with ``key``."""
+    """A predicate for ``check_replaceable``: the folder holds ``filename``, a JSON object with
+    ``key``."""
 
     def is_ours(folder: Path) -> bool:
         try:
@@ -566,7 +572,8 @@ and ``trainer_state.json`` they are what a resume needs to continue the same run
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is unreadable (None when its header parses and its size is what it says)."""
+    """Why a .safetensors file is unreadable (None when its header parses and its size is what it
+    says)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -752,7 +759,8 @@ class AtomicCheckpoints:
     """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
 
     def check_finite_weights(self, step: int) -> None:
-        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process calls it."""
+        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process
+        calls it."""
         trainer: Any = self
         name = nonfinite_parameter(trainer.model)
         acc = trainer.accelerator

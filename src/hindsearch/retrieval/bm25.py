@@ -91,7 +91,8 @@ def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True
 
 
 def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
-    """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document ascending)."""
+    """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document
+    ascending)."""
     if n == k and (s < out_scores[q, n - 1] or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
         return n
     i = n - 1 if n == k else n
@@ -176,7 +177,8 @@ def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids
 
 @functools.cache
 def _numba():
-    """The ``numba`` module, or None where the ``fast`` extra is not installed (then the sparse fallback)."""
+    """The ``numba`` module, or None where the ``fast`` extra is not installed (then the sparse
+    fallback)."""
     try:
         import numba  # optional: fast
     except ImportError:
@@ -185,7 +187,8 @@ def _numba():
 
 
 def _compile(fn, **kw):
-    """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache folder is writable."""
+    """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache
+    folder is writable."""
     try:
         return _numba().njit(nogil=True, cache=True, **kw)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
@@ -197,7 +200,8 @@ _COMPILING = threading.Lock()
 
 @functools.cache
 def _search_batch():
-    """The compiled ``_search_batch_py`` (with ``_insert`` compiled and inlined into it), made on the first call."""
+    """The compiled ``_search_batch_py`` (with ``_insert`` compiled and inlined into it), made on
+    the first call."""
     global _insert
     with _COMPILING:
         _insert = _compile(_insert_py, inline="always")  # a global of _search_batch_py, compiled before it
@@ -205,7 +209,8 @@ def _search_batch():
 
 
 def pick_backend(backend: str) -> str:
-    """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is usable."""
+    """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is
+    usable."""
     if backend not in BACKENDS:
         raise ValueError(f"bm25 backend {backend!r} is not supported; choose one of {', '.join(BACKENDS)}")
     if backend == "numba" and _numba() is None:
@@ -307,7 +312,8 @@ class BM25Retriever(IndexedRetriever):
         return ids, scores, n
 
     def _top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(doc ids [nq, k], scores [nq, k], hits per query [nq]) of non-empty queries, ``1 <= k <= len(self)``."""
+        """(doc ids [nq, k], scores [nq, k], hits per query [nq]) of non-empty queries,
+        ``1 <= k <= len(self)``."""
         terms, counts, qptr = self._query_terms(queries)
         if self.backend == "sparse":
             return self._top_sparse(terms, counts, qptr, k)
@@ -327,7 +333,8 @@ class BM25Retriever(IndexedRetriever):
         return [(d[:m], s[:m]) for d, s, m in zip(ids, scores, n.tolist())]
 
     def _top_sparse(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The fallback without numba: ``W [docs, terms] @ Q [terms, queries]``, chunked to ``MAX_CHUNK_NNZ`` entries."""
+        """The fallback without numba: ``W [docs, terms] @ Q [terms, queries]``, chunked to
+        ``MAX_CHUNK_NNZ`` entries."""
         if self._W is None:
             self._W = sp.csc_matrix((self.data, self.indices, self.indptr), shape=(self.num_docs, len(self.df)), copy=False)
         nnz = np.concatenate([[0], np.cumsum(self.df[terms])])[qptr]  # postings touched before each query
@@ -359,7 +366,8 @@ class BM25Retriever(IndexedRetriever):
 
 
 def build_bm25_index(texts: list[str], folder: Path, show_progress: bool = True, **_options: Any) -> dict:
-    """``hindsearch index --kind bm25``: the bm25s index of ``texts`` in ``folder/bm25`` (no ``index.json`` fields)."""
+    """``hindsearch index --kind bm25``: the bm25s index of ``texts`` in ``folder/bm25`` (no
+    ``index.json`` fields)."""
     build_bm25(texts, folder / "bm25", show_progress=show_progress)
     return {}
 
@@ -374,7 +382,8 @@ def check_bm25_options(hnsw: int | None = None, factory: str | None = None, npro
 def load_bm25(index_dir: str | Path, meta: dict, n_threads: int = 0, bm25_backend: str = "auto",
               nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
               **_options: Any) -> BM25Retriever:
-    """A BM25 index folder (``n_threads``/``bm25_backend``: ``BM25Retriever``); the dense search flags are refused."""
+    """A BM25 index folder (``n_threads``/``bm25_backend``: ``BM25Retriever``); the dense search
+    flags are refused."""
     if nprobe or ef_search or faiss_gpu:
         raise ValueError(f"{index_dir} is a BM25 index: --nprobe, --ef-search and --faiss-gpu apply to dense indexes")
     return BM25Retriever(index_dir, n_threads=n_threads, backend=bm25_backend)

@@ -40,7 +40,8 @@ class Parts:
 
     @classmethod
     def of(cls, cfg: Config, reward_funcs: list[Any] | None = None) -> "Parts":
-        """``cfg.method``'s terms (objects only, no model) and ``reward_funcs`` (None: ``train.reward_funcs``)."""
+        """``cfg.method``'s terms (objects only, no model) and ``reward_funcs`` (None:
+        ``train.reward_funcs``)."""
         from hindsearch.hindsight.registry import make_terms
         from hindsearch.train.reward_funcs import reward_funcs_of
 
@@ -213,7 +214,8 @@ changes to these (and says so)."""
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``[(key, old value, new value)]`` of every key that differs (``None`` for a key one side lacks)."""
+    """``[(key, old value, new value)]`` of every key that differs (``None`` for a key one side
+    lacks)."""
     a, b = flat_keys(old), flat_keys(new)
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
@@ -477,7 +479,8 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 
 
 class _Job:
-    """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into summary.json)."""
+    """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into
+    summary.json)."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Any, parts: Parts, retriever: Any = None,
                  stop: StopRequest | None = None) -> None:
@@ -537,7 +540,8 @@ class _Job:
         self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
 
     def warmup(self, model: Any) -> Any:
-        """The cached protocol warm-up; returns the policy reloaded from the warmed-up folder (or ``model``)."""
+        """The cached protocol warm-up; returns the policy reloaded from the warmed-up folder (or
+        ``model``)."""
         if not self.cfg.warmup.enabled:
             self.log("[3/5] protocol warm-up disabled")
             return model
@@ -564,7 +568,8 @@ class _Job:
         return model
 
     def rl(self, model: Any, ckpt: Path | None, done: int) -> Any:
-        """``train.steps`` steps of the method (or the finished run's weights); returns the trained policy."""
+        """``train.steps`` steps of the method (or the finished run's weights); returns the trained
+        policy."""
         cfg = self.cfg
         self.log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
                  f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} rollouts per step)")
