@@ -66,10 +66,12 @@ def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | N
     free = _free(Path(folder))
     no_space = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
     no_space = no_space or any(s in text for s in _NO_SPACE)
-    if not no_space and not (any(s in text for s in _WRITE_FAILED) and free is not None and free < 64 << 20):
+    low = free is not None and free < 64 << 20
+    if not no_space and not (any(s in text for s in _WRITE_FAILED) and low):
         return None
     left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
-    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); free some space and rerun")
+    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); "
+                    f"free some space and rerun")
     full.errno = errno.ENOSPC
     return full
 
@@ -94,8 +96,8 @@ class NotRegularFile(OSError):
     (the caller names the file)."""
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
 def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
@@ -103,14 +105,16 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
     file, so a symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most
     ``cap`` bytes; else ``NotRegularFile``. A file that grows after the check is the reader's to
     bound."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    # a FIFO opens at once instead of waiting for a writer
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
             raise NotRegularFile(f"{kind}, not a regular file; not read")
         if cap is not None and st.st_size > cap:
-            raise NotRegularFile(f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
+            raise NotRegularFile(
+                f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -153,8 +157,9 @@ def json_problem(e: BaseException) -> str:
     return f"invalid JSON: {_clean(str(e))[:200]}"
 
 
-def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,
-               parse: Callable[[str], Any] = json.loads, objects: bool = True, max_bytes: int | None = None,
+def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *,
+               name: str | None = None, parse: Callable[[str], Any] = json.loads,
+               objects: bool = True, max_bytes: int | None = None,
                max_line: int | None = None) -> Iterator[tuple[int, Any]]:
     """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent),
     read through ``open_regular`` (a FIFO or a device is refused, never read). A line that is not
@@ -171,7 +176,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
         return
 
     def refuse(message: str) -> None:
-        if mode != "skip-bad":  # yield-bad: the file itself (a FIFO, past a cap) is the caller's error
+        # yield-bad: the file itself (a FIFO, past a cap) is the caller's error
+        if mode != "skip-bad":
             raise BadJsonl(message)
         bad.append(message)
 
@@ -181,11 +187,14 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
             lines = f if max_line is None else iter(lambda: f.readline(max_line + 1), b"")
             for i, raw in enumerate(lines, 1):
                 read += len(raw)
-                raw = raw[3:] if i == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM is no row
+                if i == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM is no row
+                    raw = raw[3:]
                 if max_bytes is not None and read > max_bytes:
-                    return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; the rest is not read")
+                    return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; "
+                                  f"the rest is not read")
                 if max_line is not None and len(raw) > max_line:
-                    return refuse(f"{where}:{i}: a line over {max_line >> 20} MiB; the rest is not read")
+                    return refuse(f"{where}:{i}: a line over {max_line >> 20} MiB; "
+                                  f"the rest is not read")
                 if not raw.strip():
                     continue
                 torn = not raw.endswith(b"\n")  # only the last line can lack one
@@ -204,7 +213,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
                     yield i, BadLine(problem)
                     continue
                 if torn and mode == "drop-torn-tail":
-                    bad.append(f"{where}: dropped a torn last line {i} (no newline at its end: a write cut short)")
+                    bad.append(f"{where}: dropped a torn last line {i} "
+                               f"(no newline at its end: a write cut short)")
                     return
                 refuse(f"{where}:{i}: {problem}")
     except NotRegularFile as e:
@@ -224,7 +234,8 @@ def _decompressed(f: BinaryIO, name: str) -> contextlib.AbstractContextManager[A
     return contextlib.nullcontext(f)
 
 
-def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, **options: Any) -> list[Any]:
+def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None,
+               **options: Any) -> list[Any]:
     """The values of a JSONL file (``iter_jsonl``, same arguments), without their line numbers."""
     return [value for _, value in iter_jsonl(path, mode, bad, **options)]
 
@@ -274,7 +285,8 @@ def written_files(folder: str | Path) -> list[str]:
     """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote,
     for its marker."""
     folder = Path(folder)
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    files = (p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    return sorted(str(p.relative_to(folder)) for p in files)
 
 
 def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
@@ -292,8 +304,8 @@ def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
             and (folder / f).lstat().st_mtime > since + 1.0]
 
 
-def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str, flag: str = "--out",
-                      protect: tuple[str | Path, ...] = (),
+def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str,
+                      flag: str = "--out", protect: tuple[str | Path, ...] = (),
                       stray: Callable[[Path], list[str]] | None = None) -> Path:
     """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours``
     accepts that holds no file ``stray`` names (files its maker did not write: replacing the folder
@@ -305,31 +317,37 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
     out = expand_out(out)
     res = out.resolve()
     if out.exists() and not out.is_dir():
-        raise UnsafeOutput(f"{flag} {out}: is a file, not a folder; choose a new folder for the {what}")
+        raise UnsafeOutput(f"{flag} {out}: is a file, not a folder; "
+                           f"choose a new folder for the {what}")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
-            raise UnsafeOutput(f"{flag} {out}: {parent} is a file, not a folder; choose another path for the {what}")
+            raise UnsafeOutput(f"{flag} {out}: {parent} is a file, not a folder; "
+                               f"choose another path for the {what}")
     if _inside(Path.cwd().resolve(), res):
-        raise UnsafeOutput(f"{flag} {out}: is the current folder or a folder above it; choose a new folder for the {what}")
+        raise UnsafeOutput(f"{flag} {out}: is the current folder or a folder above it; "
+                           f"choose a new folder for the {what}")
     for p in protect:
         if _inside(Path(p).resolve(), res):
-            raise UnsafeOutput(f"{flag} {out}: holds the input {p}, which replacing it would delete; choose another folder")
+            raise UnsafeOutput(f"{flag} {out}: holds the input {p}, "
+                               f"which replacing it would delete; choose another folder")
     if out.is_dir() and _has_content(out) and not is_ours(out):
         kind = output_kind(out)
         if kind is not None:
-            raise UnsafeOutput(f"{flag} {out}: is a hindsearch {KIND_NAMES.get(kind, kind)}, not {_a(what)}; "
-                               f"choose a new or empty folder")
-        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write (it is not {_a(what)}); "
-                           f"refusing to replace it; choose a new or empty folder")
+            raise UnsafeOutput(f"{flag} {out}: is a hindsearch {KIND_NAMES.get(kind, kind)}, "
+                               f"not {_a(what)}; choose a new or empty folder")
+        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write "
+                           f"(it is not {_a(what)}); refusing to replace it; "
+                           f"choose a new or empty folder")
     if stray is not None and out.is_dir() and (extra := stray(out)):
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise UnsafeOutput(f"{flag} {out}: holds {extra[0]}{more}, which hindsearch did not write; rebuilding the "
-                           f"{what} would delete it; move it out or choose another folder")
+        raise UnsafeOutput(f"{flag} {out}: holds {extra[0]}{more}, which hindsearch did not write; "
+                           f"rebuilding the {what} would delete it; "
+                           f"move it out or choose another folder")
     return out
 
 
-KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder", "sft": "warm-up folder",
-              "compare": "comparison folder", "probe": "probe folder"}
+KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder",
+              "sft": "warm-up folder", "compare": "comparison folder", "probe": "probe folder"}
 
 
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
@@ -351,7 +369,8 @@ def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str 
     """``check_replaceable`` for a folder a command writes into: ours when its marker names
     ``kind``. Returns the expanded path."""
     if not str(out).strip():
-        raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); give a new folder")
+        raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); "
+                           f"give a new folder")
 
     def is_ours(folder: Path) -> bool:
         return output_kind(folder) == kind
@@ -376,8 +395,8 @@ def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "provenance": provenance(),
-            **record}
+    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "provenance": provenance(), **record}
     write_json_atomic(out / OUTPUT_MARKER, meta)
     return meta
 
@@ -467,7 +486,8 @@ class FolderLock:
     raises ``FolderLocked`` naming the process and the lock file to delete if it is wrong.
     """
 
-    def __init__(self, folder: str | Path, what: str = "folder", log: Callable[[str], Any] | None = None):
+    def __init__(self, folder: str | Path, what: str = "folder",
+                 log: Callable[[str], Any] | None = None):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.what = what
@@ -478,7 +498,8 @@ class FolderLock:
         import sys
 
         return {"pid": os.getpid(), "host": socket.gethostname(), "start": _proc_start(os.getpid()),
-                "cmd": " ".join(sys.argv[:3])[:200], "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "cmd": " ".join(sys.argv[:3])[:200],
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def _holder(self) -> dict[str, Any] | None:
         """The current holder's record, or None when the lock is stale (or vanished)."""
@@ -491,7 +512,8 @@ class FolderLock:
             info = json.loads(text)
             pid = int(info["pid"])
         except (ValueError, KeyError, TypeError):
-            return {"pid": "?", "since": "just now"} if age < 5 else None  # being written, or torn long ago
+            # being written, or torn long ago
+            return {"pid": "?", "since": "just now"} if age < 5 else None
         if info.get("host") != socket.gethostname():
             return info
         if not _alive(pid):
@@ -502,10 +524,12 @@ class FolderLock:
         return info
 
     def _refuse(self, holder: dict[str, Any]) -> FolderLocked:
-        where = "" if holder.get("host") in (None, socket.gethostname()) else f" on host {holder['host']}"
+        here = holder.get("host") in (None, socket.gethostname())
+        where = "" if here else f" on host {holder['host']}"
         return FolderLocked(
-            f"{self.folder} is in use: process {holder.get('pid')}{where} ({holder.get('cmd') or 'hindsearch'}, "
-            f"since {holder.get('since', '?')}) is writing this {self.what}; wait for it or stop it, "
+            f"{self.folder} is in use: process {holder.get('pid')}{where} "
+            f"({holder.get('cmd') or 'hindsearch'}, since {holder.get('since', '?')}) "
+            f"is writing this {self.what}; wait for it or stop it, "
             f"or choose another folder (if no such process runs, delete {self.path})")
 
     def check(self) -> None:
@@ -528,7 +552,8 @@ class FolderLock:
                 with contextlib.suppress(FileNotFoundError):
                     self.path.unlink()
                 if self.log:
-                    self.log(f"removed a stale lock in {self.folder} ({stale.strip()[:120] or 'empty'})")
+                    self.log(f"removed a stale lock in {self.folder} "
+                             f"({stale.strip()[:120] or 'empty'})")
                 continue
             # removed again when the write fails (a full disk): no empty lock refuses the next run
             _write_fresh(self.path, json.dumps(self._mine()) + "\n", "its lock", fd)
@@ -563,8 +588,8 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.bin")
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
 """The weights files a transformers/PEFT save writes (one of them; an index names its shards)."""
 TRAINING_STATE = ("optimizer.pt", "scheduler.pt")
 """Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``)
@@ -584,7 +609,8 @@ def _safetensors_problem(path: Path) -> str | None:
             if n > size - 8:
                 return f"{path.name} is truncated (header of {n} bytes in a {size}-byte file)"
             meta = json.loads(f.read(n))
-        end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
+        ends = (int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__")
+        end = max(ends, default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         return f"{path.name} is unreadable ({type(e).__name__})"
     if 8 + n + end != size:
@@ -616,7 +642,8 @@ def corrupted_file(path: Path) -> str | None:
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError, zlib.error) as e:
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError,
+            zlib.error) as e:
         return f"{path.name} is unreadable ({type(e).__name__}: {e})"
     return f"{path.name} is corrupted ({bad} fails its CRC check)" if bad else None
 
@@ -658,7 +685,8 @@ def _sharded_layout(ckpt: Path) -> bool:
     """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its
     weights and optimizer are not the files ``checkpoint_problem`` checks by name (the recorded
     sizes still are)."""
-    return any(p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in ckpt.iterdir())
+    sharded = ("global_step", "pytorch_model_fsdp", "optimizer_0")
+    return any(p.name.startswith(sharded) for p in ckpt.iterdir())
 
 
 def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None:
@@ -701,8 +729,8 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
         if not model_only:
             for name in TRAINING_STATE:
                 if why := _file_problem(ckpt / name):
-                    return f"incomplete: {why}" + (" (the optimizer would restart from zero)" if name == "optimizer.pt"
-                                                  else "")
+                    restart = " (the optimizer would restart from zero)"
+                    return f"incomplete: {why}" + (restart if name == "optimizer.pt" else "")
             rng = sorted(ckpt.glob("rng_state*.pth"))
             if not rng:
                 return "incomplete: no rng_state.pth"
@@ -767,10 +795,12 @@ class AtomicCheckpoints:
         if acc.num_processes > 1:  # sharded weights differ by process: all of them decide together
             import torch
 
-            flag = acc.reduce(torch.tensor([float(name is not None)], device=acc.device), reduction="sum")
+            mine = torch.tensor([float(name is not None)], device=acc.device)
+            flag = acc.reduce(mine, reduction="sum")
             name = name or ("a weight on another process" if float(flag.item()) > 0 else None)
         if name is not None:
-            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}", step, name)
+            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}",
+                                   step, name)
 
     # transformers 5 has no public hook for where a checkpoint is written: these two overrides
     # redirect it
@@ -785,9 +815,11 @@ class AtomicCheckpoints:
         trainer: Any = self
         step = trainer.state.global_step
         try:
-            self.check_finite_weights(step)  # a poisoned state is never saved as a checkpoint to resume from
+            # a poisoned state is never saved as a checkpoint to resume from
+            self.check_finite_weights(step)
         except NonFiniteWeights as e:
-            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written", e.step, e.name) from None
+            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written",
+                                   e.step, e.name) from None
         real = Path(trainer._get_output_dir(trial=trial))
         stage = real / STAGING_NAME
         if trainer.args.should_save:
@@ -802,8 +834,8 @@ class AtomicCheckpoints:
                 raise
             if trainer.args.should_save:
                 shutil.rmtree(stage, ignore_errors=True)  # the torn save: give its space back
-            raise DiskFull(f"{full} (the torn save was removed; resume from the last complete checkpoint with "
-                           f"--resume)") from e
+            raise DiskFull(f"{full} (the torn save was removed; "
+                           f"resume from the last complete checkpoint with --resume)") from e
         finally:
             self._checkpoint_stage = None
         trainer.accelerator.wait_for_everyone()
@@ -815,12 +847,16 @@ class AtomicCheckpoints:
                 if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
                     free = _free(stage)
                     left = f": {free / 2**20:.1f} MiB free" if free is not None else ""
-                    raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
-                                       f"it is left in {stage} and not resumed from; check the disk "
-                                       f"(space{left}, permissions) and resume from the previous checkpoint")
-                files = {str(f.relative_to(ck)): f.stat().st_size for f in sorted(ck.rglob("*")) if f.is_file()}
-                (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step, "model_only": model_only,
-                                                            "layout": layout, "files": files}) + "\n")
+                    raise RuntimeError(
+                        f"checkpoint {ck.name} was not written completely "
+                        f"({why.split(': ', 1)[-1]}); "
+                        f"it is left in {stage} and not resumed from; check the disk "
+                        f"(space{left}, permissions) and resume from the previous checkpoint")
+                written = (f for f in sorted(ck.rglob("*")) if f.is_file())
+                files = {str(f.relative_to(ck)): f.stat().st_size for f in written}
+                record = {"step": trainer.state.global_step, "model_only": model_only,
+                          "layout": layout, "files": files}
+                (ck / COMPLETE_NAME).write_text(json.dumps(record) + "\n")
                 dest = real / ck.name
                 if dest.exists():  # a checkpoint of the same step from an earlier try: replace it
                     publish(ck, dest)
@@ -829,5 +865,6 @@ class AtomicCheckpoints:
             _fsync_dir(real)
             shutil.rmtree(stage, ignore_errors=True)
             rotate_checkpoints(output_dir=str(real), save_total_limit=trainer.args.save_total_limit,
-                               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
+                               best_model_checkpoint=trainer.state.best_model_checkpoint,
+                               use_mtime=True)
         trainer.accelerator.wait_for_everyone()
