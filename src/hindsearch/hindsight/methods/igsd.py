@@ -98,9 +98,11 @@ _MEANS = ("cache_hit_rate", "mean_delta", "frac_delta_pos", "mean_gate")
 METRICS = Metrics(
     # prepare: counts and seconds of a process's own rows add up, rates and means are averaged;
     # loss: averaged
-    reductions={**{k: "mean" if k in _MEANS else "sum" for k in METRIC_KEYS}, "L_igsd": "mean", "positions": "mean"},
+    reductions={**{k: "mean" if k in _MEANS else "sum" for k in METRIC_KEYS},
+                "L_igsd": "mean", "positions": "mean"},
     loss="L_igsd",
-    panels={"IGSD gate statistics": tuple(sorted(k for k in METRIC_KEYS if "gate" in k or "delta" in k))},
+    panels={"IGSD gate statistics": tuple(sorted(k for k in METRIC_KEYS
+                                                 if "gate" in k or "delta" in k))},
 )
 """``igsd/*``: how each is reduced over processes, the loss key and the report's panel."""
 
@@ -118,7 +120,8 @@ class IGSDTerm:
         self.ema_decay = cfg.ema_decay if cfg.teacher == "ema" else None
         self._judge: Any = None
 
-    def prepare(self, trajectories: list[Trajectory], completion_len: int, ctx: AuxContext) -> AuxBatch:
+    def prepare(self, trajectories: list[Trajectory], completion_len: int,
+                ctx: AuxContext) -> AuxBatch:
         """Propose, verify and gate the teacher's query tokens of the failed rollouts
         (``run_igsd``): matched completions through ``ctx.complete``, retrieval through
         ``ctx.retriever`` with ``ctx.topk``."""
@@ -137,7 +140,8 @@ class IGSDTerm:
         if self.cfg.hindsight == "critique" and self._judge is None:
             from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, make_judge
 
-            self._judge = make_judge(HindSearchConfig(judge_kind=self.cfg.judge_kind), ctx.frozen, ctx.tokenizer)
+            judge_cfg = HindSearchConfig(judge_kind=self.cfg.judge_kind)
+            self._judge = make_judge(judge_cfg, ctx.frozen, ctx.tokenizer)
         return hint_lines(trajectories, rows, self.cfg.hindsight, self._judge)
 
     def positions(self, inputs: dict[str, torch.Tensor], completion_len: int) -> torch.Tensor:
@@ -148,6 +152,6 @@ class IGSDTerm:
              inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         """``L_igsd`` from the student logits ``[N, V]`` at the selected positions ``idx [N, 2]``."""
         g = {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")}
-        L = losses.igsd_pair_loss(logits, g["igsd_b"], g["igsd_a"], g["igsd_pT"], g["igsd_gate"], g["igsd_mask"],
-                                  self.cfg.aggregation)
+        L = losses.igsd_pair_loss(logits, g["igsd_b"], g["igsd_a"], g["igsd_pT"], g["igsd_gate"],
+                                  g["igsd_mask"], self.cfg.aggregation)
         return L, {"L_igsd": float(L.detach()), "positions": float(inputs["igsd_mask"].sum())}
