@@ -28,11 +28,10 @@ def _jax_on_cpu() -> Iterator[None]:
     """While bm25s is imported, JAX (if installed and not yet imported) may only use the CPU.
 
     ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's
-    default backend: with a CUDA build of JAX that preallocates 75% of the GPU (105.5 GiB of an H200
-    in the 2026-12-04 GPU check, held through training until the first out-of-memory). hindsearch
-    never uses bm25s' top-k (the search below has its own), so JAX gets ``JAX_PLATFORMS=cpu`` for
-    that import; the variable is restored afterwards, and a process that set it, or imported JAX
-    before, keeps its own choice."""
+    default backend: a CUDA build of JAX then preallocates most of the GPU and holds it through
+    training (docs/gpu.md). hindsearch never uses bm25s' top-k (the search below has its own), so
+    JAX gets ``JAX_PLATFORMS=cpu`` for that import; the variable is restored afterwards, and a
+    process that set it, or imported JAX before, keeps its own choice."""
     if "jax" in sys.modules or "JAX_PLATFORMS" in os.environ:
         yield
         return
