@@ -569,8 +569,9 @@ class _Job:
             return
         t0 = time.time()
         with self.mem.stage(f"eval_{stage}"):
-            result = evaluate_dev(self.make_engine(m), self.setup.dev,
-                                  self.run_dir / "eval" / stage, self.cfg, self.model_id, log=self.log)
+            out = self.run_dir / "eval" / stage
+            result = evaluate_dev(self.make_engine(m), self.setup.dev, out, self.cfg, self.model_id,
+                                  log=self.log)
             self.rows[stage] = summary_row(result)
         self.timings[f"eval_{stage}"] = time.time() - t0
         self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
