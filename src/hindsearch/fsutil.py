@@ -31,7 +31,7 @@ STAGING_NAME = ".checkpoint-staging"
 
 
 class UnsafeOutput(FileExistsError):
-    """An output path that hindsearch refuses to write over (it would delete or replace user data)."""
+    """An output path hindsearch refuses to write over (it would delete or replace user data)."""
 
 
 class FolderLocked(RuntimeError):
@@ -39,8 +39,7 @@ class FolderLocked(RuntimeError):
 
 
 class DiskFull(OSError):
-    """A write failed because the disk (or the user's quota) is full; the message says so and names
-    the folder."""
+    """A write failed for a full disk (or user quota); the message says so and names the folder."""
 
 
 _NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
@@ -142,8 +141,7 @@ class BadLine:
 
 
 def _clean(s: str) -> str:
-    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 file name shown as its
-    escape)."""
+    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 name shown escaped)."""
     return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
@@ -241,8 +239,7 @@ def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
 
 
 def drop_torn_tail(path: str | Path) -> None:
-    """Cut a file after its last newline: what ``drop-torn-tail`` dropped is then gone from the file
-    too."""
+    """Cut a file after its last newline: what ``drop-torn-tail`` dropped leaves the file too."""
     with open(path, "rb+") as f:
         data = f.read()
         f.truncate(data.rfind(b"\n") + 1)
@@ -379,8 +376,7 @@ def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str 
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new
-    file)."""
+    """Write ``obj`` as JSON via a temporary file and a rename (a crash keeps the old or new)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _write_fresh(tmp, json.dumps(obj, indent=1, default=str) + "\n", path.name)
@@ -402,8 +398,7 @@ def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
 
 
 def json_marker(filename: str, key: str) -> Callable[[Path], bool]:
-    """A predicate for ``check_replaceable``: the folder holds ``filename``, a JSON object with
-    ``key``."""
+    """For ``check_replaceable``: the folder holds ``filename``, a JSON object with ``key``."""
 
     def is_ours(folder: Path) -> bool:
         try:
@@ -597,8 +592,7 @@ and ``trainer_state.json`` they are what a resume needs to continue the same run
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is unreadable (None when its header parses and its size is what it
-    says)."""
+    """Why a .safetensors file is unreadable (None when its header parses and its size matches)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -784,11 +778,10 @@ class AtomicCheckpoints:
     the staging folder, which no resume reads (it is cleared on the next save)."""
 
     _checkpoint_stage: Path | None = None
-    """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
+    """The staging folder while a checkpoint is saved (``_get_output_dir`` answers it then)."""
 
     def check_finite_weights(self, step: int) -> None:
-        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process
-        calls it."""
+        """Raise ``NonFiniteWeights`` if a weight is NaN or inf on any process (all call it)."""
         trainer: Any = self
         name = nonfinite_parameter(trainer.model)
         acc = trainer.accelerator

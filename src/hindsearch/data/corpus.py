@@ -30,8 +30,7 @@ class CorpusError(ValueError):
 
 @dataclass
 class RowStats:
-    """Counts filled while reading rows (corpus or QA): rows kept, rows skipped and the first skip
-    reasons."""
+    """Counts filled while reading rows (corpus or QA): kept, skipped and the first skip reasons."""
 
     rows: int = 0
     skipped: int = 0
@@ -174,8 +173,7 @@ class SeenIds:
 
 def iter_corpus(path: str | Path, skip_bad: bool = False,
                 stats: CorpusStats | None = None) -> Iterator[Passage]:
-    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus (ids unique: a repeated one is
-    a bad row)."""
+    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus; a repeated id is bad."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus not found: {path}")

@@ -40,8 +40,7 @@ QA files strictly)."""
 
 
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
-"""What normalising one odd row can raise: all of them are that row's error (skipped with
-``skip_bad``)."""
+"""What normalising one odd row can raise: each is that row's error (skipped with ``skip_bad``)."""
 
 
 def not_utf8(data: bytes, e: UnicodeDecodeError) -> str:

@@ -93,8 +93,7 @@ def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True
 
 
 def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
-    """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document
-    ascending)."""
+    """Insert (d, s) into query q's buffer of n <= k hits (score descending, then doc order)."""
     if n == k and (s < out_scores[q, n - 1]
                    or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
         return n
@@ -186,8 +185,7 @@ def _search_batch_py(  # pragma: no cover
 
 @functools.cache
 def _numba():
-    """The ``numba`` module, or None where the ``fast`` extra is not installed (then the sparse
-    fallback)."""
+    """The ``numba`` module, or None without the ``fast`` extra (the sparse fallback then)."""
     try:
         import numba  # optional: fast
     except ImportError:
@@ -219,8 +217,7 @@ def _search_batch():
 
 
 def pick_backend(backend: str) -> str:
-    """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is
-    usable."""
+    """Resolve ``auto`` (numba if installed, else the sparse product); check it is usable."""
     if backend not in BACKENDS:
         raise ValueError(f"bm25 backend {backend!r} is not supported; "
                          f"choose one of {', '.join(BACKENDS)}")

@@ -46,8 +46,7 @@ def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Traj
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    """Ids of a segment tokenized on its own, without special tokens (as the rollout engine injects
-    text)."""
+    """Ids of a segment tokenized alone, no special tokens (as the rollout engine injects text)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 

@@ -92,7 +92,7 @@ def preflight(cfg: Config, reward_funcs: list[Any] | None = None) -> Parts:
 
 # ---------------------------------------------------------------- trainer
 def ensure_on_disk(model: Any, tokenizer: Any, folder: Path) -> None:
-    """TRL builds its reference model from ``config._name_or_path``: give in-memory models a folder."""
+    """TRL builds its reference from ``config._name_or_path``: give in-memory models a folder."""
     p = getattr(model.config, "_name_or_path", "") or ""
     if p and (Path(p).is_dir() or not Path(p).is_absolute()):
         return
@@ -226,8 +226,7 @@ changes to these (and says so)."""
 
 
 def config_changes(old: dict[str, Any], new: dict[str, Any]) -> list[tuple[str, Any, Any]]:
-    """``[(key, old value, new value)]`` of every key that differs (``None`` for a key one side
-    lacks)."""
+    """``[(key, old value, new value)]`` of each differing key (``None`` where a side lacks it)."""
     a, b = flat_keys(old), flat_keys(new)
     return [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
 
@@ -509,8 +508,7 @@ def _reset_logs(cfg: Config, run_dir: Path, resume: str | Path | None, ckpt: Pat
 
 
 class _Job:
-    """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time into
-    summary.json)."""
+    """The main job's stages, each measured by ``StageMemory`` (peak RSS, wall and CPU time)."""
 
     def __init__(self, cfg: Config, run_dir: Path, log: Any, parts: Parts, retriever: Any = None,
                  stop: StopRequest | None = None) -> None:
@@ -577,8 +575,7 @@ class _Job:
         self.log(f"      dev EM {STAGE_NAMES[stage]}: {self.rows[stage]['em']}")
 
     def warmup(self, model: Any) -> Any:
-        """The cached protocol warm-up; returns the policy reloaded from the warmed-up folder (or
-        ``model``)."""
+        """The cached protocol warm-up; returns the policy reloaded from disk (or ``model``)."""
         if not self.cfg.warmup.enabled:
             self.log("[3/5] protocol warm-up disabled")
             return model
@@ -605,8 +602,7 @@ class _Job:
         return model
 
     def rl(self, model: Any, ckpt: Path | None, done: int) -> Any:
-        """``train.steps`` steps of the method (or the finished run's weights); returns the trained
-        policy."""
+        """``train.steps`` steps of the method (or a finished run's weights); returns the policy."""
         cfg = self.cfg
         self.log(f"[4/5] {cfg.method} for {cfg.train.steps} steps "
                  f"({cfg.train.questions_per_step} questions x {cfg.rollout.num_generations} "

@@ -150,7 +150,7 @@ class IGSDTerm:
 
     def loss(self, logits: torch.Tensor, idx: torch.Tensor, completion_ids: torch.Tensor,
              inputs: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
-        """``L_igsd`` from the student logits ``[N, V]`` at the selected positions ``idx [N, 2]``."""
+        """``L_igsd`` from the student logits ``[N, V]`` at the positions ``idx [N, 2]``."""
         g = {k: at(v, idx) for k, v in inputs.items() if k.startswith("igsd_")}
         L = losses.igsd_pair_loss(logits, g["igsd_b"], g["igsd_a"], g["igsd_pT"], g["igsd_gate"],
                                   g["igsd_mask"], self.cfg.aggregation)
