@@ -57,8 +57,7 @@ def _free(folder: Path) -> int | None:
 
 def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | None:
     """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space
-    (ENOSPC or EDQUOT, or a library's write error with less than 64 MiB free); None for any other
-    error."""
+    (ENOSPC or EDQUOT, or a library's write error with under 64 MiB free); else None."""
     import errno
 
     text = str(err).lower()
@@ -435,8 +434,7 @@ def staging(out: str | Path) -> Iterator[Path]:
 
 def publish(tmp: Path, out: str | Path) -> Path:
     """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside,
-    then deleted. A symbolic link ``out`` stays a link: the folder it points to is the one
-    replaced."""
+    then deleted. A symbolic link ``out`` stays a link: the folder it points to is replaced."""
     out = _link_target(out)
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"

@@ -237,8 +237,7 @@ def affects_training(key: str) -> bool:
 
 def _normal(d: dict[str, Any]) -> dict[str, Any]:
     """A config dict as the current code reads it (defaults of newer fields filled in) and as JSON
-    holds it (tuples as lists), so a record and a reloaded config compare equal when nothing
-    changed."""
+    holds it (tuples as lists): a record and a reloaded config compare equal if nothing changed."""
     from hindsearch.hindsight.registry import resolve_methods
 
     try:
