@@ -1,4 +1,5 @@
-"""Safe output folders (replace only what hindsearch wrote), atomic publishes, PID locks, checkpoints.
+"""Safe output folders (replace only what hindsearch wrote), atomic publishes, PID locks,
+checkpoints.
 
 ``expand_out`` is the one place an output path's ``~`` is expanded. ``check_replaceable`` /
 ``guard_output`` / ``claim_output`` refuse an ``--out`` hindsearch did not write (or holding a file
@@ -30,7 +31,7 @@ STAGING_NAME = ".checkpoint-staging"
 
 
 class UnsafeOutput(FileExistsError):
-    """An output path that hindsearch refuses to write over (it would delete or replace user data)."""
+    """An output path hindsearch refuses to write over (it would delete or replace user data)."""
 
 
 class FolderLocked(RuntimeError):
@@ -38,13 +39,13 @@ class FolderLocked(RuntimeError):
 
 
 class DiskFull(OSError):
-    """A write failed because the disk (or the user's quota) is full; the message says so and names the folder."""
+    """A write failed for a full disk (or user quota); the message says so and names the folder."""
 
 
 _NO_SPACE = ("no space left on device", "os error 28", "disk quota exceeded")
 _WRITE_FAILED = ("unexpected pos", "file write failed")
-"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why, torch's zip writer
-only that its file position is wrong)."""
+"""How a failed write reads when no OSError carries its errno (safetensors' Rust writer says why,
+torch's zip writer only that its file position is wrong)."""
 
 
 def _free(folder: Path) -> int | None:
@@ -55,25 +56,27 @@ def _free(folder: Path) -> int | None:
 
 
 def disk_full(err: BaseException, folder: str | Path, what: str) -> DiskFull | None:
-    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space (ENOSPC or
-    EDQUOT, or a library's write error with less than 64 MiB free); None for any other error."""
+    """``DiskFull`` for ``err`` when it is a write into ``folder`` that failed for want of space
+    (ENOSPC or EDQUOT, or a library's write error with under 64 MiB free); else None."""
     import errno
 
     text = str(err).lower()
     free = _free(Path(folder))
     no_space = isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT)
     no_space = no_space or any(s in text for s in _NO_SPACE)
-    if not no_space and not (any(s in text for s in _WRITE_FAILED) and free is not None and free < 64 << 20):
+    low = free is not None and free < 64 << 20
+    if not no_space and not (any(s in text for s in _WRITE_FAILED) and low):
         return None
     left = f"{free / 2**20:.1f} MiB free" if free is not None else "free space unknown"
-    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); free some space and rerun")
+    full = DiskFull(f"the disk is full: writing {what} in {folder} failed ({left}); "
+                    f"free some space and rerun")
     full.errno = errno.ENOSPC
     return full
 
 
 def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> None:
-    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write removes the file
-    again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
+    """Write ``text`` into ``path`` (a new file, or ``fd`` just created for it); a failed write
+    removes the file again (no empty or torn file is left) and a full disk raises ``DiskFull``."""
     if fd is None:
         fd = os.open(path, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
     try:
@@ -86,26 +89,30 @@ def _write_fresh(path: Path, text: str, what: str, fd: int | None = None) -> Non
 
 
 class NotRegularFile(OSError):
-    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as ``/dev/zero``), or
-    larger than the reader's size cap. Its message says which, without the path (the caller names the file)."""
+    """A file a reader refuses to open: not a regular file (a FIFO, a socket, a device such as
+    ``/dev/zero``), or larger than the reader's size cap. Its message says which, without the path
+    (the caller names the file)."""
 
 
-_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-          (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a folder"))
 
 
 def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
-    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened file, so a
-    symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most ``cap`` bytes; else
-    ``NotRegularFile``. A file that grows after the check is the reader's to bound."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)  # a FIFO opens at once instead of waiting for a writer
+    """``path`` opened for reading in binary, only when it is a regular file (checked on the opened
+    file, so a symbolic link to ``/dev/zero`` or a FIFO is refused too, without blocking) of at most
+    ``cap`` bytes; else ``NotRegularFile``. A file that grows after the check is the reader's to
+    bound."""
+    # a FIFO opens at once instead of waiting for a writer
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             kind = next((name for test, name in _KINDS if test(st.st_mode)), "not a regular file")
             raise NotRegularFile(f"{kind}, not a regular file; not read")
         if cap is not None and st.st_size > cap:
-            raise NotRegularFile(f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
+            raise NotRegularFile(
+                f"{st.st_size} bytes, over the {cap / 2**20:.0f} MiB this reads; not read")
         os.set_blocking(fd, True)
         return os.fdopen(fd, "rb")
     except BaseException:
@@ -115,10 +122,10 @@ def open_regular(path: str | Path, cap: int | None = None) -> BinaryIO:
 
 JSONL_MODES = ("strict", "skip-bad", "drop-torn-tail", "yield-bad")
 """How ``iter_jsonl`` meets a bad line: ``strict`` raises ``BadJsonl`` naming the file and line;
-``skip-bad`` skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a newline
-that does not parse (what a killed writer leaves; named in ``bad``) and is strict about every other
-line; ``yield-bad`` yields it as ``(line, BadLine(reason))`` in file order, for a caller that names it
-in its own words (and is strict about the file itself)."""
+``skip-bad`` skips it and names it in ``bad``; ``drop-torn-tail`` drops a last line without a
+newline that does not parse (what a killed writer leaves; named in ``bad``) and is strict about
+every other line; ``yield-bad`` yields it as ``(line, BadLine(reason))`` in file order, for a caller
+that names it in its own words (and is strict about the file itself)."""
 
 
 class BadJsonl(ValueError):
@@ -133,13 +140,13 @@ class BadLine:
 
 
 def _clean(s: str) -> str:
-    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 file name shown as its escape)."""
+    """``s`` as text that encodes to UTF-8 (a lone surrogate of a non-UTF-8 name shown escaped)."""
     return s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def json_problem(e: BaseException) -> str:
-    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for the
-    parser, or another ``ValueError`` (an integer past Python's digit limit, say)."""
+    """Why a JSON text did not parse: the decoder's message and column, a value nested too deep for
+    the parser, or another ``ValueError`` (an integer past Python's digit limit, say)."""
     if isinstance(e, json.JSONDecodeError):
         return f"invalid JSON: {e.msg} (column {e.colno})"
     if isinstance(e, RecursionError):
@@ -147,15 +154,17 @@ def json_problem(e: BaseException) -> str:
     return f"invalid JSON: {_clean(str(e))[:200]}"
 
 
-def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *, name: str | None = None,
-               parse: Callable[[str], Any] = json.loads, objects: bool = True, max_bytes: int | None = None,
+def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, *,
+               name: str | None = None, parse: Callable[[str], Any] = json.loads,
+               objects: bool = True, max_bytes: int | None = None,
                max_line: int | None = None) -> Iterator[tuple[int, Any]]:
-    """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent), read through
-    ``open_regular`` (a FIFO or a device is refused, never read). A line that is not UTF-8, does not ``parse``, or
-    (``objects``) is not a JSON object is bad; ``mode`` (``JSONL_MODES``) says what then. ``bad`` collects
-    ``"file:line: reason"`` of what was skipped or dropped; ``name`` is how the file is named (default: its path).
-    ``max_bytes`` / ``max_line`` cap what is read; past a cap the rest is not read (named, or an error). A
-    byte-order mark before the first line is read past, and a ``.gz`` file is read decompressed."""
+    """``(line number, value)`` of each non-blank line of a JSONL file (nothing when it is absent),
+    read through ``open_regular`` (a FIFO or a device is refused, never read). A line that is not
+    UTF-8, does not ``parse``, or (``objects``) is not a JSON object is bad; ``mode``
+    (``JSONL_MODES``) says what then. ``bad`` collects ``"file:line: reason"`` of what was skipped
+    or dropped; ``name`` is how the file is named (default: its path). ``max_bytes`` / ``max_line``
+    cap what is read; past a cap the rest is not read (named, or an error). A byte-order mark before
+    the first line is read past, and a ``.gz`` file is read decompressed."""
     if mode not in JSONL_MODES:
         raise ValueError(f"iter_jsonl: mode {mode!r} is not one of {', '.join(JSONL_MODES)}")
     where = name or str(path)
@@ -164,7 +173,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
         return
 
     def refuse(message: str) -> None:
-        if mode != "skip-bad":  # yield-bad: the file itself (a FIFO, past a cap) is the caller's error
+        # yield-bad: the file itself (a FIFO, past a cap) is the caller's error
+        if mode != "skip-bad":
             raise BadJsonl(message)
         bad.append(message)
 
@@ -174,11 +184,14 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
             lines = f if max_line is None else iter(lambda: f.readline(max_line + 1), b"")
             for i, raw in enumerate(lines, 1):
                 read += len(raw)
-                raw = raw[3:] if i == 1 and raw.startswith(b"\xef\xbb\xbf") else raw  # a BOM is no row
+                if i == 1 and raw.startswith(b"\xef\xbb\xbf"):  # a BOM is no row
+                    raw = raw[3:]
                 if max_bytes is not None and read > max_bytes:
-                    return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; the rest is not read")
+                    return refuse(f"{where}:{i}: past the first {max_bytes >> 20} MiB; "
+                                  f"the rest is not read")
                 if max_line is not None and len(raw) > max_line:
-                    return refuse(f"{where}:{i}: a line over {max_line >> 20} MiB; the rest is not read")
+                    return refuse(f"{where}:{i}: a line over {max_line >> 20} MiB; "
+                                  f"the rest is not read")
                 if not raw.strip():
                     continue
                 torn = not raw.endswith(b"\n")  # only the last line can lack one
@@ -197,7 +210,8 @@ def iter_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = N
                     yield i, BadLine(problem)
                     continue
                 if torn and mode == "drop-torn-tail":
-                    bad.append(f"{where}: dropped a torn last line {i} (no newline at its end: a write cut short)")
+                    bad.append(f"{where}: dropped a torn last line {i} "
+                               f"(no newline at its end: a write cut short)")
                     return
                 refuse(f"{where}:{i}: {problem}")
     except NotRegularFile as e:
@@ -217,21 +231,22 @@ def _decompressed(f: BinaryIO, name: str) -> contextlib.AbstractContextManager[A
     return contextlib.nullcontext(f)
 
 
-def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None, **options: Any) -> list[Any]:
+def read_jsonl(path: str | Path, mode: str = "strict", bad: list[str] | None = None,
+               **options: Any) -> list[Any]:
     """The values of a JSONL file (``iter_jsonl``, same arguments), without their line numbers."""
     return [value for _, value in iter_jsonl(path, mode, bad, **options)]
 
 
 def drop_torn_tail(path: str | Path) -> None:
-    """Cut a file after its last newline: what ``drop-torn-tail`` dropped is then gone from the file too."""
+    """Cut a file after its last newline: what ``drop-torn-tail`` dropped leaves the file too."""
     with open(path, "rb+") as f:
         data = f.read()
         f.truncate(data.rfind(b"\n") + 1)
 
 
 class NonFiniteWeights(RuntimeError):
-    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter); nothing of
-    that step is saved."""
+    """A weight is NaN or inf after optimizer step ``step`` (``name``: the first such parameter);
+    nothing of that step is saved."""
 
     def __init__(self, message: str, step: int, name: str) -> None:
         super().__init__(message)
@@ -248,8 +263,8 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def expand_out(path: str | Path) -> Path:
-    """An output path with ``~`` expanded: the one place this happens, so logs and checkpoints of one
-    ``--out '~/x'`` land in the same folder."""
+    """An output path with ``~`` expanded: the one place this happens, so logs and checkpoints of
+    one ``--out '~/x'`` land in the same folder."""
     return Path(os.path.expanduser(str(path)))
 
 
@@ -263,14 +278,17 @@ def _has_content(folder: Path) -> bool:
 
 
 def written_files(folder: str | Path) -> list[str]:
-    """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote, for its marker."""
+    """Every file (or link) under ``folder``, as sorted paths relative to it: what a build wrote,
+    for its marker."""
     folder = Path(folder)
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    files = (p for p in folder.rglob("*") if p.is_file() or p.is_symlink())
+    return sorted(str(p.relative_to(folder)) for p in files)
 
 
 def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
-    """The files of ``folder`` that a replace would delete and its maker did not write: those not in ``listed`` (the
-    files its marker records), or, when the marker records none, those modified after the ``marker`` file."""
+    """The files of ``folder`` that a replace would delete and its maker did not write: those not in
+    ``listed`` (the files its marker records), or, when the marker records none, those modified
+    after the ``marker`` file."""
     if listed is not None:
         known = set(listed)
         return [f for f in written_files(folder) if f not in known and f != LOCK_NAME]
@@ -282,11 +300,12 @@ def strays(folder: Path, listed: list[str] | None, marker: str) -> list[str]:
             and (folder / f).lstat().st_mtime > since + 1.0]
 
 
-def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str, flag: str = "--out",
-                      protect: tuple[str | Path, ...] = (),
+def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: str,
+                      flag: str = "--out", protect: tuple[str | Path, ...] = (),
                       stray: Callable[[Path], list[str]] | None = None) -> Path:
-    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours`` accepts that
-    holds no file ``stray`` names (files its maker did not write: replacing the folder would delete them).
+    """Raise ``UnsafeOutput`` unless ``out`` is missing, an empty folder, or a folder ``is_ours``
+    accepts that holds no file ``stray`` names (files its maker did not write: replacing the folder
+    would delete them).
 
     ``protect`` lists inputs (e.g. the corpus being indexed) that must not lie inside ``out``.
     Returns ``out`` with ``~`` expanded (``expand_out``).
@@ -294,31 +313,37 @@ def check_replaceable(out: str | Path, is_ours: Callable[[Path], bool], what: st
     out = expand_out(out)
     res = out.resolve()
     if out.exists() and not out.is_dir():
-        raise UnsafeOutput(f"{flag} {out}: is a file, not a folder; choose a new folder for the {what}")
+        raise UnsafeOutput(f"{flag} {out}: is a file, not a folder; "
+                           f"choose a new folder for the {what}")
     for parent in out.parents:
         if parent.exists() and not parent.is_dir():
-            raise UnsafeOutput(f"{flag} {out}: {parent} is a file, not a folder; choose another path for the {what}")
+            raise UnsafeOutput(f"{flag} {out}: {parent} is a file, not a folder; "
+                               f"choose another path for the {what}")
     if _inside(Path.cwd().resolve(), res):
-        raise UnsafeOutput(f"{flag} {out}: is the current folder or a folder above it; choose a new folder for the {what}")
+        raise UnsafeOutput(f"{flag} {out}: is the current folder or a folder above it; "
+                           f"choose a new folder for the {what}")
     for p in protect:
         if _inside(Path(p).resolve(), res):
-            raise UnsafeOutput(f"{flag} {out}: holds the input {p}, which replacing it would delete; choose another folder")
+            raise UnsafeOutput(f"{flag} {out}: holds the input {p}, "
+                               f"which replacing it would delete; choose another folder")
     if out.is_dir() and _has_content(out) and not is_ours(out):
         kind = output_kind(out)
         if kind is not None:
-            raise UnsafeOutput(f"{flag} {out}: is a hindsearch {KIND_NAMES.get(kind, kind)}, not {_a(what)}; "
-                               f"choose a new or empty folder")
-        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write (it is not {_a(what)}); "
-                           f"refusing to replace it; choose a new or empty folder")
+            raise UnsafeOutput(f"{flag} {out}: is a hindsearch {KIND_NAMES.get(kind, kind)}, "
+                               f"not {_a(what)}; choose a new or empty folder")
+        raise UnsafeOutput(f"{flag} {out}: folder holds files hindsearch did not write "
+                           f"(it is not {_a(what)}); refusing to replace it; "
+                           f"choose a new or empty folder")
     if stray is not None and out.is_dir() and (extra := stray(out)):
         more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
-        raise UnsafeOutput(f"{flag} {out}: holds {extra[0]}{more}, which hindsearch did not write; rebuilding the "
-                           f"{what} would delete it; move it out or choose another folder")
+        raise UnsafeOutput(f"{flag} {out}: holds {extra[0]}{more}, which hindsearch did not write; "
+                           f"rebuilding the {what} would delete it; "
+                           f"move it out or choose another folder")
     return out
 
 
-KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder", "sft": "warm-up folder",
-              "compare": "comparison folder", "probe": "probe folder"}
+KIND_NAMES = {"run": "run folder", "eval": "evaluation folder", "mini": "mini-wiki folder",
+              "sft": "warm-up folder", "compare": "comparison folder", "probe": "probe folder"}
 
 
 def read_marker(folder: str | Path) -> dict[str, Any] | None:
@@ -337,10 +362,11 @@ def output_kind(folder: str | Path) -> str | None:
 
 def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str = "--out",
                  protect: tuple[str | Path, ...] = ()) -> Path:
-    """``check_replaceable`` for a folder a command writes into: ours when its marker names ``kind``. Returns the
-    expanded path."""
+    """``check_replaceable`` for a folder a command writes into: ours when its marker names
+    ``kind``. Returns the expanded path."""
     if not str(out).strip():
-        raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); give a new folder")
+        raise UnsafeOutput(f"{flag} is empty (it would write into the current folder); "
+                           f"give a new folder")
 
     def is_ours(folder: Path) -> bool:
         return output_kind(folder) == kind
@@ -349,7 +375,7 @@ def guard_output(out: str | Path, kind: str, what: str | None = None, flag: str 
 
 
 def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write ``obj`` as JSON through a temporary file and a rename (a crash keeps the old or the new file)."""
+    """Write ``obj`` as JSON via a temporary file and a rename (a crash keeps the old or new)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     _write_fresh(tmp, json.dumps(obj, indent=1, default=str) + "\n", path.name)
@@ -357,20 +383,21 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 def claim_output(out: str | Path, kind: str, **record: Any) -> dict[str, Any]:
-    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the marker, with the
-    ``provenance``: the hindsearch commit and the machine that made the folder, which ``hindsearch report`` shows)."""
+    """Create ``out`` and mark it as a hindsearch ``kind`` folder (``record`` is stored in the
+    marker, with the ``provenance``: the hindsearch commit and the machine that made the folder,
+    which ``hindsearch report`` shows)."""
     from hindsearch.provenance import provenance
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "provenance": provenance(),
-            **record}
+    meta = {"kind": kind, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "provenance": provenance(), **record}
     write_json_atomic(out / OUTPUT_MARKER, meta)
     return meta
 
 
 def json_marker(filename: str, key: str) -> Callable[[Path], bool]:
-    """A predicate for ``check_replaceable``: the folder holds ``filename``, a JSON object with ``key``."""
+    """For ``check_replaceable``: the folder holds ``filename``, a JSON object with ``key``."""
 
     def is_ours(folder: Path) -> bool:
         try:
@@ -390,8 +417,9 @@ def _link_target(out: str | Path) -> Path:
 
 @contextlib.contextmanager
 def staging(out: str | Path) -> Iterator[Path]:
-    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises. When ``out``
-    is a symbolic link, the sibling is made next to the folder the link points to (see ``publish``)."""
+    """A fresh temporary sibling of ``out`` (``.NAME.tmp-PID``), removed if the block raises. When
+    ``out`` is a symbolic link, the sibling is made next to the folder the link points to (see
+    ``publish``)."""
     out = _link_target(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
@@ -405,8 +433,8 @@ def staging(out: str | Path) -> Iterator[Path]:
 
 
 def publish(tmp: Path, out: str | Path) -> Path:
-    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside, then deleted.
-    A symbolic link ``out`` stays a link: the folder it points to is the one replaced."""
+    """Rename ``tmp`` to ``out``; an existing ``out`` (already checked replaceable) is moved aside,
+    then deleted. A symbolic link ``out`` stays a link: the folder it points to is replaced."""
     out = _link_target(out)
     if out.exists():
         old = out.parent / f".{out.name}.old-{os.getpid()}-{time.monotonic_ns()}"
@@ -451,7 +479,8 @@ class FolderLock:
     raises ``FolderLocked`` naming the process and the lock file to delete if it is wrong.
     """
 
-    def __init__(self, folder: str | Path, what: str = "folder", log: Callable[[str], Any] | None = None):
+    def __init__(self, folder: str | Path, what: str = "folder",
+                 log: Callable[[str], Any] | None = None):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
         self.what = what
@@ -462,7 +491,8 @@ class FolderLock:
         import sys
 
         return {"pid": os.getpid(), "host": socket.gethostname(), "start": _proc_start(os.getpid()),
-                "cmd": " ".join(sys.argv[:3])[:200], "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                "cmd": " ".join(sys.argv[:3])[:200],
+                "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
 
     def _holder(self) -> dict[str, Any] | None:
         """The current holder's record, or None when the lock is stale (or vanished)."""
@@ -475,7 +505,8 @@ class FolderLock:
             info = json.loads(text)
             pid = int(info["pid"])
         except (ValueError, KeyError, TypeError):
-            return {"pid": "?", "since": "just now"} if age < 5 else None  # being written, or torn long ago
+            # being written, or torn long ago
+            return {"pid": "?", "since": "just now"} if age < 5 else None
         if info.get("host") != socket.gethostname():
             return info
         if not _alive(pid):
@@ -486,10 +517,12 @@ class FolderLock:
         return info
 
     def _refuse(self, holder: dict[str, Any]) -> FolderLocked:
-        where = "" if holder.get("host") in (None, socket.gethostname()) else f" on host {holder['host']}"
+        here = holder.get("host") in (None, socket.gethostname())
+        where = "" if here else f" on host {holder['host']}"
         return FolderLocked(
-            f"{self.folder} is in use: process {holder.get('pid')}{where} ({holder.get('cmd') or 'hindsearch'}, "
-            f"since {holder.get('since', '?')}) is writing this {self.what}; wait for it or stop it, "
+            f"{self.folder} is in use: process {holder.get('pid')}{where} "
+            f"({holder.get('cmd') or 'hindsearch'}, since {holder.get('since', '?')}) "
+            f"is writing this {self.what}; wait for it or stop it, "
             f"or choose another folder (if no such process runs, delete {self.path})")
 
     def check(self) -> None:
@@ -512,7 +545,8 @@ class FolderLock:
                 with contextlib.suppress(FileNotFoundError):
                     self.path.unlink()
                 if self.log:
-                    self.log(f"removed a stale lock in {self.folder} ({stale.strip()[:120] or 'empty'})")
+                    self.log(f"removed a stale lock in {self.folder} "
+                             f"({stale.strip()[:120] or 'empty'})")
                 continue
             # removed again when the write fails (a full disk): no empty lock refuses the next run
             _write_fresh(self.path, json.dumps(self._mine()) + "\n", "its lock", fd)
@@ -547,16 +581,16 @@ def _fsync_dir(d: Path) -> None:
             os.close(fd)
 
 
-WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors", "pytorch_model.bin",
-                "pytorch_model.bin.index.json", "adapter_model.bin")
+WEIGHT_NAMES = ("model.safetensors", "model.safetensors.index.json", "adapter_model.safetensors",
+                "pytorch_model.bin", "pytorch_model.bin.index.json", "adapter_model.bin")
 """The weights files a transformers/PEFT save writes (one of them; an index names its shards)."""
 TRAINING_STATE = ("optimizer.pt", "scheduler.pt")
-"""Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``) and
-``trainer_state.json`` they are what a resume needs to continue the same run."""
+"""Written next to the weights unless ``save_only_model``; with the RNG state (``rng_state*.pth``)
+and ``trainer_state.json`` they are what a resume needs to continue the same run."""
 
 
 def _safetensors_problem(path: Path) -> str | None:
-    """Why a .safetensors file is unreadable (None when its header parses and its size is what it says)."""
+    """Why a .safetensors file is unreadable (None when its header parses and its size matches)."""
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -567,7 +601,8 @@ def _safetensors_problem(path: Path) -> str | None:
             if n > size - 8:
                 return f"{path.name} is truncated (header of {n} bytes in a {size}-byte file)"
             meta = json.loads(f.read(n))
-        end = max((int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__"), default=0)
+        ends = (int(v["data_offsets"][1]) for k, v in meta.items() if k != "__metadata__")
+        end = max(ends, default=0)
     except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
         return f"{path.name} is unreadable ({type(e).__name__})"
     if 8 + n + end != size:
@@ -576,8 +611,8 @@ def _safetensors_problem(path: Path) -> str | None:
 
 
 def _torch_file_problem(path: Path) -> str | None:
-    """Why a ``torch.save`` file is unreadable: it is a zip archive whose directory is at its end, so a
-    truncated or empty file fails to open (its tensors are not read)."""
+    """Why a ``torch.save`` file is unreadable: it is a zip archive whose directory is at its end,
+    so a truncated or empty file fails to open (its tensors are not read)."""
     import zipfile
 
     try:
@@ -590,15 +625,17 @@ def _torch_file_problem(path: Path) -> str | None:
 
 
 def corrupted_file(path: Path) -> str | None:
-    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32 the archive
-    recorded when it was written (bytes overwritten in place, the size unchanged). Reads the whole file."""
+    """Why a ``torch.save`` file (a zip archive) is corrupted: a member whose bytes fail the CRC-32
+    the archive recorded when it was written (bytes overwritten in place, the size unchanged). Reads
+    the whole file."""
     import zipfile
     import zlib
 
     try:
         with zipfile.ZipFile(path) as z:
             bad = z.testzip()
-    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError, zlib.error) as e:
+    except (OSError, EOFError, zipfile.BadZipFile, ValueError, NotImplementedError,
+            zlib.error) as e:
         return f"{path.name} is unreadable ({type(e).__name__}: {e})"
     return f"{path.name} is corrupted ({bad} fails its CRC check)" if bad else None
 
@@ -637,19 +674,22 @@ def _weights_problem(ckpt: Path) -> str | None:
 
 
 def _sharded_layout(ckpt: Path) -> bool:
-    """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its weights and
-    optimizer are not the files ``checkpoint_problem`` checks by name (the recorded sizes still are)."""
-    return any(p.name.startswith(("global_step", "pytorch_model_fsdp", "optimizer_0")) for p in ckpt.iterdir())
+    """A DeepSpeed or FSDP save (``global_stepN/``, ``pytorch_model_fsdp_0``, ``optimizer_0``): its
+    weights and optimizer are not the files ``checkpoint_problem`` checks by name (the recorded
+    sizes still are)."""
+    sharded = ("global_step", "pytorch_model_fsdp", "optimizer_0")
+    return any(p.name.startswith(sharded) for p in ckpt.iterdir())
 
 
 def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None:
     """Why ``ckpt`` cannot be resumed from (None when it is complete).
 
-    Complete means: ``trainer_state.json`` readable, the weights readable and of the size their header
-    says (every shard of a sharded save), and, unless the save was model-only, ``optimizer.pt``,
-    ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable. The completion marker
-    written by ``AtomicCheckpoints`` lists every file with its size; a file that changed size since
-    (truncated, replaced) or went missing makes the checkpoint incomplete too.
+    Complete means: ``trainer_state.json`` readable, the weights readable and of the size their
+    header says (every shard of a sharded save), and, unless the save was model-only,
+    ``optimizer.pt``, ``scheduler.pt`` and the RNG state (``rng_state*.pth``) present and readable.
+    The completion marker written by ``AtomicCheckpoints`` lists every file with its size; a file
+    that changed size since (truncated, replaced) or went missing makes the checkpoint incomplete
+    too.
     """
     ckpt = Path(ckpt)
     marker: dict[str, Any] = {}
@@ -681,8 +721,8 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
         if not model_only:
             for name in TRAINING_STATE:
                 if why := _file_problem(ckpt / name):
-                    return f"incomplete: {why}" + (" (the optimizer would restart from zero)" if name == "optimizer.pt"
-                                                  else "")
+                    restart = " (the optimizer would restart from zero)"
+                    return f"incomplete: {why}" + (restart if name == "optimizer.pt" else "")
             rng = sorted(ckpt.glob("rng_state*.pth"))
             if not rng:
                 return "incomplete: no rng_state.pth"
@@ -693,8 +733,9 @@ def checkpoint_problem(ckpt: Path, model_only: bool | None = None) -> str | None
 
 
 def corrupted_checkpoint(ckpt: Path) -> str | None:
-    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are corrupted although
-    complete (``corrupted_file``); read in full, so a resume checks only the checkpoint it starts from."""
+    """Why ``ckpt``'s torch files (optimizer, scheduler, RNG state, training arguments) are
+    corrupted although complete (``corrupted_file``); read in full, so a resume checks only the
+    checkpoint it starts from."""
     for p in sorted(Path(ckpt).rglob("*")):
         if p.is_file() and p.suffix in (".pt", ".pth", ".bin") and (why := corrupted_file(p)):
             return f"corrupted: {why}"
@@ -729,28 +770,31 @@ def complete_checkpoints(ckpt_dir: str | Path) -> tuple[list[Path], list[tuple[P
 
 
 class AtomicCheckpoints:
-    """A ``transformers.Trainer`` mixin (``class T(AtomicCheckpoints, Trainer)``) that makes each checkpoint save
-    atomic: save into ``OUTPUT/.checkpoint-staging``, write the completion marker, then rename ``checkpoint-N``
-    into ``OUTPUT`` and rotate there. A kill during a save leaves only the staging folder, which no resume reads
-    (it is cleared on the next save)."""
+    """A ``transformers.Trainer`` mixin (``class T(AtomicCheckpoints, Trainer)``) that makes each
+    checkpoint save atomic: save into ``OUTPUT/.checkpoint-staging``, write the completion marker,
+    then rename ``checkpoint-N`` into ``OUTPUT`` and rotate there. A kill during a save leaves only
+    the staging folder, which no resume reads (it is cleared on the next save)."""
 
     _checkpoint_stage: Path | None = None
-    """The staging folder while a checkpoint is being saved (``_get_output_dir`` answers it then)."""
+    """The staging folder while a checkpoint is saved (``_get_output_dir`` answers it then)."""
 
     def check_finite_weights(self, step: int) -> None:
-        """Raise ``NonFiniteWeights`` when a weight is NaN or inf (on any process); every process calls it."""
+        """Raise ``NonFiniteWeights`` if a weight is NaN or inf on any process (all call it)."""
         trainer: Any = self
         name = nonfinite_parameter(trainer.model)
         acc = trainer.accelerator
         if acc.num_processes > 1:  # sharded weights differ by process: all of them decide together
             import torch
 
-            flag = acc.reduce(torch.tensor([float(name is not None)], device=acc.device), reduction="sum")
+            mine = torch.tensor([float(name is not None)], device=acc.device)
+            flag = acc.reduce(mine, reduction="sum")
             name = name or ("a weight on another process" if float(flag.item()) > 0 else None)
         if name is not None:
-            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}", step, name)
+            raise NonFiniteWeights(f"weight {name} is non-finite (NaN or inf) after step {step}",
+                                   step, name)
 
-    # transformers 5 has no public hook for where a checkpoint is written: these two overrides redirect it
+    # transformers 5 has no public hook for where a checkpoint is written: these two overrides
+    # redirect it
     def _get_output_dir(self, trial: Any) -> str:
         if self._checkpoint_stage is not None:
             return str(self._checkpoint_stage)
@@ -762,9 +806,11 @@ class AtomicCheckpoints:
         trainer: Any = self
         step = trainer.state.global_step
         try:
-            self.check_finite_weights(step)  # a poisoned state is never saved as a checkpoint to resume from
+            # a poisoned state is never saved as a checkpoint to resume from
+            self.check_finite_weights(step)
         except NonFiniteWeights as e:
-            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written", e.step, e.name) from None
+            raise NonFiniteWeights(f"{e}; checkpoint-{step} is not written",
+                                   e.step, e.name) from None
         real = Path(trainer._get_output_dir(trial=trial))
         stage = real / STAGING_NAME
         if trainer.args.should_save:
@@ -779,8 +825,8 @@ class AtomicCheckpoints:
                 raise
             if trainer.args.should_save:
                 shutil.rmtree(stage, ignore_errors=True)  # the torn save: give its space back
-            raise DiskFull(f"{full} (the torn save was removed; resume from the last complete checkpoint with "
-                           f"--resume)") from e
+            raise DiskFull(f"{full} (the torn save was removed; "
+                           f"resume from the last complete checkpoint with --resume)") from e
         finally:
             self._checkpoint_stage = None
         trainer.accelerator.wait_for_everyone()
@@ -792,12 +838,16 @@ class AtomicCheckpoints:
                 if layout == "standard" and (why := checkpoint_problem(ck, model_only=model_only)):
                     free = _free(stage)
                     left = f": {free / 2**20:.1f} MiB free" if free is not None else ""
-                    raise RuntimeError(f"checkpoint {ck.name} was not written completely ({why.split(': ', 1)[-1]}); "
-                                       f"it is left in {stage} and not resumed from; check the disk "
-                                       f"(space{left}, permissions) and resume from the previous checkpoint")
-                files = {str(f.relative_to(ck)): f.stat().st_size for f in sorted(ck.rglob("*")) if f.is_file()}
-                (ck / COMPLETE_NAME).write_text(json.dumps({"step": trainer.state.global_step, "model_only": model_only,
-                                                            "layout": layout, "files": files}) + "\n")
+                    raise RuntimeError(
+                        f"checkpoint {ck.name} was not written completely "
+                        f"({why.split(': ', 1)[-1]}); "
+                        f"it is left in {stage} and not resumed from; check the disk "
+                        f"(space{left}, permissions) and resume from the previous checkpoint")
+                written = (f for f in sorted(ck.rglob("*")) if f.is_file())
+                files = {str(f.relative_to(ck)): f.stat().st_size for f in written}
+                record = {"step": trainer.state.global_step, "model_only": model_only,
+                          "layout": layout, "files": files}
+                (ck / COMPLETE_NAME).write_text(json.dumps(record) + "\n")
                 dest = real / ck.name
                 if dest.exists():  # a checkpoint of the same step from an earlier try: replace it
                     publish(ck, dest)
@@ -806,5 +856,6 @@ class AtomicCheckpoints:
             _fsync_dir(real)
             shutil.rmtree(stage, ignore_errors=True)
             rotate_checkpoints(output_dir=str(real), save_total_limit=trainer.args.save_total_limit,
-                               best_model_checkpoint=trainer.state.best_model_checkpoint, use_mtime=True)
+                               best_model_checkpoint=trainer.state.best_model_checkpoint,
+                               use_mtime=True)
         trainer.accelerator.wait_for_everyone()

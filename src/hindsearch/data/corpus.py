@@ -20,7 +20,8 @@ from hindsearch.fsutil import BadJsonl, BadLine, iter_jsonl, json_problem
 from hindsearch.records import Passage, make_contents
 
 ID_KEYS = ("id", "_id", "docid")
-ROW_KEYS = {"contents", "text", "title", *ID_KEYS}  # a .json object with one of them is a row, not a title map
+# a .json object with one of them is a row, not a title map
+ROW_KEYS = {"contents", "text", "title", *ID_KEYS}
 
 
 class CorpusError(ValueError):
@@ -29,7 +30,7 @@ class CorpusError(ValueError):
 
 @dataclass
 class RowStats:
-    """Counts filled while reading rows (corpus or QA): rows kept, rows skipped and the first skip reasons."""
+    """Counts filled while reading rows (corpus or QA): kept, skipped and the first skip reasons."""
 
     rows: int = 0
     skipped: int = 0
@@ -53,7 +54,8 @@ def row_to_passage(obj: Any, default_id: str) -> Passage:
         if key in obj and obj[key] is not None:
             pid = obj[key]
             if isinstance(pid, bool) or not isinstance(pid, (str, int)):
-                raise ValueError(f"field {key!r} must be a string or integer, got {type(pid).__name__}")
+                raise ValueError(f"field {key!r} must be a string or integer, "
+                                 f"got {type(pid).__name__}")
             break
     if "contents" in obj:
         contents = obj["contents"]
@@ -78,8 +80,8 @@ def _is_json_list(path: Path) -> bool:
 
 
 def _open_text(path: Path) -> Any:
-    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its start
-    is read past."""
+    """A ``.json`` corpus as UTF-8 text, decompressing ``.gz`` on the fly; a byte-order mark at its
+    start is read past."""
     if path.suffix == ".gz":
         import gzip
 
@@ -92,7 +94,8 @@ def _rows(path: Path) -> Iterator[tuple[int, str | None, Any]]:
     try:
         yield from _rows_of(path)
     except UnicodeDecodeError as e:
-        raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); a corpus is UTF-8 JSON lines") from None
+        raise CorpusError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start}); "
+                          f"a corpus is UTF-8 JSON lines") from None
     except BadJsonl as e:  # the file itself: a FIFO or a device
         raise CorpusError(str(e)) from None
     except (OSError, EOFError) as e:  # a truncated or corrupt .gz
@@ -108,19 +111,21 @@ def _rows_of(path: Path) -> Iterator[tuple[int, str | None, Any]]:
                 data = json.loads(f.read())
         except json.JSONDecodeError as e:
             raise CorpusError(f"{path}:{e.lineno}: invalid JSON: {e.msg}") from e
-        except (ValueError, RecursionError) as e:  # an integer past Python's 4,300-digit limit, deep nesting
+        # an integer past Python's 4,300-digit limit, deep nesting
+        except (ValueError, RecursionError) as e:
             raise CorpusError(f"{path}: {json_problem(e)}") from None
         if isinstance(data, dict) and ROW_KEYS & set(data):
-            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
-                              f"sentences; this object looks like a single row (keys {sorted(data)[:5]})")
+            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object "
+                              f"mapping titles to sentences; this object looks like a single row "
+                              f"(keys {sorted(data)[:5]})")
         if isinstance(data, dict):  # {title: [sentences] or text}
             for i, (title, value) in enumerate(data.items(), 1):
                 err, obj = _title_entry(title, value)
                 yield i, err, obj
             return
         if not isinstance(data, list):
-            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object mapping titles to "
-                              f"sentences, got {type(data).__name__}")
+            raise CorpusError(f"{path}: a .json corpus must be a list of objects or an object "
+                              f"mapping titles to sentences, got {type(data).__name__}")
         for i, obj in enumerate(data, 1):
             yield i, None, obj
         return
@@ -139,8 +144,9 @@ def _title_entry(title: str, value: Any) -> tuple[str | None, Any]:
 
 
 class SeenIds:
-    """The passage ids read so far, small for wiki-18's 21M: canonical decimal ids (``"1"``, ``"21015324"``)
-    below ``2**28`` are bits of a bitmap (32 MiB at most), any other id is kept in a dict with its row."""
+    """The passage ids read so far, small for wiki-18's 21M: canonical decimal ids (``"1"``,
+    ``"21015324"``) below ``2**28`` are bits of a bitmap (32 MiB at most), any other id is kept in a
+    dict with its row."""
 
     BITMAP_LIMIT = 1 << 28
 
@@ -149,8 +155,8 @@ class SeenIds:
         self.other: dict[str, int] = {}
 
     def add(self, pid: str, row: int) -> int | None:
-        """Record ``pid`` (read at ``row``); returns the row that had it first (0 when that row is not kept: a
-        bitmap id), or None when it is new."""
+        """Record ``pid`` (read at ``row``); returns the row that had it first (0 when that row is
+        not kept: a bitmap id), or None when it is new."""
         if pid.isascii() and pid.isdigit() and (pid == "0" or pid[0] != "0") and len(pid) <= 9 \
                 and int(pid) < self.BITMAP_LIMIT:
             k = int(pid)
@@ -165,8 +171,9 @@ class SeenIds:
         return None if first == row else first
 
 
-def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> Iterator[Passage]:
-    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus (ids unique: a repeated one is a bad row)."""
+def iter_corpus(path: str | Path, skip_bad: bool = False,
+                stats: CorpusStats | None = None) -> Iterator[Passage]:
+    """Stream the passages of a ``.jsonl`` (or ``.json`` list) corpus; a repeated id is bad."""
     path = Path(path)
     if not path.exists():
         raise FileNotFoundError(f"corpus not found: {path}")
@@ -180,12 +187,13 @@ def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | N
             first = seen.add(p.id, n)
             if first is not None:
                 earlier = f"{where} {first}" if first else f"an earlier {where}"
-                raise ValueError(f"duplicate passage id {p.id[:80]!r} ({earlier} has it); ids must be unique, "
-                                 "evidence recall is keyed by id")
+                raise ValueError(f"duplicate passage id {p.id[:80]!r} ({earlier} has it); "
+                                 "ids must be unique, evidence recall is keyed by id")
         except ValueError as e:
             msg = f"{path}:{n}: bad corpus {where}: {e}"
             if not skip_bad:
-                raise CorpusError(msg + " (use --skip-bad / skip_bad=True to skip bad rows)") from None
+                hint = " (use --skip-bad / skip_bad=True to skip bad rows)"
+                raise CorpusError(msg + hint) from None
             if stats is not None:
                 stats.skip(msg)
             continue
@@ -194,7 +202,8 @@ def iter_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | N
         yield p
 
 
-def read_corpus(path: str | Path, skip_bad: bool = False, stats: CorpusStats | None = None) -> list[Passage]:
+def read_corpus(path: str | Path, skip_bad: bool = False,
+                stats: CorpusStats | None = None) -> list[Passage]:
     """All passages of a corpus file, in file order."""
     return list(iter_corpus(path, skip_bad=skip_bad, stats=stats))
 

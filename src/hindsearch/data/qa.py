@@ -35,18 +35,20 @@ class QAError(ValueError):
 
 
 SKIP_HINT = "skip_bad=True skips bad rows; for an evaluation, hindsearch eval --skip-bad"
-"""How to skip bad rows, appended to a bad row's error (``eval`` has the flag; ``train`` reads its QA files
-strictly)."""
+"""How to skip bad rows, appended to a bad row's error (``eval`` has the flag; ``train`` reads its
+QA files strictly)."""
 
 
 ROW_ERRORS = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
-"""What normalising one odd row can raise: all of them are that row's error (skipped with ``skip_bad``)."""
+"""What normalising one odd row can raise: each is that row's error (skipped with ``skip_bad``)."""
 
 
 def not_utf8(data: bytes, e: UnicodeDecodeError) -> str:
     """Where a byte that is not UTF-8 is: ``line N: not UTF-8 (byte 0xff at column M)``."""
     line_start, line = data.rfind(b"\n", 0, e.start) + 1, data.count(b"\n", 0, e.start) + 1
-    return f"line {line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {e.start - line_start + 1}); a QA file is UTF-8"
+    column = e.start - line_start + 1
+    return (f"line {line}: not UTF-8 (byte 0x{data[e.start]:02x} at column {column}); "
+            f"a QA file is UTF-8")
 
 
 QAStats = RowStats
@@ -71,8 +73,8 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
     """Yield ``(where, parse error or None, row)`` for every row of a QA file.
 
     ``where`` is ``"line N"`` (JSON Lines), ``"item N"`` (JSON list) or ``"row N"`` (parquet),
-    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines. A byte-order mark at the
-    start of the file is read past.
+    1-based. A ``.json`` file that is not one JSON document is read as JSON Lines. A byte-order mark
+    at the start of the file is read past.
     """
     path = Path(path)
     if not path.is_file():
@@ -82,8 +84,10 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
 
         try:
             rows = pq.ParquetFile(path).read().to_pylist()
-        except Exception as e:  # noqa: BLE001 - pyarrow raises ArrowInvalid, OSError, ... for a bad file
-            raise QAError(f"{path}: not a readable parquet file ({type(e).__name__}: {e})") from None
+        except Exception as e:  # noqa: BLE001
+            # pyarrow raises ArrowInvalid, OSError, ... for a bad file
+            raise QAError(f"{path}: not a readable parquet file "
+                          f"({type(e).__name__}: {e})") from None
         for i, row in enumerate(rows, 1):
             yield f"row {i}", None, row
         return
@@ -108,13 +112,15 @@ def read_rows(path: str | Path) -> Iterator[tuple[str, str | None, Any]]:
             elif isinstance(data, dict) and any(k in data for k in QUESTION_KEYS):
                 data = [data]  # a one-row JSON Lines file
             if not isinstance(data, list):
-                raise QAError(f"{path}: expected a JSON list of questions, got {type(data).__name__}")
+                raise QAError(f"{path}: expected a JSON list of questions, "
+                              f"got {type(data).__name__}")
             for i, row in enumerate(data, 1):
                 yield f"item {i}", None, row
             return
     try:
         for i, row in iter_jsonl(path, "yield-bad", objects=False):
-            yield (f"line {i}", row.reason, None) if isinstance(row, BadLine) else (f"line {i}", None, row)
+            bad = isinstance(row, BadLine)
+            yield (f"line {i}", row.reason, None) if bad else (f"line {i}", None, row)
     except BadJsonl as e:
         raise QAError(str(e)) from None
 
@@ -132,13 +138,15 @@ def paragraphs_of(row: dict[str, Any]) -> list[Paragraph]:
     paras = row.get("paragraphs") or row.get("contexts")
     if isinstance(paras, list):
         return [Paragraph(str(p.get("title", "")), str(p.get("paragraph_text", p.get("text", ""))),
-                          bool(p.get("is_supporting", False))) for p in paras if isinstance(p, dict)]
+                          bool(p.get("is_supporting", False)))
+                for p in paras if isinstance(p, dict)]
     ctx = row.get("context")
     sf = _tolist(row.get("supporting_facts") or [])
     support = set(sf["title"] if isinstance(sf, dict) else [t for t, *_ in sf])
     if isinstance(ctx, dict) and "title" in ctx:  # HF hotpot_qa layout
         titles, sents = _tolist(ctx["title"]), _tolist(ctx.get("sentences", []))
-        return [Paragraph(t, _join_sentences(_tolist(s)), t in support) for t, s in zip(titles, sents)]
+        return [Paragraph(t, _join_sentences(_tolist(s)), t in support)
+                for t, s in zip(titles, sents)]
     if isinstance(ctx, list):
         return [Paragraph(str(c[0]), _join_sentences(list(c[1])), c[0] in support)
                 for c in ctx if isinstance(c, (list, tuple)) and len(c) == 2]
@@ -151,7 +159,8 @@ def _answers(row: dict[str, Any]) -> list[str]:
     if "golden_answers" in row:
         cand = _tolist(row["golden_answers"])
         if isinstance(cand, dict):  # its keys would become the golds
-            raise ValueError(f"golden_answers is an object ({_short(cand)}); expected a list of strings or a string")
+            raise ValueError(f"golden_answers is an object ({_short(cand)}); "
+                             f"expected a list of strings or a string")
     elif "possible_answers" in row:
         pa = row["possible_answers"]
         cand = json.loads(pa) if isinstance(pa, str) and pa.startswith("[") else _tolist(pa)
@@ -166,7 +175,8 @@ def _answers(row: dict[str, Any]) -> list[str]:
     elif any(k in row for k in ("answer", "answers", "short_answers")):
         cand = _tolist(next(row[k] for k in ("answer", "answers", "short_answers") if k in row))
         if isinstance(cand, dict):  # HF trivia_qa / squad style: {value, aliases} or {text: [...]}
-            cand = [cand["value"]] * ("value" in cand) + list(_tolist(cand.get("aliases") or cand.get("text") or []))
+            aliases = _tolist(cand.get("aliases") or cand.get("text") or [])
+            cand = [cand["value"]] * ("value" in cand) + list(aliases)
         cand = list(cand) if isinstance(cand, (list, tuple)) else [cand]
         cand += list(_tolist(row.get("answer_aliases") or []))
     elif isinstance(row.get("reward_model"), dict):
@@ -186,16 +196,18 @@ def _answers(row: dict[str, Any]) -> list[str]:
 
 
 # Reasoning hops by question type (HotpotQA: bridge, comparison; 2WikiMultihopQA: comparison,
-# inference, compositional, bridge_comparison): the length of the longest chain of dependent lookups.
-# Every type is 2 hops. A bridge_comparison ("Which film has the director born first, A or B?") has
-# 4 supporting titles but is two parallel 2-hop chains (film -> director -> birth date) and a
-# comparison, so its title count (kept in ``evidence``) is not its hop count.
-TYPE_HOPS = {"bridge": 2, "comparison": 2, "inference": 2, "compositional": 2, "bridge_comparison": 2}
+# inference, compositional, bridge_comparison): the length of the longest chain of dependent
+# lookups. Every type is 2 hops. A bridge_comparison ("Which film has the director born first, A or
+# B?") has 4 supporting titles but is two parallel 2-hop chains (film -> director -> birth date) and
+# a comparison, so its title count (kept in ``evidence``) is not its hop count.
+TYPE_HOPS = {"bridge": 2, "comparison": 2, "inference": 2, "compositional": 2,
+             "bridge_comparison": 2}
 
 
 def _hops(row: dict[str, Any], evidence: list[str]) -> int | None:
-    """Hop count: an explicit ``hops``; MuSiQue's id prefix; the question ``type`` (``TYPE_HOPS``, top level
-    or in FlashRAG's ``metadata``); else the number of supporting titles (None when there are none)."""
+    """Hop count: an explicit ``hops``; MuSiQue's id prefix; the question ``type`` (``TYPE_HOPS``,
+    top level or in FlashRAG's ``metadata``); else the number of supporting titles (None when there
+    are none)."""
     if isinstance(row.get("hops"), int):
         return row["hops"]
     rid = str(row.get("id", ""))
@@ -223,10 +235,12 @@ def row_to_record(row: Any, default_id: str, name: str | None = None) -> QARecor
         raise ValueError(f"expected a JSON object, got {type(row).__name__}")
     question = next((row[k] for k in QUESTION_KEYS if k in row), None)
     if not isinstance(question, str) or not question.strip():
-        raise ValueError("empty or missing question (fields tried: " + ", ".join(QUESTION_KEYS) + ")")
+        tried = ", ".join(QUESTION_KEYS)
+        raise ValueError("empty or missing question (fields tried: " + tried + ")")
     answers = _answers(row)
     if not answers:
-        raise ValueError("missing or empty answers (golden_answers / answer / answers_objects / possible_answers)")
+        raise ValueError("missing or empty answers "
+                         "(golden_answers / answer / answers_objects / possible_answers)")
     rid = next((row[k] for k in ID_KEYS if row.get(k) is not None), default_id)
     if isinstance(row.get("evidence"), list):
         evidence = [str(t) for t in row["evidence"]]
@@ -239,20 +253,22 @@ def row_to_record(row: Any, default_id: str, name: str | None = None) -> QARecor
     meta = dict(row["metadata"]) if isinstance(row.get("metadata"), dict) else {}
     meta.update({k: _tolist(row[k]) for k in META_KEYS if k in row})
     source = row.get("data_source") or row.get("dataset") or name or ""
-    return QARecord(id=str(rid), question=question.strip(), golden_answers=answers, data_source=str(source),
-                    hops=_hops(row, evidence), evidence=evidence, metadata=meta)
+    return QARecord(id=str(rid), question=question.strip(), golden_answers=answers,
+                    data_source=str(source), hops=_hops(row, evidence), evidence=evidence,
+                    metadata=meta)
 
 
-def load_qa(path: str | Path, name: str | None = None, limit: int | None = None, skip_bad: bool = False,
-            stats: QAStats | None = None) -> list[QARecord]:
+def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
+            skip_bad: bool = False, stats: QAStats | None = None) -> list[QARecord]:
     """All (or the first ``limit``) questions of a QA file as ``QARecord``s, in file order.
 
-    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). A question id read twice is a
-    bad row (the error names both lines). Skipped rows are
-    logged as a warning, unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
+    ``name`` sets ``data_source`` when rows do not carry one (e.g. ``"hotpotqa"``). A question id
+    read twice is a bad row (the error names both lines). Skipped rows are logged as a warning,
+    unless the caller passes ``stats`` (then it reports them, as ``load_qa_reporting`` does).
     """
     path = Path(path)
-    quiet, stats = stats is not None, stats if stats is not None else QAStats()  # a caller's stats: it reports
+    # a caller's stats: it reports
+    quiet, stats = stats is not None, stats if stats is not None else QAStats()
     out: list[QARecord] = []
     first: dict[str, str] = {}  # question id -> where it was first read
     for where, err, row in read_rows(path):
@@ -261,10 +277,11 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
         try:
             if err is not None:
                 raise ValueError(err)
-            rec = row_to_record(row, default_id=f"{path.stem}_{len(out) + stats.skipped}", name=name)
+            default_id = f"{path.stem}_{len(out) + stats.skipped}"
+            rec = row_to_record(row, default_id=default_id, name=name)
             if rec.id in first:
-                raise ValueError(f"duplicate question id {rec.id!r} (first at {first[rec.id]}; ids key an "
-                                 f"evaluation's resume)")
+                raise ValueError(f"duplicate question id {rec.id!r} (first at {first[rec.id]}; "
+                                 f"ids key an evaluation's resume)")
         except ROW_ERRORS as e:
             why = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {str(e)[:200]}"
             msg = f"{path}: {where}: bad QA row: {why}"
@@ -282,15 +299,15 @@ def load_qa(path: str | Path, name: str | None = None, limit: int | None = None,
 
 def load_qa_reporting(path: str | Path, name: str | None = None, limit: int | None = None,
                       skip_bad: bool = False) -> list[QARecord]:
-    """``load_qa`` for a command: with ``skip_bad``, the rows skipped are counted and named on stderr
-    (the first 20, each with its line), so that a skipped row is never silent."""
+    """``load_qa`` for a command: with ``skip_bad``, the rows skipped are counted and named on
+    stderr (the first 20, each with its line), so that a skipped row is never silent."""
     import sys
 
     stats = QAStats()
     recs = load_qa(path, name=name, limit=limit, skip_bad=skip_bad, stats=stats)
     if stats.skipped:
-        print(f"{path}: skipped {stats.skipped} bad QA row{'s' * (stats.skipped != 1)} (--skip-bad), kept "
-              f"{stats.rows}:", file=sys.stderr)
+        print(f"{path}: skipped {stats.skipped} bad QA row{'s' * (stats.skipped != 1)} "
+              f"(--skip-bad), kept {stats.rows}:", file=sys.stderr)
         for msg in stats.errors:
             print(f"  {msg}", file=sys.stderr)
         if stats.skipped > len(stats.errors):
@@ -298,8 +315,9 @@ def load_qa_reporting(path: str | Path, name: str | None = None, limit: int | No
     return recs
 
 
-def load_hf(dataset_id: str, split: str = "test", name: str | None = None, limit: int | None = None,
-            skip_bad: bool = False, stats: QAStats | None = None, **load_kwargs: Any) -> list[QARecord]:
+def load_hf(dataset_id: str, split: str = "test", name: str | None = None,
+            limit: int | None = None, skip_bad: bool = False, stats: QAStats | None = None,
+            **load_kwargs: Any) -> list[QARecord]:
     """Questions of a Hugging Face hub dataset (e.g. ``RUC-NLPIR/FlashRAG_datasets``, name ``nq``).
 
     Needs ``datasets`` and network (or a warm HF cache); offline it raises ``ConnectionError``
@@ -313,9 +331,9 @@ def load_hf(dataset_id: str, split: str = "test", name: str | None = None, limit
     try:
         ds = datasets.load_dataset(dataset_id, name, split=split, **load_kwargs)
     except Exception as e:  # datasets raises many types for network/cache problems
-        raise ConnectionError(f"could not load {where} from the Hugging Face hub: {type(e).__name__}: {e}. "
-                              "Without network, fetch the file elsewhere ('hindsearch data fetch') and load it by path."
-                              ) from e
+        raise ConnectionError(f"could not load {where} from the Hugging Face hub: "
+                              f"{type(e).__name__}: {e}. Without network, fetch the file elsewhere "
+                              "('hindsearch data fetch') and load it by path.") from e
     stats = stats if stats is not None else QAStats()
     out: list[QARecord] = []
     for i, row in enumerate(ds):

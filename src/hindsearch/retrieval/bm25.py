@@ -27,11 +27,11 @@ from typing import Any
 def _jax_on_cpu() -> Iterator[None]:
     """While bm25s is imported, JAX (if installed and not yet imported) may only use the CPU.
 
-    ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's default
-    backend: with a CUDA build of JAX that preallocates 75% of the GPU (105.5 GiB of an H200 in the 2026-12-04
-    GPU check, held through training until the first out-of-memory). hindsearch never uses bm25s' top-k (the
-    search below has its own), so JAX gets ``JAX_PLATFORMS=cpu`` for that import; the variable is restored
-    afterwards, and a process that set it, or imported JAX before, keeps its own choice."""
+    ``import bm25s`` imports ``jax.lax`` when it can and runs a top-k with it, which starts JAX's
+    default backend: a CUDA build of JAX then preallocates most of the GPU and holds it through
+    training (docs/gpu.md). hindsearch never uses bm25s' top-k (the search below has its own), so
+    JAX gets ``JAX_PLATFORMS=cpu`` for that import; the variable is restored afterwards, and a
+    process that set it, or imported JAX before, keeps its own choice."""
     if "jax" in sys.modules or "JAX_PLATFORMS" in os.environ:
         yield
         return
@@ -57,11 +57,12 @@ from hindsearch.retrieval.base import Hits, IndexedRetriever, PassageStore, regi
 STOPWORDS = "en"
 BACKENDS = ("auto", "numba", "sparse")
 MAX_CHUNK_NNZ = 20_000_000  # sparse fallback: entries of one W @ Q product
-BLOCK = 64  # documents per block of the scan (one vectorised max, then a look inside only when needed)
+# documents per block of the scan (one vectorised max, then a look inside only when needed)
+BLOCK = 64
 SMALL_K = 128  # up to this k the top k is kept in a sorted buffer; above it the matches are sorted
 PARSE_AT_LOAD_MAX_BYTES = 64 << 20  # ~100k passages, ~200 MB of Python strings
-# bm25s.tokenize's default pattern is r"(?u)\b\w\w+\b"; for findall this is the same (a match always takes
-# a whole run of word characters), and faster
+# bm25s.tokenize's default pattern is r"(?u)\b\w\w+\b"; for findall this is the same (a match always
+# takes a whole run of word characters), and faster
 _SPLIT = re.compile(r"\w\w+").findall
 _STOPWORDS = frozenset(_infer_stopwords(STOPWORDS))
 MIN_QUERIES_PER_THREAD = 64
@@ -71,30 +72,34 @@ def _stemmer() -> Stemmer.Stemmer:
     return Stemmer.Stemmer("english")
 
 
-def tokenize(texts: list[str], stemmer: Stemmer.Stemmer | None = None, show_progress: bool = False) -> list[list[str]]:
+def tokenize(texts: list[str], stemmer: Stemmer.Stemmer | None = None,
+             show_progress: bool = False) -> list[list[str]]:
     """Lowercase, split on words, drop English stopwords, stem: one token list per text."""
-    return bm25s.tokenize(
-        texts, stopwords=STOPWORDS, stemmer=stemmer or _stemmer(), return_ids=False, show_progress=show_progress
-    )
+    return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer or _stemmer(),
+                          return_ids=False, show_progress=show_progress)
 
 
 def build_bm25(texts: list[str], out_dir: str | Path, show_progress: bool = True) -> None:
     """Index ``texts`` (document i = texts[i]) with bm25s and save to ``out_dir``."""
     from hindsearch.progress import interactive
 
-    show_progress = show_progress and interactive()  # bm25s's bars flood a log file: only on a terminal
-    tokens = bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=_stemmer(), show_progress=show_progress)
+    # bm25s's bars flood a log file: only on a terminal
+    show_progress = show_progress and interactive()
+    tokens = bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=_stemmer(),
+                            show_progress=show_progress)
     model = bm25s.BM25()
     model.index(tokens, show_progress=show_progress)
     model.save(str(out_dir), show_progress=False)
 
 
 def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compiled
-    """Put (d, s) into query q's sorted buffer of n <= k hits (score descending, then document ascending)."""
-    if n == k and (s < out_scores[q, n - 1] or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
+    """Insert (d, s) into query q's buffer of n <= k hits (score descending, then doc order)."""
+    if n == k and (s < out_scores[q, n - 1]
+                   or (s == out_scores[q, n - 1] and d > out_ids[q, n - 1])):
         return n
     i = n - 1 if n == k else n
-    while i > 0 and (out_scores[q, i - 1] < s or (out_scores[q, i - 1] == s and out_ids[q, i - 1] > d)):
+    while i > 0 and (out_scores[q, i - 1] < s
+                     or (out_scores[q, i - 1] == s and out_ids[q, i - 1] > d)):
         out_scores[q, i] = out_scores[q, i - 1]
         out_ids[q, i] = out_ids[q, i - 1]
         i -= 1
@@ -103,8 +108,10 @@ def _insert_py(out_ids, out_scores, q, n, k, d, s):  # pragma: no cover - compil
     return n + 1 if n < k else n
 
 
-def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids, out_scores, out_n):  # pragma: no cover
-    """Top k per query of the batch (see the module docstring); writes ``out_*``, leaves ``buf`` all zero.
+def _search_batch_py(  # pragma: no cover
+        terms, counts, qptr, data, indptr, indices, buf, k, out_ids, out_scores, out_n):
+    """Top k per query of the batch (see the module docstring); writes ``out_*``, leaves ``buf``
+    all zero.
 
     ``terms``/``counts``: each query's distinct term ids, ascending, and how often the query has
     them; query q owns ``terms[qptr[q]:qptr[q + 1]]``. ``buf``: float32 [num_docs], all zero.
@@ -124,12 +131,14 @@ def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids
         n = 0
         if 4 * nnz >= num_docs:  # most documents match: one sequential pass, in document order
             thr = np.float32(0)
-            ibuf = buf.view(np.int32)  # positive float32s order as their bits do (as int32); 0 and negatives are <= 0
+            # positive float32s order as their bits do (as int32); 0 and negatives are <= 0
+            ibuf = buf.view(np.int32)
             thr_i = np.int32(0)
             for base in range(0, num_docs, BLOCK):
                 top = min(base + BLOCK, num_docs)
                 m = np.int32(0)
-                for d in range(base, top):  # a vectorised max: most blocks hold nothing above the k-th score
+                # a vectorised max: most blocks hold nothing above the k-th score
+                for d in range(base, top):
                     x = ibuf[d]
                     m = x if x > m else m
                 if m <= thr_i:
@@ -147,7 +156,9 @@ def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids
                             cand_s[n] = s
                             n += 1
             buf[:] = 0
-        else:  # few match: walk the postings again, taking each document once (reset on its first visit)
+        else:
+            # few match: walk the postings again, taking each document once
+            # (reset on its first visit)
             for t in range(qptr[q], qptr[q + 1]):
                 term = terms[t]
                 for j in range(indptr[term], indptr[term + 1]):
@@ -174,7 +185,7 @@ def _search_batch_py(terms, counts, qptr, data, indptr, indices, buf, k, out_ids
 
 @functools.cache
 def _numba():
-    """The ``numba`` module, or None where the ``fast`` extra is not installed (then the sparse fallback)."""
+    """The ``numba`` module, or None without the ``fast`` extra (the sparse fallback then)."""
     try:
         import numba  # optional: fast
     except ImportError:
@@ -183,7 +194,8 @@ def _numba():
 
 
 def _compile(fn, **kw):
-    """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache folder is writable."""
+    """``numba.njit`` with its on-disk cache (compiled once per machine), or without where no cache
+    folder is writable."""
     try:
         return _numba().njit(nogil=True, cache=True, **kw)(fn)
     except RuntimeError:  # numba: "cannot cache function ...: no locator available"
@@ -195,17 +207,20 @@ _COMPILING = threading.Lock()
 
 @functools.cache
 def _search_batch():
-    """The compiled ``_search_batch_py`` (with ``_insert`` compiled and inlined into it), made on the first call."""
+    """The compiled ``_search_batch_py`` (with ``_insert`` compiled and inlined into it), made on
+    the first call."""
     global _insert
     with _COMPILING:
-        _insert = _compile(_insert_py, inline="always")  # a global of _search_batch_py, compiled before it
+        # a global of _search_batch_py, compiled before it
+        _insert = _compile(_insert_py, inline="always")
         return _compile(_search_batch_py)
 
 
 def pick_backend(backend: str) -> str:
-    """Resolve ``auto`` (numba when installed, else the sparse product) and check the backend is usable."""
+    """Resolve ``auto`` (numba if installed, else the sparse product); check it is usable."""
     if backend not in BACKENDS:
-        raise ValueError(f"bm25 backend {backend!r} is not supported; choose one of {', '.join(BACKENDS)}")
+        raise ValueError(f"bm25 backend {backend!r} is not supported; "
+                         f"choose one of {', '.join(BACKENDS)}")
     if backend == "numba" and _numba() is None:
         raise ImportError("bm25 backend 'numba' needs numba: pip install 'hindsearch[fast]'")
     if backend == "auto":
@@ -226,24 +241,32 @@ def top_k_sparse(scores: sp.csc_matrix, k: int) -> list[Hits]:
         s, ix = s[keep], ix[keep]
         if len(s) > k:
             kth = s[np.argpartition(-s, k - 1)[:k]].min()
-            tied = np.flatnonzero(s >= kth)  # every doc tied with the k-th competes, so ties resolve by doc order
+            # every doc tied with the k-th competes, so ties resolve by doc order
+            tied = np.flatnonzero(s >= kth)
             s, ix = s[tied], ix[tied]
         order = np.lexsort((ix, -s))[:k]
         out.append((ix[order].astype(np.int64), s[order]))
     return out
 
 
+def _outputs(nq: int, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Zeroed (doc ids [nq, k], scores [nq, k], hits per query [nq]) for a search to fill."""
+    return np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
+
+
 class BM25Retriever(IndexedRetriever):
     """``Retriever`` over a bm25 index folder."""
 
-    def __init__(self, index_dir: str | Path, n_threads: int = 0, mmap: bool = True, backend: str = "auto"):
+    def __init__(self, index_dir: str | Path, n_threads: int = 0, mmap: bool = True,
+                 backend: str = "auto"):
         self.index_dir = Path(index_dir)
         self.store = PassageStore(index_dir)
         self.backend = pick_backend(backend)
         self.model = bm25s.BM25.load(str(self.index_dir / "bm25"), mmap=mmap, show_progress=False)
         if self.model.nonoccurrence_array is not None:
-            raise ValueError(f"{self.index_dir}: a BM25L/BM25+ index (a per-term score for absent terms); hindsearch "
-                             "builds and searches Lucene BM25: rebuild it with `hindsearch index`")
+            raise ValueError(f"{self.index_dir}: a BM25L/BM25+ index "
+                             "(a per-term score for absent terms); hindsearch builds and searches "
+                             "Lucene BM25: rebuild it with `hindsearch index`")
         sc = self.model.scores
         self.data = np.asarray(sc["data"], dtype=np.float32)
         self.indices = np.asarray(sc["indices"])
@@ -255,7 +278,8 @@ class BM25Retriever(IndexedRetriever):
         self.n_threads = n_threads
         self._bufs = threading.local()
         self._W = None
-        if self.backend == "numba":  # compile (or load the cached kernel) now, not in the first request
+        # compile (or load the cached kernel) now, not in the first request
+        if self.backend == "numba":
             self._run(np.zeros(0, np.int64), np.zeros(0, np.float32), np.zeros(1, np.int64), 1)
         self._ids: list[str] | None = None
         self._contents: list[str] | None = None
@@ -267,10 +291,12 @@ class BM25Retriever(IndexedRetriever):
 
     def term_ids(self, queries: list[str]) -> list[list[int]]:
         """Known term ids of each query (unknown words and stopwords dropped)."""
-        return [[self.vocab[t] for t in q if t in self.vocab] for q in tokenize(queries, self.stemmer)]
+        tokens = tokenize(queries, self.stemmer)
+        return [[self.vocab[t] for t in q if t in self.vocab] for q in tokens]
 
     def _query_terms(self, queries: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(distinct term ids, ascending per query; their counts as float32; query pointers [nq + 1]).
+        """(distinct term ids, ascending per query; their counts as float32; query pointers
+        [nq + 1]).
 
         The tokens of ``bm25s.tokenize`` (lowercase, its word pattern, a text without a word is the
         one token "", English stopwords dropped, PyStemmer), made without Python per token: each
@@ -280,13 +306,15 @@ class BM25Retriever(IndexedRetriever):
         lens = np.fromiter(map(len, words), dtype=np.int64, count=len(words))
         flat = list(itertools.chain.from_iterable(words))
         distinct = list(set(flat))
-        lut = dict(zip(distinct, map(self.vocab.get, self.stemmer.stemWords(distinct), itertools.repeat(-1))))
+        stems = self.stemmer.stemWords(distinct)
+        lut = dict(zip(distinct, map(self.vocab.get, stems, itertools.repeat(-1))))
         for w in _STOPWORDS.intersection(lut):
             lut[w] = -1
         ids = np.fromiter(map(lut.__getitem__, flat), dtype=np.int64, count=len(flat))
         qidx = np.repeat(np.arange(len(queries), dtype=np.int64), lens)
         v = len(self.df)
-        known = (ids >= 0) & (ids < v)  # bm25s' vocabulary also holds "" (id v), which scores nothing
+        # bm25s' vocabulary also holds "" (id v), which scores nothing
+        known = (ids >= 0) & (ids < v)
         key, counts = np.unique(qidx[known] * v + ids[known], return_counts=True)
         qptr = np.searchsorted(key // v, np.arange(len(queries) + 1))
         return key % v, counts.astype(np.float32), qptr
@@ -297,14 +325,17 @@ class BM25Retriever(IndexedRetriever):
             buf = self._bufs.buf = np.zeros(self.num_docs, dtype=np.float32)
         return buf
 
-    def _run(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _run(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray,
+             k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         nq = len(qptr) - 1
-        ids, scores, n = np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
-        _search_batch()(terms, counts, qptr - qptr[0], self.data, self.indptr, self.indices, self._buffer(), k, ids, scores, n)
+        ids, scores, n = _outputs(nq, k)
+        _search_batch()(terms, counts, qptr - qptr[0], self.data, self.indptr, self.indices,
+                        self._buffer(), k, ids, scores, n)
         return ids, scores, n
 
     def _top(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(doc ids [nq, k], scores [nq, k], hits per query [nq]) of non-empty queries, ``1 <= k <= len(self)``."""
+        """(doc ids [nq, k], scores [nq, k], hits per query [nq]) of non-empty queries,
+        ``1 <= k <= len(self)``."""
         terms, counts, qptr = self._query_terms(queries)
         if self.backend == "sparse":
             return self._top_sparse(terms, counts, qptr, k)
@@ -314,8 +345,11 @@ class BM25Retriever(IndexedRetriever):
             return self._run(terms, counts, qptr, k)
         cuts = np.linspace(0, nq, chunks + 1).astype(np.int64)
         with ThreadPoolExecutor(chunks) as pool:
-            parts = list(pool.map(lambda ab: self._run(terms[qptr[ab[0]] : qptr[ab[1]]], counts[qptr[ab[0]] : qptr[ab[1]]],
-                                                       qptr[ab[0] : ab[1] + 1], k), zip(cuts[:-1], cuts[1:])))
+            def run(a: int, b: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                lo, hi = qptr[a], qptr[b]
+                return self._run(terms[lo:hi], counts[lo:hi], qptr[a : b + 1], k)
+
+            parts = list(pool.map(run, cuts[:-1], cuts[1:]))
         return tuple(np.concatenate(x) for x in zip(*parts))
 
     def _search(self, queries: list[str], k: int) -> list[Hits]:
@@ -323,19 +357,25 @@ class BM25Retriever(IndexedRetriever):
         ids, scores, n = self._top(queries, k)
         return [(d[:m], s[:m]) for d, s, m in zip(ids, scores, n.tolist())]
 
-    def _top_sparse(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The fallback without numba: ``W [docs, terms] @ Q [terms, queries]``, chunked to ``MAX_CHUNK_NNZ`` entries."""
+    def _top_sparse(self, terms: np.ndarray, counts: np.ndarray, qptr: np.ndarray,
+                    k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The fallback without numba: ``W [docs, terms] @ Q [terms, queries]``, chunked to
+        ``MAX_CHUNK_NNZ`` entries."""
         if self._W is None:
-            self._W = sp.csc_matrix((self.data, self.indices, self.indptr), shape=(self.num_docs, len(self.df)), copy=False)
-        nnz = np.concatenate([[0], np.cumsum(self.df[terms])])[qptr]  # postings touched before each query
+            self._W = sp.csc_matrix((self.data, self.indices, self.indptr),
+                                    shape=(self.num_docs, len(self.df)), copy=False)
+        # postings touched before each query
+        nnz = np.concatenate([[0], np.cumsum(self.df[terms])])[qptr]
         nq = len(qptr) - 1
-        ids, scores, n = np.zeros((nq, k), np.int64), np.zeros((nq, k), np.float32), np.zeros(nq, np.int64)
+        ids, scores, n = _outputs(nq, k)
         start = 0
         while start < nq:
-            end = max(start + 1, int(np.searchsorted(nnz, nnz[start] + MAX_CHUNK_NNZ, side="right")) - 1)
+            fits = int(np.searchsorted(nnz, nnz[start] + MAX_CHUNK_NNZ, side="right"))
+            end = max(start + 1, fits - 1)
             end = min(end, nq)
             a, b = qptr[start], qptr[end]
-            Q = sp.csc_matrix((counts[a:b], terms[a:b], qptr[start : end + 1] - a), shape=(len(self.df), end - start))
+            Q = sp.csc_matrix((counts[a:b], terms[a:b], qptr[start : end + 1] - a),
+                              shape=(len(self.df), end - start))
             for q, (d, sc) in enumerate(top_k_sparse((self._W @ Q).tocsc(), k), start):
                 ids[q, : len(d)], scores[q, : len(d)], n[q] = d, sc, len(d)
             start = end
@@ -355,14 +395,17 @@ class BM25Retriever(IndexedRetriever):
         return out
 
 
-def build_bm25_index(texts: list[str], folder: Path, show_progress: bool = True, **_options: Any) -> dict:
-    """``hindsearch index --kind bm25``: the bm25s index of ``texts`` in ``folder/bm25`` (no ``index.json`` fields)."""
+def build_bm25_index(texts: list[str], folder: Path, show_progress: bool = True,
+                     **_options: Any) -> dict:
+    """``hindsearch index --kind bm25``: the bm25s index of ``texts`` in ``folder/bm25`` (no
+    ``index.json`` fields)."""
     build_bm25(texts, folder / "bm25", show_progress=show_progress)
     return {}
 
 
-def check_bm25_options(hnsw: int | None = None, factory: str | None = None, nprobe: int | None = None,
-                       ef_search: int | None = None, **_options: Any) -> None:
+def check_bm25_options(hnsw: int | None = None, factory: str | None = None,
+                       nprobe: int | None = None, ef_search: int | None = None,
+                       **_options: Any) -> None:
     """Refuse the FAISS flags (a BM25 build would ignore them)."""
     if factory or hnsw or nprobe or ef_search:
         raise ValueError("--factory, --hnsw, --nprobe and --ef-search apply to --kind dense")
@@ -371,9 +414,11 @@ def check_bm25_options(hnsw: int | None = None, factory: str | None = None, npro
 def load_bm25(index_dir: str | Path, meta: dict, n_threads: int = 0, bm25_backend: str = "auto",
               nprobe: int | None = None, ef_search: int | None = None, faiss_gpu: bool = False,
               **_options: Any) -> BM25Retriever:
-    """A BM25 index folder (``n_threads``/``bm25_backend``: ``BM25Retriever``); the dense search flags are refused."""
+    """A BM25 index folder (``n_threads``/``bm25_backend``: ``BM25Retriever``); the dense search
+    flags are refused."""
     if nprobe or ef_search or faiss_gpu:
-        raise ValueError(f"{index_dir} is a BM25 index: --nprobe, --ef-search and --faiss-gpu apply to dense indexes")
+        raise ValueError(f"{index_dir} is a BM25 index: "
+                         f"--nprobe, --ef-search and --faiss-gpu apply to dense indexes")
     return BM25Retriever(index_dir, n_threads=n_threads, backend=bm25_backend)
 
 

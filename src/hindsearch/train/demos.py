@@ -1,5 +1,6 @@
-"""Warm-up demonstrations: read them from JSONL and tokenize them into training rows (ids, gen_mask, query_mask)
-exactly as the rollout engine builds them; the text rules (segments, prompt, query mask) are ``agent.protocol``'s."""
+"""Warm-up demonstrations: read them from JSONL and tokenize them into training rows (ids, gen_mask,
+query_mask) exactly as the rollout engine builds them; the text rules (segments, prompt, query mask)
+are ``agent.protocol``'s."""
 
 from __future__ import annotations
 
@@ -28,7 +29,8 @@ def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Traj
                 raise ValueError(d.reason)
             if not isinstance(d, dict):
                 raise ValueError("not a JSON object")
-            if not isinstance(d.get("question"), str) or not isinstance(d.get("completion_text"), str):
+            texts = (d.get("question"), d.get("completion_text"))
+            if not all(isinstance(t, str) for t in texts):
                 raise ValueError("needs string fields 'question' and 'completion_text'")
             d.setdefault("qid", str(ln))
             d.setdefault("golden_answers", [])
@@ -44,19 +46,20 @@ def load_demos(path: str | Path, require_answer: bool = True) -> tuple[list[Traj
 
 
 def _encode(tokenizer: Any, text: str) -> list[int]:
-    """Ids of a segment tokenized on its own, without special tokens (as the rollout engine injects text)."""
+    """Ids of a segment tokenized alone, no special tokens (as the rollout engine injects text)."""
     return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def tokenize_demo(tokenizer: Any, traj: Trajectory, max_total_tokens: int | None = None) -> Trajectory:
+def tokenize_demo(tokenizer: Any, traj: Trajectory,
+                  max_total_tokens: int | None = None) -> Trajectory:
     """Token ids and exact masks of a text-level demonstration (see the module docstring).
 
-    Uses ``traj.extra["segments"]`` when present, else ``protocol.segments_from_text(completion_text)``. The
-    prompt is ``protocol.encode_prompt`` and a model-written segment's query mask ``protocol.query_token_mask``
-    over the segment's ids, the rules of the rollout engine.
-    Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``, ``query_mask``, ``logprobs`` (zeros)
-    and the turns' token spans. When prompt + completion exceed ``max_total_tokens`` the
-    completion is cut to fit and ``stop_reason`` becomes ``length``.
+    Uses ``traj.extra["segments"]`` when present, else
+    ``protocol.segments_from_text(completion_text)``. The prompt is ``protocol.encode_prompt`` and a
+    model-written segment's query mask ``protocol.query_token_mask`` over the segment's ids, the
+    rules of the rollout engine. Fills ``prompt_ids``, ``completion_ids``, ``gen_mask``,
+    ``query_mask``, ``logprobs`` (zeros) and the turns' token spans. When prompt + completion exceed
+    ``max_total_tokens`` the completion is cut to fit and ``stop_reason`` becomes ``length``.
     """
     hint = traj.extra.get("hint")
     p_ids = protocol.encode_prompt(tokenizer, traj.question, hint)
@@ -72,11 +75,13 @@ def tokenize_demo(tokenizer: Any, traj: Trajectory, max_total_tokens: int | None
         ids += seg_ids
         gen += [int(bool(generated))] * len(seg_ids)
         if generated:
-            qm = protocol.query_token_mask(tokenizer, seg_ids, tokenizer.decode(seg_ids, skip_special_tokens=False))
+            seg_text = tokenizer.decode(seg_ids, skip_special_tokens=False)
+            qm = protocol.query_token_mask(tokenizer, seg_ids, seg_text)
             qmask += qm
             action, content = protocol.parse_action(text)
             src = next(src_turns, None)
-            t = replace(src) if src is not None else Turn(action=action or "invalid", content=content)
+            t = (replace(src) if src is not None
+                 else Turn(action=action or "invalid", content=content))
             t.gen_span = (start, len(ids))
             on = [start + i for i, v in enumerate(qm) if v]
             t.query_span = (on[0], on[-1] + 1) if on else (start, start)
