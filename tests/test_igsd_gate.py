@@ -16,7 +16,7 @@ from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.hindsight import igsd as G
 from hindsearch.hindsight.contract import AuxContext
 from hindsearch.hindsight import losses as L
-from hindsearch.hindsight.igsd.hints import group_summary, hint_lines
+from hindsearch.hindsight.igsd import group_summary, hint_lines
 from hindsearch.hindsight.judge import OracleJudge
 from hindsearch.hindsight.methods.igsd import IGSDConfig
 from hindsearch.study.probe import gate_separation

@@ -406,8 +406,8 @@ def test_igsd_gate_precision_counts():
     """Verified pairs by the sign of delta, and how many of their teacher queries retrieved the question's evidence."""
     from types import SimpleNamespace
 
-    from hindsearch.hindsight.igsd.driver import gate_precision_counts
-    from hindsearch.hindsight.igsd.types import METRIC_KEYS, Pair
+    from hindsearch.hindsight.igsd import gate_precision_counts
+    from hindsearch.hindsight.igsd import METRIC_KEYS, Pair
     from hindsearch.records import Passage
 
     trajs = [SimpleNamespace(evidence=["Alpha"]), SimpleNamespace(evidence=["Beta"])]

@@ -333,7 +333,7 @@ def igsd_settings_probe(engine: Any, failed: Sequence[Trajectory], cfg: Any,
 
     from hindsearch.hindsight.contract import AuxContext
     from hindsearch.hindsight.igsd import run_igsd
-    from hindsearch.hindsight.igsd.hints import hint_lines
+    from hindsearch.hindsight.igsd import hint_lines
     from hindsearch.hindsight.methods.hindsearch import HindSearchConfig, make_judge
 
     rows = list(failed)

@@ -16,9 +16,7 @@ import torch
 from hindsearch.config.fields import AGG_MODES, GATES, TEACHERS, bounded, choice
 from hindsearch.hindsight import losses
 from hindsearch.hindsight.contract import AuxBatch, AuxContext, at, mask_positions
-from hindsearch.hindsight.igsd import run_igsd
-from hindsearch.hindsight.igsd.hints import hint_lines
-from hindsearch.hindsight.igsd.types import METRIC_KEYS
+from hindsearch.hindsight.igsd import METRIC_KEYS, hint_lines, run_igsd
 from hindsearch.hindsight.registry import Metrics, register_method
 from hindsearch.records import Trajectory
 

@@ -315,7 +315,7 @@ def hind_view(h: Any) -> dict[str, Any] | None:
 
 def igsd_pairs(g: Any) -> list[dict[str, Any]]:
     """The verified pairs of a sample's IGSD record (``{"igsd_pairs": [...]}``,
-    ``igsd.driver.pair_record``)."""
+    ``igsd.pair_record``)."""
     pairs = g.get("igsd_pairs") if isinstance(g, dict) else None
     return [p for p in pairs if isinstance(p, dict)] if isinstance(pairs, list) else []
 
