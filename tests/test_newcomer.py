@@ -12,7 +12,7 @@ def test_the_last_progress_line_is_printed_once_with_the_last_steps_values(monke
     """The Trainer ends a step, then logs it: a plain line written at the step's end showed the step before's
     reward, and the closing line repeated the count with the right one (``reward_mean=0.000``, then ``0.375``)."""
     from hindsearch import progress
-    from hindsearch.train.steps import progress_callback
+    from hindsearch.train.callbacks import progress_callback
 
     out = io.StringIO()
     monkeypatch.setattr(progress, "progress_bar",

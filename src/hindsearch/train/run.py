@@ -667,7 +667,7 @@ class _Job:
         model.train()
         trainer = build_trainer(cfg, model, self.tok, self.make_engine(model), setup.train, run_dir,
                                 self.parts)
-        from hindsearch.train.steps import use_progress
+        from hindsearch.train.callbacks import use_progress
 
         # a bar on a terminal, plain lines in a log
         if not getattr(trainer.args, "disable_tqdm", False):

@@ -56,60 +56,6 @@ def _step_trainer(step_fn: StepFn, losses: list[float]) -> type:
     return StepTrainer
 
 
-def progress_callback(desc: str, unit: str = "steps", postfix: tuple[str, ...] = ("loss",)) -> Any:
-    """A Trainer callback in place of transformers' ``ProgressCallback``: a bar labelled ``desc`` on
-    a terminal, plain progress lines elsewhere (``hindsearch.progress``), the logged ``postfix``
-    keys shown beside it, and no log dict printed per step (the metrics file has them). The Trainer
-    ends a step before it logs the step, so the bar moves on when the step's log arrives (or at the
-    next step, or the end, for a step that logs nothing): a line never pairs a step's count with the
-    values of the step before."""
-    from transformers import ProgressCallback
-
-    from hindsearch.progress import progress_bar
-
-    class Bar(ProgressCallback):
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.is_world_process_zero:
-                self.training_bar = progress_bar(state.max_steps, desc, unit=unit,
-                                                 initial=state.global_step)
-            self.current_step = self.shown_step = state.global_step
-
-        def _advance(self) -> None:
-            if self.training_bar is not None and self.current_step > self.shown_step:
-                self.training_bar.update(self.current_step - self.shown_step)
-            self.shown_step = self.current_step
-
-        def on_step_end(self, args, state, control, **kwargs):
-            self._advance()  # a step that logged nothing
-            self.current_step = state.global_step
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            shown = {k.split("/")[-1]: f"{logs[k]:.3f}" for k in postfix
-                     if logs and isinstance(logs.get(k), (int, float))}
-            if self.training_bar is not None and shown:
-                self.training_bar.set_postfix(shown, refresh=False)
-            self._advance()
-
-        def on_train_end(self, args, state, control, **kwargs):
-            self._advance()
-            super().on_train_end(args, state, control, **kwargs)
-
-    return Bar()
-
-
-def use_progress(trainer: Any, desc: str, postfix: tuple[str, ...] = ("loss",),
-                 show: bool = True) -> None:
-    """Replace transformers' ``ProgressCallback`` / ``PrinterCallback`` of ``trainer`` by
-    ``progress_callback`` (nothing shown with ``show = False``): one bar or plain lines, never a log
-    dict per step."""
-    from transformers import PrinterCallback, ProgressCallback
-
-    trainer.remove_callback(PrinterCallback)
-    trainer.remove_callback(ProgressCallback)
-    if show:
-        trainer.add_callback(progress_callback(desc, postfix=postfix))
-
-
 def _metrics_writer(metrics_path: str | Path | None) -> Any:
     """A callback appending one JSON row per logged step (step, loss, lr, grad norm, seconds since
     it was made) to ``metrics_path`` (nothing when None)."""
@@ -173,6 +119,7 @@ def run_steps(model: Any, n_steps: int, make_batch: Callable[[int], Any], step_f
     step's activations are GBs). Returns ``{"loss": [per step], "steps", "seconds"}``.
     """
     from hindsearch.memory import release_memory_callback
+    from hindsearch.train.callbacks import use_progress
 
     losses: list[float] = []
     if metrics_path is not None:
