@@ -34,8 +34,7 @@ class IGSDConfig:
     position whose proposed teacher token is a token of a gold answer that the student has not seen
     (not in its prompt or its completion before the position) is neither verified nor distilled: the
     student cannot produce that token without the hindsight, and distilling it teaches the student
-    to put *some* name there (the micro-scarce run of 2026-12-02: the share of first queries made of
-    the question's words fell from 96% to 29%)."""
+    to put *some* name there (docs/methods.md gives the run that showed it)."""
     max_query_tokens: int = bounded(24, gt=0)
     """Cap of a matched query completion (cut and still executed when ``</search>`` never comes)."""
     n_controls: int = bounded(2, ge=0)
