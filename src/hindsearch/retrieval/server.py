@@ -1,11 +1,11 @@
 """A retrieval HTTP server compatible with Search-R1's ``retrieval_server.py``.
 
-``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports the
-index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the limit,
-a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
-``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json``
-only with ``docs=True``. The contract, the limits, and which of them uvicorn and pydantic hold and which
-need the code here: docs/protocol.md.
+``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports
+the index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the
+limit, a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
+``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and
+``/openapi.json`` only with ``docs=True``. The contract, the limits, and which of them uvicorn and
+pydantic hold and which need the code here: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
 def count_containers(body: bytes, limit: int) -> int:
-    """The JSON objects/arrays of a body, not counting ``[``/``{`` inside strings (exact for valid JSON; for a
-    broken body, at least those before the point where parsing would stop). The plain count is used when it is
-    within ``limit``: strings can only add to it."""
+    """The JSON objects/arrays of a body, not counting ``[``/``{`` inside strings (exact for valid
+    JSON; for a broken body, at least those before the point where parsing would stop). The plain
+    count is used when it is within ``limit``: strings can only add to it."""
     n = body.count(b"{") + body.count(b"[")
     if n <= limit:
         return n
@@ -65,8 +65,8 @@ def count_containers(body: bytes, limit: int) -> int:
 
 
 def client_key(host: str) -> str:
-    """The address that ``max_receiving_per_client`` counts: an IPv4 address, or an IPv6 address's /64 (one
-    host's share of a network; a client can pick any address in it)."""
+    """The address that ``max_receiving_per_client`` counts: an IPv4 address, or an IPv6 address's
+    /64 (one host's share of a network; a client can pick any address in it)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -81,9 +81,10 @@ def client_key(host: str) -> str:
 @functools.lru_cache(maxsize=16)
 def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hits: int,
                   default_topk: int) -> type[BaseModel]:
-    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``, lax), with
-    the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null: ``default_topk``).
-    ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read as true)."""
+    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``,
+    lax), with the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null:
+    ``default_topk``). ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read
+    as true)."""
 
     def query_chars(q: str) -> str:  # not StringConstraints: it refuses the lone surrogates Search-R1 takes
         if len(q) > max_query_chars:
@@ -111,8 +112,8 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
 
 
 def _first_error(e: ValidationError) -> str:
-    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most 4096
-    characters``."""
+    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most
+    4096 characters``."""
     err = e.errors(include_url=False, include_input=False, include_context=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
     if err["type"] == "model_type":
@@ -144,7 +145,7 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
 
 
 def _trim_memory() -> None:
-    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
+    """Give freed heap pages back to the OS after a large request (glibc only; else a no-op)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -185,9 +186,10 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
 
 
 class _Answer(Response):
-    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket
-    buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed
-    over or the connection ends (``guarded_protocol`` resets a client that stops reading)."""
+    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the
+    socket buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last
+    piece is handed over or the connection ends (``guarded_protocol`` resets a client that stops
+    reading)."""
 
     CHUNK = 64 << 10
 
@@ -217,8 +219,9 @@ SMALL_ANSWER = 1 << 20  # answers up to this size have their own quarter of max_
 
 
 class _Upload:
-    """A request whose body is arriving: its body timeout (``asyncio.Timeout``, set once the read starts) and
-    whether it was cut to make room for another address's request (``_RetrieveService.make_room``)."""
+    """A request whose body is arriving: its body timeout (``asyncio.Timeout``, set once the read
+    starts) and whether it was cut to make room for another address's request
+    (``_RetrieveService.make_room``)."""
 
     __slots__ = ("timeout", "cut")
 
@@ -260,9 +263,9 @@ class _RetrieveService:
         freed.set()
 
     def room(self, answer_bytes: float) -> bool:
-        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may
-        take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read
-        large answers do not hold up small ones."""
+        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over
+        1 MiB may take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients
+        that never read large answers do not hold up small ones."""
         if answer_bytes > SMALL_ANSWER:
             return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
         return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
@@ -281,8 +284,8 @@ class _RetrieveService:
                 **(self.info or {})}
 
     async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
-        """The request body, or a 413/408 error response (too large, or not received in time), or a 503 when
-        ``upload`` was cut to make room for another address."""
+        """The request body, or a 413/408 error response (too large, or not received in time), or a
+        503 when ``upload`` was cut to make room for another address."""
         limits = self.limits
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
@@ -305,7 +308,8 @@ class _RetrieveService:
         return b"".join(chunks)
 
     def parse(self, body: bytes) -> tuple[list[str], int, bool] | JSONResponse:
-        """Parse one body (in the thread pool): (queries, topk, return_scores), or an error response."""
+        """Parse one body (in the thread pool) into (queries, topk, return_scores), or an
+        error response."""
         try:
             return parse_request(body, self.default_topk, self.limits)
         except BadRequest as e:
@@ -333,9 +337,9 @@ class _RetrieveService:
 
     async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
                       answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
-        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding
-        no gate) until the unsent answers leave room for one of that size (``room``). The gates held, or None
-        (none held) when the deadline passes."""
+        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait
+        (holding no gate) until the unsent answers leave room for one of that size (``room``). The
+        gates held, or None (none held) when the deadline passes."""
         held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout_at(deadline):
@@ -369,10 +373,10 @@ class _RetrieveService:
             self.uploads.pop(host, None)
 
     def make_room(self, host: str) -> bool:
-        """All receiving places are taken: when the address holding the most of them holds at least two more
-        than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to
-        ``host``. So the places are shared fairly between addresses: a machine with many addresses and slow
-        uploads cannot keep another client out, whatever the caps."""
+        """All receiving places are taken: when the address holding the most of them holds at least
+        two more than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give
+        its place to ``host``. So the places are shared fairly between addresses: a machine with
+        many addresses and slow uploads cannot keep another client out, whatever the caps."""
         if not self.receiving_from:
             return False
         top, most = self.receiving_from.most_common(1)[0]
@@ -392,8 +396,9 @@ class _RetrieveService:
         return False
 
     async def receive(self, request: Request) -> bytes | Response:
-        """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
-        address; none free: 503 unless ``make_room`` frees one), or an error response."""
+        """The body, read while holding a receiving place (``max_receiving``,
+        ``max_receiving_per_client`` per address; none free: 503 unless ``make_room`` frees one), or
+        an error response."""
         limits = self.limits
         host = client_key(request.client.host if request.client else "")
         if self.receiving >= limits.max_receiving and not self.make_room(host):
@@ -457,7 +462,7 @@ class _RetrieveService:
 
 def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None,
                info: dict | None = None, docs: bool = False) -> FastAPI:
-    """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
+    """The FastAPI app serving ``retriever`` (``docs``: also ``/docs`` and ``/openapi.json``)."""
     limits = (limits or ServerLimits()).validate()
     if not 0 < default_topk <= limits.max_topk:
         raise ValueError(f"--topk {default_topk} must be in 1..{limits.max_topk} (--max-topk)")
@@ -473,19 +478,21 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
 
 
 def uvicorn_options(header_timeout_s: float, send_timeout_s: float) -> dict[str, Any]:
-    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive timer
-    (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from the start."""
+    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive
+    timer (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from
+    the start."""
     return {"http": guarded_protocol(send_timeout_s), "timeout_keep_alive": header_timeout_s}
 
 
 def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the two connection deadlines uvicorn lacks.
 
-    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a complete
-    request head cancels it (uvicorn cancels it on any byte), so a head must be complete within
-    ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a client that has not
-    taken its answer ``send_timeout_s`` after it first filled the socket's write buffer (64 KiB past what
-    the kernel holds) is reset, which frees what uvicorn and the kernel hold for it."""
+    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a
+    complete request head cancels it (uvicorn cancels it on any byte), so a head must be complete
+    within ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a
+    client that has not taken its answer ``send_timeout_s`` after it first filled the socket's write
+    buffer (64 KiB past what the kernel holds) is reset, which frees what uvicorn and the kernel
+    hold for it."""
 
     class GuardedH11Protocol(H11Protocol):
         _send_timer: asyncio.TimerHandle | None = None
@@ -548,8 +555,8 @@ def serve(
     docs: bool = False,
     retriever_options: dict | None = None,
 ) -> None:
-    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until
-    interrupted."""
+    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn
+    until interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import read_meta
