@@ -86,7 +86,8 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
     ``default_topk``). ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read
     as true)."""
 
-    def query_chars(q: str) -> str:  # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+    # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+    def query_chars(q: str) -> str:
         if len(q) > max_query_chars:
             raise PydanticKnownError("string_too_long", {"max_length": max_query_chars})
         return q
@@ -103,7 +104,8 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
             self.return_scores = bool(self.return_scores)
             if len(self.queries) * self.topk > max_hits:
                 n, k = len(self.queries), self.topk
-                text = "{n} queries x topk {k} = {hits} passages in one answer; the limit is {limit}"
+                text = ("{n} queries x topk {k} = {hits} passages in one answer; "
+                        "the limit is {limit}")
                 values = {"n": n, "k": k, "hits": n * k, "limit": max_hits}
                 raise PydanticCustomError("too_many_hits", text, values)
             return self
@@ -117,26 +119,34 @@ def _first_error(e: ValidationError) -> str:
     err = e.errors(include_url=False, include_input=False, include_context=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
     if err["type"] == "model_type":
-        return f'request body: {err["msg"]} (a /retrieve body is like {{"queries": [...], "topk": 3}})'
+        return (f'request body: {err["msg"]} '
+                '(a /retrieve body is like {"queries": [...], "topk": 3})')
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 
-def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
+def parse_request(body: bytes, default_topk: int,
+                  limits: ServerLimits) -> tuple[list[str], int, bool]:
     """Validate a ``/retrieve`` body -> (queries, topk, return_scores); raises ``BadRequest``."""
     if len(body) > limits.max_body_bytes:
-        raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+        raise BadRequest(413, f"request body is {len(body)} bytes; "
+                              f"the limit is {limits.max_body_bytes}")
     containers = count_containers(body, limits.max_queries + 1024)  # a valid body has 2
     if containers > limits.max_queries + 1024:
-        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one "
-                              'object with one list of strings, like {"queries": [...], "topk": 3}')
-    try:  # json.loads, as FastAPI and so Search-R1 parse (docs/protocol.md says why not model_validate_json)
+        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; "
+                              "a /retrieve body is one object with one list of strings, "
+                              'like {"queries": [...], "topk": 3}')
+    # json.loads, as FastAPI and so Search-R1 parse
+    # (docs/protocol.md says why not model_validate_json)
+    try:
         data = json.loads(body)
     except RecursionError:
         raise BadRequest(400, "request body is nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
-        raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
-    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits,
-                          default_topk)
+    except ValueError as e:
+        # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        reason = " ".join(str(e).split())[:300]
+        raise BadRequest(400, f"request body is not valid JSON: {reason}") from None
+    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk,
+                          limits.max_hits, default_topk)
     try:
         req = model.model_validate(data)
     except ValidationError as e:
@@ -155,12 +165,13 @@ def _trim_memory() -> None:
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
     """Search-R1's response body from per-query ``Passage`` lists."""
     if return_scores:
-        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps]
-                           for ps in hits]}
+        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)}
+                            for p in ps] for ps in hits]}
     return {"result": [[p.to_search_r1() for p in ps] for ps in hits]}
 
 
-def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, return_scores: bool) -> bytearray:
+def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int,
+               return_scores: bool) -> bytearray:
     """Fast path for index-backed retrievers: splice the stored compact-JSON rows into the body.
 
     Byte-identical to ``JSONResponse(format_result(...)).body`` (a test checks it): rows are
@@ -173,8 +184,8 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     out = bytearray(b'{"result":[')
     for i, (docs, scores) in enumerate(retriever.retrieve_ids(queries, topk)):
         if return_scores:
-            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}"
-                     for d, sc in zip(docs, scores)]
+            items = [b'{"document":' + store.raw(int(d)) + b',"score":'
+                     + repr(float(sc)).encode() + b"}" for d, sc in zip(docs, scores)]
         else:
             items = [store.raw(int(d)) for d in docs]
         out += b",[" if i else b"["
@@ -241,13 +252,17 @@ class _RetrieveService:
         self.limits = limits
         self.info = info
         self.slots = asyncio.Semaphore(limits.max_inflight)
-        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (~13x the body)
-        self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
+        # bodies over 1 MiB are parsed one at a time (~13x the body)
+        self.big_slot = asyncio.Semaphore(1)
+        # requests whose body is in and that have not been answered (admission slots held)
+        self.pending = 0
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
         self.uploads: dict[str, list[_Upload]] = {}  # ... each, oldest first, per client address
-        self.unsent = {True: 0, False: 0}  # bytes of answers built, not yet handed over: large, small
-        self.freed = asyncio.Event()  # set (and replaced) when unsent goes down: wakes those waiting for room
+        # bytes of answers built, not yet handed over: large, small
+        self.unsent = {True: 0, False: 0}
+        # set (and replaced) when unsent goes down: wakes those waiting for room
+        self.freed = asyncio.Event()
         store = getattr(retriever, "store", None)
         try:  # the mean stored row, to estimate an answer's size before it is built
             self.row_bytes = (int(store.offsets[-1]) - int(store.offsets[0])) / max(1, len(store))
@@ -270,7 +285,8 @@ class _RetrieveService:
             return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
         return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
 
-    # health and retrieve are the route handlers: no docstrings (FastAPI would publish them in /openapi.json)
+    # health and retrieve are the route handlers: no docstrings
+    # (FastAPI would publish them in /openapi.json)
 
     def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
         n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
@@ -280,30 +296,35 @@ class _RetrieveService:
                 store.check()
         except StoreChanged as e:
             return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
-        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits),
-                **(self.info or {})}
+        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk,
+                **asdict(self.limits), **(self.info or {})}
 
-    async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
+    async def read_body(self, request: Request,
+                        upload: _Upload | None = None) -> bytes | JSONResponse:
         """The request body, or a 413/408 error response (too large, or not received in time), or a
         503 when ``upload`` was cut to make room for another address."""
         limits = self.limits
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            return _error(413, f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
+            return _error(413, f"request body is {declared} bytes; "
+                               f"the limit is {limits.max_body_bytes}")
         chunks, size = [], 0
         try:
             async with asyncio.timeout(limits.body_timeout_s) as timeout:
                 if upload is not None:
                     upload.timeout = timeout
-                async for chunk in request.stream():  # stop reading a (chunked) body once it is too large
+                # stop reading a (chunked) body once it is too large
+                async for chunk in request.stream():
                     size += len(chunk)
                     if size > limits.max_body_bytes:
-                        return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+                        return _error(413, "request body exceeds the limit of "
+                                           f"{limits.max_body_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
             if upload is not None and upload.cut:
-                return _error(503, "server busy: this upload was cut to make room for other clients (its "
-                                   "address held the most request bodies arriving); retry later")
+                return _error(503, "server busy: this upload was cut to make room for other "
+                                   "clients (its address held the most request bodies arriving); "
+                                   "retry later")
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
@@ -320,7 +341,8 @@ class _RetrieveService:
             if len(body) > 1 << 20:
                 _trim_memory()
 
-    def answer(self, queries: list[str], topk: int, scores: bool) -> bytes | bytearray | JSONResponse:
+    def answer(self, queries: list[str], topk: int,
+               scores: bool) -> bytes | bytearray | JSONResponse:
         """Retrieve and render (in the thread pool): the JSON bytes, or an error response."""
         try:
             if isinstance(self.retriever, IndexedRetriever):
@@ -391,7 +413,8 @@ class _RetrieveService:
                 continue
             victim.cut = True
             self._leave(top, victim)
-            log.info("cut a request body arriving from %s (%d arriving from it) for %s", top, most, host)
+            log.info("cut a request body arriving from %s (%d arriving from it) for %s",
+                     top, most, host)
             return True
         return False
 
@@ -402,10 +425,12 @@ class _RetrieveService:
         limits = self.limits
         host = client_key(request.client.host if request.client else "")
         if self.receiving >= limits.max_receiving and not self.make_room(host):
-            return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
+            return _error(503, f"server busy: {self.receiving} request bodies arriving; "
+                               "retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
-            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from "
-                               f"{host}; the limit per client is {limits.max_receiving_per_client}")
+            return _error(503, f"server busy: {self.receiving_from[host]} request bodies "
+                               f"arriving from {host}; "
+                               f"the limit per client is {limits.max_receiving_per_client}")
         upload = _Upload()
         self.receiving += 1
         self.receiving_from[host] += 1
@@ -416,7 +441,8 @@ class _RetrieveService:
             if not upload.cut:
                 self._leave(host, upload)
 
-    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit, wait, retrieve
+    # POST /retrieve: read, admit, wait, retrieve
+    async def retrieve(self, request: Request) -> Response:
         limits = self.limits
         try:
             body = await self.receive(request)
@@ -445,7 +471,8 @@ class _RetrieveService:
             if isinstance(parsed, Response):
                 return parsed
             queries, topk, scores = parsed
-            # retrieve under a slot, once the unsent answers leave room for this one (waiting holds no slot)
+            # retrieve under a slot, once the unsent answers leave room for this one
+            # (waiting holds no slot)
             estimate = len(queries) * topk * (self.row_bytes + (40 if scores else 2))
             held = await self.acquire(deadline, [self.slots], answer_bytes=estimate)
             if held is None:
@@ -469,7 +496,8 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
     if docs:
         app = FastAPI(title="hindsearch retrieval server")
     else:
-        app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
+        app = FastAPI(title="hindsearch retrieval server",
+                      docs_url=None, redoc_url=None, openapi_url=None)
     service = _RetrieveService(retriever, default_topk, limits, info)
     app.state.limits = limits  # BackgroundServer reads send_timeout_s here
     app.get("/health")(service.health)
@@ -523,8 +551,10 @@ def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
 
         def _send_expired(self) -> None:
             self._send_timer = None
-            if self.flow.write_paused or (self.cycle is not None and not self.cycle.response_complete):
-                log.info("dropped %s: its answer was not read within %g s", self.client, send_timeout_s)
+            response_incomplete = self.cycle is not None and not self.cycle.response_complete
+            if self.flow.write_paused or response_incomplete:
+                log.info("dropped %s: its answer was not read within %g s",
+                         self.client, send_timeout_s)
                 sock = self.transport.get_extra_info("socket")
                 try:  # reset, so the kernel drops what it still holds for this client too
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -599,15 +629,18 @@ class BackgroundServer:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         if send_timeout_s is None:
             limits = getattr(getattr(app, "state", None), "limits", None)
-            send_timeout_s = limits.send_timeout_s if limits is not None else ServerLimits().send_timeout_s
-        config = uvicorn.Config(app, log_level="warning", **uvicorn_options(header_timeout_s, send_timeout_s))
+            send_timeout_s = (limits if limits is not None else ServerLimits()).send_timeout_s
+        options = uvicorn_options(header_timeout_s, send_timeout_s)
+        config = uvicorn.Config(app, log_level="warning", **options)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
         while not self.server.started:
             if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"retrieval server on {self.url} did not start within {start_timeout_s} s")
+                raise RuntimeError(f"retrieval server on {self.url} "
+                                   f"did not start within {start_timeout_s} s")
             time.sleep(0.02)
 
     def stop(self) -> None:
