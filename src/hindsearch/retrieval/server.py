@@ -1,11 +1,11 @@
 """A retrieval HTTP server compatible with Search-R1's ``retrieval_server.py``.
 
-``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports the
-index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the limit,
-a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
-``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and ``/openapi.json``
-only with ``docs=True``. The contract, the limits, and which of them uvicorn and pydantic hold and which
-need the code here: docs/protocol.md.
+``POST /retrieve`` reads and answers exactly what Search-R1's server does; ``GET /health`` reports
+the index and the limits. A bad request gets a 4xx JSON ``{"error": ...}`` naming the field and the
+limit, a retriever failure a 500, a passage store changed on disk a 503. Every input is bounded by
+``ServerLimits``, so memory stays bounded. Binds 127.0.0.1 by default; ``/docs`` and
+``/openapi.json`` only with ``docs=True``. The contract, the limits, and which of them uvicorn and
+pydantic hold and which need the code here: docs/protocol.md.
 """
 
 from __future__ import annotations
@@ -54,9 +54,9 @@ _JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 
 
 def count_containers(body: bytes, limit: int) -> int:
-    """The JSON objects/arrays of a body, not counting ``[``/``{`` inside strings (exact for valid JSON; for a
-    broken body, at least those before the point where parsing would stop). The plain count is used when it is
-    within ``limit``: strings can only add to it."""
+    """The JSON objects/arrays of a body, not counting ``[``/``{`` inside strings (exact for valid
+    JSON; for a broken body, at least those before the point where parsing would stop). The plain
+    count is used when it is within ``limit``: strings can only add to it."""
     n = body.count(b"{") + body.count(b"[")
     if n <= limit:
         return n
@@ -65,8 +65,8 @@ def count_containers(body: bytes, limit: int) -> int:
 
 
 def client_key(host: str) -> str:
-    """The address that ``max_receiving_per_client`` counts: an IPv4 address, or an IPv6 address's /64 (one
-    host's share of a network; a client can pick any address in it)."""
+    """The address that ``max_receiving_per_client`` counts: an IPv4 address, or an IPv6 address's
+    /64 (one host's share of a network; a client can pick any address in it)."""
     try:
         ip = ipaddress.ip_address(host)
     except ValueError:
@@ -81,11 +81,13 @@ def client_key(host: str) -> str:
 @functools.lru_cache(maxsize=16)
 def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hits: int,
                   default_topk: int) -> type[BaseModel]:
-    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``, lax), with
-    the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null: ``default_topk``).
-    ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read as true)."""
+    """The ``/retrieve`` body as Search-R1's ``QueryRequest`` reads it (``topk: Optional[int]``,
+    lax), with the limits as pydantic constraints; ``topk`` comes out resolved (missing, 0 or null:
+    ``default_topk``). ``return_scores`` is a strict bool (``"yes"`` or ``1`` is refused, not read
+    as true)."""
 
-    def query_chars(q: str) -> str:  # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+    # not StringConstraints: it refuses the lone surrogates Search-R1 takes
+    def query_chars(q: str) -> str:
         if len(q) > max_query_chars:
             raise PydanticKnownError("string_too_long", {"max_length": max_query_chars})
         return q
@@ -102,7 +104,8 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
             self.return_scores = bool(self.return_scores)
             if len(self.queries) * self.topk > max_hits:
                 n, k = len(self.queries), self.topk
-                text = "{n} queries x topk {k} = {hits} passages in one answer; the limit is {limit}"
+                text = ("{n} queries x topk {k} = {hits} passages in one answer; "
+                        "the limit is {limit}")
                 values = {"n": n, "k": k, "hits": n * k, "limit": max_hits}
                 raise PydanticCustomError("too_many_hits", text, values)
             return self
@@ -111,31 +114,39 @@ def request_model(max_queries: int, max_query_chars: int, max_topk: int, max_hit
 
 
 def _first_error(e: ValidationError) -> str:
-    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most 4096
-    characters``."""
+    """The first error, as its field and pydantic's text: ``queries[3]: String should have at most
+    4096 characters``."""
     err = e.errors(include_url=False, include_input=False, include_context=False)[0]
     where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
     if err["type"] == "model_type":
-        return f'request body: {err["msg"]} (a /retrieve body is like {{"queries": [...], "topk": 3}})'
+        return (f'request body: {err["msg"]} '
+                '(a /retrieve body is like {"queries": [...], "topk": 3})')
     return f"{where}: {err['msg']}" if where else err["msg"]
 
 
-def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple[list[str], int, bool]:
+def parse_request(body: bytes, default_topk: int,
+                  limits: ServerLimits) -> tuple[list[str], int, bool]:
     """Validate a ``/retrieve`` body -> (queries, topk, return_scores); raises ``BadRequest``."""
     if len(body) > limits.max_body_bytes:
-        raise BadRequest(413, f"request body is {len(body)} bytes; the limit is {limits.max_body_bytes}")
+        raise BadRequest(413, f"request body is {len(body)} bytes; "
+                              f"the limit is {limits.max_body_bytes}")
     containers = count_containers(body, limits.max_queries + 1024)  # a valid body has 2
     if containers > limits.max_queries + 1024:
-        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; a /retrieve body is one "
-                              'object with one list of strings, like {"queries": [...], "topk": 3}')
-    try:  # json.loads, as FastAPI and so Search-R1 parse (docs/protocol.md says why not model_validate_json)
+        raise BadRequest(422, f"request body holds {containers} JSON objects/arrays; "
+                              "a /retrieve body is one object with one list of strings, "
+                              'like {"queries": [...], "topk": 3}')
+    # json.loads, as FastAPI and so Search-R1 parse
+    # (docs/protocol.md says why not model_validate_json)
+    try:
         data = json.loads(body)
     except RecursionError:
         raise BadRequest(400, "request body is nested too deeply") from None
-    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
-        raise BadRequest(400, f"request body is not valid JSON: {' '.join(str(e).split())[:300]}") from None
-    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk, limits.max_hits,
-                          default_topk)
+    except ValueError as e:
+        # JSONDecodeError, UnicodeDecodeError, an integer over Python's digit limit
+        reason = " ".join(str(e).split())[:300]
+        raise BadRequest(400, f"request body is not valid JSON: {reason}") from None
+    model = request_model(limits.max_queries, limits.max_query_chars, limits.max_topk,
+                          limits.max_hits, default_topk)
     try:
         req = model.model_validate(data)
     except ValidationError as e:
@@ -144,7 +155,7 @@ def parse_request(body: bytes, default_topk: int, limits: ServerLimits) -> tuple
 
 
 def _trim_memory() -> None:
-    """Give freed heap pages back to the OS after a large request (glibc only; a no-op elsewhere)."""
+    """Give freed heap pages back to the OS after a large request (glibc only; else a no-op)."""
     try:
         ctypes.CDLL("libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -154,12 +165,13 @@ def _trim_memory() -> None:
 def format_result(hits: list[list[Any]], return_scores: bool) -> dict:
     """Search-R1's response body from per-query ``Passage`` lists."""
     if return_scores:
-        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)} for p in ps]
-                           for ps in hits]}
+        return {"result": [[{"document": p.to_search_r1(), "score": float(p.score or 0.0)}
+                            for p in ps] for ps in hits]}
     return {"result": [[p.to_search_r1() for p in ps] for ps in hits]}
 
 
-def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, return_scores: bool) -> bytearray:
+def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int,
+               return_scores: bool) -> bytearray:
     """Fast path for index-backed retrievers: splice the stored compact-JSON rows into the body.
 
     Byte-identical to ``JSONResponse(format_result(...)).body`` (a test checks it): rows are
@@ -172,8 +184,8 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
     out = bytearray(b'{"result":[')
     for i, (docs, scores) in enumerate(retriever.retrieve_ids(queries, topk)):
         if return_scores:
-            items = [b'{"document":' + store.raw(int(d)) + b',"score":' + repr(float(sc)).encode() + b"}"
-                     for d, sc in zip(docs, scores)]
+            items = [b'{"document":' + store.raw(int(d)) + b',"score":'
+                     + repr(float(sc)).encode() + b"}" for d, sc in zip(docs, scores)]
         else:
             items = [store.raw(int(d)) for d in docs]
         out += b",[" if i else b"["
@@ -185,9 +197,10 @@ def render_ids(retriever: IndexedRetriever, queries: list[str], topk: int, retur
 
 
 class _Answer(Response):
-    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the socket
-    buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last piece is handed
-    over or the connection ends (``guarded_protocol`` resets a client that stops reading)."""
+    """A JSON answer written in ``CHUNK`` pieces as the client reads it (uvicorn waits for the
+    socket buffer to drain between pieces), its bytes counted in ``service.unsent`` until the last
+    piece is handed over or the connection ends (``guarded_protocol`` resets a client that stops
+    reading)."""
 
     CHUNK = 64 << 10
 
@@ -217,8 +230,9 @@ SMALL_ANSWER = 1 << 20  # answers up to this size have their own quarter of max_
 
 
 class _Upload:
-    """A request whose body is arriving: its body timeout (``asyncio.Timeout``, set once the read starts) and
-    whether it was cut to make room for another address's request (``_RetrieveService.make_room``)."""
+    """A request whose body is arriving: its body timeout (``asyncio.Timeout``, set once the read
+    starts) and whether it was cut to make room for another address's request
+    (``_RetrieveService.make_room``)."""
 
     __slots__ = ("timeout", "cut")
 
@@ -238,13 +252,17 @@ class _RetrieveService:
         self.limits = limits
         self.info = info
         self.slots = asyncio.Semaphore(limits.max_inflight)
-        self.big_slot = asyncio.Semaphore(1)  # bodies over 1 MiB are parsed one at a time (~13x the body)
-        self.pending = 0  # requests whose body is in and that have not been answered (admission slots held)
+        # bodies over 1 MiB are parsed one at a time (~13x the body)
+        self.big_slot = asyncio.Semaphore(1)
+        # requests whose body is in and that have not been answered (admission slots held)
+        self.pending = 0
         self.receiving = 0  # requests whose body is arriving
         self.receiving_from: Counter[str] = Counter()  # ... per client address
         self.uploads: dict[str, list[_Upload]] = {}  # ... each, oldest first, per client address
-        self.unsent = {True: 0, False: 0}  # bytes of answers built, not yet handed over: large, small
-        self.freed = asyncio.Event()  # set (and replaced) when unsent goes down: wakes those waiting for room
+        # bytes of answers built, not yet handed over: large, small
+        self.unsent = {True: 0, False: 0}
+        # set (and replaced) when unsent goes down: wakes those waiting for room
+        self.freed = asyncio.Event()
         store = getattr(retriever, "store", None)
         try:  # the mean stored row, to estimate an answer's size before it is built
             self.row_bytes = (int(store.offsets[-1]) - int(store.offsets[0])) / max(1, len(store))
@@ -260,14 +278,15 @@ class _RetrieveService:
         freed.set()
 
     def room(self, answer_bytes: float) -> bool:
-        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over 1 MiB may
-        take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients that never read
-        large answers do not hold up small ones."""
+        """Whether an answer of about ``answer_bytes`` may be built now: the unsent answers over
+        1 MiB may take 3/4 of ``max_unsent_bytes``, the smaller ones the other 1/4, so that clients
+        that never read large answers do not hold up small ones."""
         if answer_bytes > SMALL_ANSWER:
             return self.unsent[True] < 0.75 * self.limits.max_unsent_bytes
         return self.unsent[False] < 0.25 * self.limits.max_unsent_bytes
 
-    # health and retrieve are the route handlers: no docstrings (FastAPI would publish them in /openapi.json)
+    # health and retrieve are the route handlers: no docstrings
+    # (FastAPI would publish them in /openapi.json)
 
     def health(self) -> dict:  # GET /health: the index size, the default topk, the limits and info
         n = len(self.retriever) if hasattr(self.retriever, "__len__") else None
@@ -277,35 +296,41 @@ class _RetrieveService:
                 store.check()
         except StoreChanged as e:
             return JSONResponse({"status": "error", "error": str(e), "n_docs": n}, status_code=503)
-        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk, **asdict(self.limits),
-                **(self.info or {})}
+        return {"status": "ok", "n_docs": n, "default_topk": self.default_topk,
+                **asdict(self.limits), **(self.info or {})}
 
-    async def read_body(self, request: Request, upload: _Upload | None = None) -> bytes | JSONResponse:
-        """The request body, or a 413/408 error response (too large, or not received in time), or a 503 when
-        ``upload`` was cut to make room for another address."""
+    async def read_body(self, request: Request,
+                        upload: _Upload | None = None) -> bytes | JSONResponse:
+        """The request body, or a 413/408 error response (too large, or not received in time), or a
+        503 when ``upload`` was cut to make room for another address."""
         limits = self.limits
         declared = request.headers.get("content-length")
         if declared and declared.isdigit() and int(declared) > limits.max_body_bytes:
-            return _error(413, f"request body is {declared} bytes; the limit is {limits.max_body_bytes}")
+            return _error(413, f"request body is {declared} bytes; "
+                               f"the limit is {limits.max_body_bytes}")
         chunks, size = [], 0
         try:
             async with asyncio.timeout(limits.body_timeout_s) as timeout:
                 if upload is not None:
                     upload.timeout = timeout
-                async for chunk in request.stream():  # stop reading a (chunked) body once it is too large
+                # stop reading a (chunked) body once it is too large
+                async for chunk in request.stream():
                     size += len(chunk)
                     if size > limits.max_body_bytes:
-                        return _error(413, f"request body exceeds the limit of {limits.max_body_bytes} bytes")
+                        return _error(413, "request body exceeds the limit of "
+                                           f"{limits.max_body_bytes} bytes")
                     chunks.append(chunk)
         except TimeoutError:
             if upload is not None and upload.cut:
-                return _error(503, "server busy: this upload was cut to make room for other clients (its "
-                                   "address held the most request bodies arriving); retry later")
+                return _error(503, "server busy: this upload was cut to make room for other "
+                                   "clients (its address held the most request bodies arriving); "
+                                   "retry later")
             return _error(408, f"request body not received within {limits.body_timeout_s:g} s")
         return b"".join(chunks)
 
     def parse(self, body: bytes) -> tuple[list[str], int, bool] | JSONResponse:
-        """Parse one body (in the thread pool): (queries, topk, return_scores), or an error response."""
+        """Parse one body (in the thread pool) into (queries, topk, return_scores), or an
+        error response."""
         try:
             return parse_request(body, self.default_topk, self.limits)
         except BadRequest as e:
@@ -316,7 +341,8 @@ class _RetrieveService:
             if len(body) > 1 << 20:
                 _trim_memory()
 
-    def answer(self, queries: list[str], topk: int, scores: bool) -> bytes | bytearray | JSONResponse:
+    def answer(self, queries: list[str], topk: int,
+               scores: bool) -> bytes | bytearray | JSONResponse:
         """Retrieve and render (in the thread pool): the JSON bytes, or an error response."""
         try:
             if isinstance(self.retriever, IndexedRetriever):
@@ -333,9 +359,9 @@ class _RetrieveService:
 
     async def acquire(self, deadline: float, gates: list[asyncio.Semaphore],
                       answer_bytes: float | None = None) -> list[asyncio.Semaphore] | None:
-        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait (holding
-        no gate) until the unsent answers leave room for one of that size (``room``). The gates held, or None
-        (none held) when the deadline passes."""
+        """Take ``gates`` in order, by ``deadline`` (loop time); with ``answer_bytes``, first wait
+        (holding no gate) until the unsent answers leave room for one of that size (``room``). The
+        gates held, or None (none held) when the deadline passes."""
         held: list[asyncio.Semaphore] = []
         try:
             async with asyncio.timeout_at(deadline):
@@ -369,10 +395,10 @@ class _RetrieveService:
             self.uploads.pop(host, None)
 
     def make_room(self, host: str) -> bool:
-        """All receiving places are taken: when the address holding the most of them holds at least two more
-        than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give its place to
-        ``host``. So the places are shared fairly between addresses: a machine with many addresses and slow
-        uploads cannot keep another client out, whatever the caps."""
+        """All receiving places are taken: when the address holding the most of them holds at least
+        two more than ``host``, cut its oldest upload (its body timeout fires now: a 503) and give
+        its place to ``host``. So the places are shared fairly between addresses: a machine with
+        many addresses and slow uploads cannot keep another client out, whatever the caps."""
         if not self.receiving_from:
             return False
         top, most = self.receiving_from.most_common(1)[0]
@@ -387,20 +413,24 @@ class _RetrieveService:
                 continue
             victim.cut = True
             self._leave(top, victim)
-            log.info("cut a request body arriving from %s (%d arriving from it) for %s", top, most, host)
+            log.info("cut a request body arriving from %s (%d arriving from it) for %s",
+                     top, most, host)
             return True
         return False
 
     async def receive(self, request: Request) -> bytes | Response:
-        """The body, read while holding a receiving place (``max_receiving``, ``max_receiving_per_client`` per
-        address; none free: 503 unless ``make_room`` frees one), or an error response."""
+        """The body, read while holding a receiving place (``max_receiving``,
+        ``max_receiving_per_client`` per address; none free: 503 unless ``make_room`` frees one), or
+        an error response."""
         limits = self.limits
         host = client_key(request.client.host if request.client else "")
         if self.receiving >= limits.max_receiving and not self.make_room(host):
-            return _error(503, f"server busy: {self.receiving} request bodies arriving; retry later")
+            return _error(503, f"server busy: {self.receiving} request bodies arriving; "
+                               "retry later")
         if self.receiving_from[host] >= limits.max_receiving_per_client:
-            return _error(503, f"server busy: {self.receiving_from[host]} request bodies arriving from "
-                               f"{host}; the limit per client is {limits.max_receiving_per_client}")
+            return _error(503, f"server busy: {self.receiving_from[host]} request bodies "
+                               f"arriving from {host}; "
+                               f"the limit per client is {limits.max_receiving_per_client}")
         upload = _Upload()
         self.receiving += 1
         self.receiving_from[host] += 1
@@ -411,7 +441,8 @@ class _RetrieveService:
             if not upload.cut:
                 self._leave(host, upload)
 
-    async def retrieve(self, request: Request) -> Response:  # POST /retrieve: read, admit, wait, retrieve
+    # POST /retrieve: read, admit, wait, retrieve
+    async def retrieve(self, request: Request) -> Response:
         limits = self.limits
         try:
             body = await self.receive(request)
@@ -440,7 +471,8 @@ class _RetrieveService:
             if isinstance(parsed, Response):
                 return parsed
             queries, topk, scores = parsed
-            # retrieve under a slot, once the unsent answers leave room for this one (waiting holds no slot)
+            # retrieve under a slot, once the unsent answers leave room for this one
+            # (waiting holds no slot)
             estimate = len(queries) * topk * (self.row_bytes + (40 if scores else 2))
             held = await self.acquire(deadline, [self.slots], answer_bytes=estimate)
             if held is None:
@@ -457,14 +489,15 @@ class _RetrieveService:
 
 def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits | None = None,
                info: dict | None = None, docs: bool = False) -> FastAPI:
-    """The FastAPI app serving ``retriever`` (``docs``: also serve ``/docs`` and ``/openapi.json``)."""
+    """The FastAPI app serving ``retriever`` (``docs``: also ``/docs`` and ``/openapi.json``)."""
     limits = (limits or ServerLimits()).validate()
     if not 0 < default_topk <= limits.max_topk:
         raise ValueError(f"--topk {default_topk} must be in 1..{limits.max_topk} (--max-topk)")
     if docs:
         app = FastAPI(title="hindsearch retrieval server")
     else:
-        app = FastAPI(title="hindsearch retrieval server", docs_url=None, redoc_url=None, openapi_url=None)
+        app = FastAPI(title="hindsearch retrieval server",
+                      docs_url=None, redoc_url=None, openapi_url=None)
     service = _RetrieveService(retriever, default_topk, limits, info)
     app.state.limits = limits  # BackgroundServer reads send_timeout_s here
     app.get("/health")(service.health)
@@ -473,19 +506,21 @@ def create_app(retriever: Retriever, default_topk: int = 3, limits: ServerLimits
 
 
 def uvicorn_options(header_timeout_s: float, send_timeout_s: float) -> dict[str, Any]:
-    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive timer
-    (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from the start."""
+    """``uvicorn.Config`` keywords for the server's connection deadlines: uvicorn's keep-alive
+    timer (``timeout_keep_alive``) is the header timeout, and ``guarded_protocol`` arms it from
+    the start."""
     return {"http": guarded_protocol(send_timeout_s), "timeout_keep_alive": header_timeout_s}
 
 
 def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
     """uvicorn's h11 protocol with the two connection deadlines uvicorn lacks.
 
-    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a complete
-    request head cancels it (uvicorn cancels it on any byte), so a head must be complete within
-    ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a client that has not
-    taken its answer ``send_timeout_s`` after it first filled the socket's write buffer (64 KiB past what
-    the kernel holds) is reset, which frees what uvicorn and the kernel hold for it."""
+    Request head: uvicorn's keep-alive timer is also armed when a connection opens, and only a
+    complete request head cancels it (uvicorn cancels it on any byte), so a head must be complete
+    within ``timeout_keep_alive`` of the connection opening or of its last response. Answer: a
+    client that has not taken its answer ``send_timeout_s`` after it first filled the socket's write
+    buffer (64 KiB past what the kernel holds) is reset, which frees what uvicorn and the kernel
+    hold for it."""
 
     class GuardedH11Protocol(H11Protocol):
         _send_timer: asyncio.TimerHandle | None = None
@@ -516,8 +551,10 @@ def guarded_protocol(send_timeout_s: float = 30.0) -> type[H11Protocol]:
 
         def _send_expired(self) -> None:
             self._send_timer = None
-            if self.flow.write_paused or (self.cycle is not None and not self.cycle.response_complete):
-                log.info("dropped %s: its answer was not read within %g s", self.client, send_timeout_s)
+            response_incomplete = self.cycle is not None and not self.cycle.response_complete
+            if self.flow.write_paused or response_incomplete:
+                log.info("dropped %s: its answer was not read within %g s",
+                         self.client, send_timeout_s)
                 sock = self.transport.get_extra_info("socket")
                 try:  # reset, so the kernel drops what it still holds for this client too
                     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
@@ -548,8 +585,8 @@ def serve(
     docs: bool = False,
     retriever_options: dict | None = None,
 ) -> None:
-    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn until
-    interrupted."""
+    """Load ``index_dir`` (``load_index`` keywords: ``retriever_options``) and serve it with uvicorn
+    until interrupted."""
     import uvicorn
 
     from hindsearch.retrieval.base import read_meta
@@ -592,15 +629,18 @@ class BackgroundServer:
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         if send_timeout_s is None:
             limits = getattr(getattr(app, "state", None), "limits", None)
-            send_timeout_s = limits.send_timeout_s if limits is not None else ServerLimits().send_timeout_s
-        config = uvicorn.Config(app, log_level="warning", **uvicorn_options(header_timeout_s, send_timeout_s))
+            send_timeout_s = (limits if limits is not None else ServerLimits()).send_timeout_s
+        options = uvicorn_options(header_timeout_s, send_timeout_s)
+        config = uvicorn.Config(app, log_level="warning", **options)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]},
+                                       daemon=True)
         self.thread.start()
         deadline = time.time() + start_timeout_s
         while not self.server.started:
             if time.time() > deadline or not self.thread.is_alive():
-                raise RuntimeError(f"retrieval server on {self.url} did not start within {start_timeout_s} s")
+                raise RuntimeError(f"retrieval server on {self.url} "
+                                   f"did not start within {start_timeout_s} s")
             time.sleep(0.02)
 
     def stop(self) -> None:
