@@ -13,9 +13,7 @@ E5 = "e5-base-v2"
 
 def cmd_index(args: argparse.Namespace) -> int:
     if args.faiss_index:
-        from hindsearch.retrieval.dense import import_faiss
-
-        from hindsearch.retrieval.dense import faiss_factory
+        from hindsearch.retrieval.dense import faiss_factory, import_faiss
 
         if args.kind != "dense" or args.skip_bad:
             raise ValueError("--faiss-index imports a prebuilt dense index: "
