@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable
+from array import array
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -188,18 +189,30 @@ class IndexedRetriever:
                 for h in self.retrieve_ids(queries, k)]
 
 
-def write_store(passages: Iterable[Passage], out_dir: Path) -> list[str]:
-    """Write ``passages.jsonl`` + ``offsets.npy``; returns the contents (for indexing), in order."""
-    texts: list[str] = []
-    offsets = [0]
+def write_store_streaming(passages: Iterable[Passage], out_dir: Path) -> int:
+    """Write ``passages.jsonl`` + ``offsets.npy`` keeping no texts (21M rows fit); returns the rows."""
+    offsets = array("q", [0])
     with (out_dir / "passages.jsonl").open("wb") as f:
         for p in passages:
             row = json.dumps(p.to_search_r1(), ensure_ascii=False, separators=(",", ":"))
             line = (row + "\n").encode("utf-8")
             f.write(line)
             offsets.append(offsets[-1] + len(line))
+    np.save(out_dir / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
+    return len(offsets) - 1
+
+
+def write_store(passages: Iterable[Passage], out_dir: Path) -> list[str]:
+    """``write_store_streaming``, returning the contents (for indexing), in order."""
+    texts: list[str] = []
+
+    def kept() -> Iterator[Passage]:
+        for p in passages:
             texts.append(p.contents)
-    np.save(out_dir / "offsets.npy", np.asarray(offsets, dtype=np.int64))
+            yield p
+
+    write_store_streaming(kept(), out_dir)
+    return texts
     return texts
 
 

@@ -16,16 +16,14 @@ import json
 import os
 import time
 import warnings
-from array import array
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from hindsearch.records import Passage
 from hindsearch.retrieval.base import (INDEX_VERSION, Hits, IndexedRetriever, PassageStore,
-                                       index_strays, is_index_dir, register_index_kind)
+                                       index_strays, is_index_dir, register_index_kind,
+                                       write_store_streaming)
 
 ALIASES = {"e5-base-v2": "intfloat/e5-base-v2", "e5": "intfloat/e5-base-v2"}
 FLAT = "Flat"
@@ -250,20 +248,6 @@ def check_faiss_fits(path: str | Path, ntotal: int, d: int, n_passages: int, enc
         raise ValueError(f"{path}: holds {ntotal:,} vectors but {corpus} has {n_passages:,} "
                          "passages; a FAISS index must be loaded with the corpus it was built from "
                          "(one vector per line, in order)")
-
-
-def write_store_streaming(passages: Iterable[Passage], out_dir: Path) -> int:
-    """``passages.jsonl`` + ``offsets.npy`` as ``base.write_store`` writes them, keeping no texts
-    (21M rows fit)."""
-    offsets = array("q", [0])
-    with (out_dir / "passages.jsonl").open("wb") as f:
-        for p in passages:
-            row = json.dumps(p.to_search_r1(), ensure_ascii=False, separators=(",", ":"))
-            line = (row + "\n").encode("utf-8")
-            f.write(line)
-            offsets.append(offsets[-1] + len(line))
-    np.save(out_dir / "offsets.npy", np.frombuffer(offsets, dtype=np.int64))
-    return len(offsets) - 1
 
 
 def _stamp(path: Path) -> dict:
