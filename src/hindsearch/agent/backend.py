@@ -23,9 +23,6 @@ from hindsearch.core.sampling import GenOutput, LogitsHook, SamplingParams
 class Backend(Protocol):
     """Generates rows of token contexts (HF on CPU/GPU, vLLM on GPU)."""
 
-    in_process: bool
-    """Whether it decodes the engine's model in this process (HF: True; vLLM: False)."""
-
     def generate(
         self,
         contexts: list[list[int]],

@@ -23,9 +23,6 @@ from hindsearch.core.sampling import (GREEDY, GenOutput, LogitsHook, SamplingPar
 class HFBackend:
     """Rollout generation with a transformers causal LM through the model core's decode loop."""
 
-    in_process = True
-    """It decodes ``model`` in this process (``backend.Backend.in_process``)."""
-
     def __init__(self, model: Any, tokenizer: Any) -> None:
         self.model, self.tokenizer = model, tokenizer
         self.eos_ids = stop_token_ids(tokenizer, model)

@@ -110,9 +110,6 @@ class _VLLMBase:
     """The ``Backend.generate`` shared by both modes: checks, empty outputs, statistics; ``_rows``
     fills ``outs``."""
 
-    in_process = False
-    """vLLM decodes its own copy of the weights (``backend.Backend.in_process``)."""
-
     def __init__(self) -> None:
         self.stats = {"calls": 0, "requests": 0, "generated_tokens": 0, "generate_s": 0.0}
 
