@@ -151,3 +151,50 @@ def test_a_checkpoint_with_a_non_finite_weight_is_never_written(tmp_path):
     with pytest.raises(RuntimeError, match="non-finite.*checkpoint-2 is not written"):
         trainer._save_checkpoint(trainer.model, trial=None)
     assert sorted(p.name for p in ck.iterdir() if not p.name.startswith(".")) == ["checkpoint-1"]
+
+
+def test_a_fallback_builds_the_frozen_teacher_from_the_start_not_from_the_poisoned_weights(
+        tmp_path_factory, monkeypatch):
+    """HindSearch's frozen teacher (``kl_coef = 0``) is a copy of the policy RL started from. When a
+    resume goes non-finite at once and falls back to an earlier checkpoint, the trainer built for the
+    fallback must copy that start again, not the NaN weights the failed step left in memory."""
+    import torch
+
+    from hindsearch.config import Config
+    from hindsearch.train import run as run_mod
+    from test_output_safety import TINY
+
+    root = tmp_path_factory.mktemp("poisoned-hind")
+    monkeypatch.setenv("HINDSEARCH_CACHE", str(root / "cache"))
+    cfg = Config.load(None, TINY + [f'data.world_dir="{root / "world"}"', "data.world_entities=60",
+                                    'method="hindsearch"', 'hindsearch.judge_kind="oracle"',
+                                    "train.kl_coef=0.0", "train.steps=3", "train.save_steps=1",
+                                    "train.trl.save_total_limit=5", f'out="{root / "run"}"'])
+    run_mod.run_train(cfg, log=lambda m: None)
+    run = root / "run"
+    shutil.rmtree(run / "checkpoints" / "checkpoint-3")
+    shutil.rmtree(run / "final")
+    ck = run / "checkpoints" / "checkpoint-2"
+    state = torch.load(ck / "optimizer.pt", weights_only=True)
+    for s in state["state"].values():
+        s["exp_avg_sq"].fill_(-1.0)
+    torch.save(state, ck / "optimizer.pt")
+    marker = json.loads((ck / COMPLETE_NAME).read_text())
+    marker["files"]["optimizer.pt"] = (ck / "optimizer.pt").stat().st_size
+    (ck / COMPLETE_NAME).write_text(json.dumps(marker))
+
+    frozen_finite: list[bool] = []
+    build = run_mod.build_trainer
+
+    def build_and_look(*args, **kwargs):
+        trainer = build(*args, **kwargs)
+        frozen = trainer.aux_ctx.frozen
+        frozen_finite.append(all(torch.isfinite(p).all().item() for p in frozen.parameters()))
+        return trainer
+
+    monkeypatch.setattr(run_mod, "build_trainer", build_and_look)
+    lines = resume(run)
+    assert any("skipping checkpoint-2" in m and "non-finite" in m for m in lines), lines
+    assert any("from checkpoint-1" in m for m in lines), lines
+    assert frozen_finite == [True, True], frozen_finite  # the resume's trainer, then the fallback's
+    assert_every_checkpoint_finite(run)

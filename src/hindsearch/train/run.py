@@ -650,14 +650,14 @@ class _Job:
             gc.collect()
             ckpt = last_checkpoint(self.run_dir, log=self.log)
             _reset_logs(self.cfg, self.run_dir, "fallback", ckpt, self.log)
-            # the weights in memory are poisoned: start again from the policy before step 1
-            if ckpt is None:
-                from hindsearch.models import load_policy
+            # the weights in memory are poisoned: reload the policy RL started from, which the
+            # checkpoint (if any) loads its weights into and the frozen and EMA copies are taken from
+            from hindsearch.models import load_policy
 
-                start = self.cfg.model
-                if Path(source).is_dir():
-                    start = replace(start, name=source, gguf_file=None)
-                model, self.tok = load_policy(start)
+            start = self.cfg.model
+            if Path(source).is_dir():
+                start = replace(start, name=source, gguf_file=None)
+            model, self.tok = load_policy(start)
 
     def _train_from(self, model: Any, ckpt: Path | None) -> Any:
         from hindsearch.memory import release_memory_callback
