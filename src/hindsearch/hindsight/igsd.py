@@ -1,10 +1,11 @@
 """IGSD's verification pipeline, one training step read top to bottom: the teacher (policy + gold
-answer line, or a redacted hint) proposes query tokens of failed rollouts (stage 1, ``propose_pairs``);
-each proposal and the student's token are completed into a query, executed against the retriever and
-scored against control passages, and the pair is gated (stages 2-5, ``verify_pairs``); ``run_igsd``
-runs one step from the term's ``AuxContext`` and returns the tensors, metrics and auditable records
-the term hands to the trainer. Every rank makes the same model-core calls, so several processes stay
-in lockstep. docs/methods.md gives the algorithm in full.
+answer line, or a redacted hint) proposes query tokens of failed rollouts (stage 1,
+``propose_pairs``); each proposal and the student's token are completed into a query, executed
+against the retriever and scored against control passages, and the pair is gated (stages 2-5,
+``verify_pairs``); ``run_igsd`` runs one step from the term's ``AuxContext`` and returns the
+tensors, metrics and auditable records the term hands to the trainer. Every rank makes the same
+model-core calls, so several processes stay in lockstep. docs/methods.md gives the algorithm in
+full.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from hindsearch.hindsight.teacher import (igsd_prompt_ids, select_teacher, teach
 from hindsearch.records import Passage, Trajectory
 
 
-# --- records: a proposed pair (also the auditable record), each stage's typed output, the metric keys
+# --- records: a proposed pair (also the auditable record), each stage's typed output, the metric
+# keys
 
 @dataclass
 class Pair:
@@ -148,8 +150,8 @@ def hint_lines(trajs: Sequence[Trajectory], rows: Sequence[int], kind: str,
     raise ValueError(f"igsd.hindsight = {kind!r} has no hint lines (answer uses the answer line)")
 
 
-# --- stage 1, propose: the teacher scores the student's failed query tokens; where it prefers another
-# token, a pair
+# --- stage 1, propose: the teacher scores the student's failed query tokens; where it prefers
+# another token, a pair
 
 def select_positions(
     query_mask: Sequence[int],
@@ -273,9 +275,9 @@ def query_start(query_mask: Sequence[int], t: int) -> int:
     return t
 
 
-# --- stages 2-5: complete -> execute -> score -> gate, each with typed inputs and outputs and its own
-# metrics; verify_pairs runs them in order and fills the Pair records. Models, tokenizer, retriever
-# and query completer come from the term's AuxContext.
+# --- stages 2-5: complete -> execute -> score -> gate, each with typed inputs and outputs and its
+# own metrics; verify_pairs runs them in order and fills the Pair records. Models, tokenizer,
+# retriever and query completer come from the term's AuxContext.
 
 class QueryCache:
     """Per-step retrieval cache keyed by query string; counts hits and misses."""

@@ -190,7 +190,8 @@ class IndexedRetriever:
 
 
 def write_store_streaming(passages: Iterable[Passage], out_dir: Path) -> int:
-    """Write ``passages.jsonl`` + ``offsets.npy`` keeping no texts (21M rows fit); returns the rows."""
+    """Write ``passages.jsonl`` + ``offsets.npy``, keeping no texts (21M rows fit); returns the
+    number of rows."""
     offsets = array("q", [0])
     with (out_dir / "passages.jsonl").open("wb") as f:
         for p in passages:

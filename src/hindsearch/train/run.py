@@ -650,8 +650,8 @@ class _Job:
             gc.collect()
             ckpt = last_checkpoint(self.run_dir, log=self.log)
             _reset_logs(self.cfg, self.run_dir, "fallback", ckpt, self.log)
-            # the weights in memory are poisoned: reload the policy RL started from, which the
-            # checkpoint (if any) loads its weights into and the frozen and EMA copies are taken from
+            # the weights in memory are poisoned: reload the policy RL started from (the checkpoint,
+            # if any, loads its weights into it; the frozen and EMA copies are taken from it)
             from hindsearch.models import load_policy
 
             start = self.cfg.model
