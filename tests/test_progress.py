@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import io
+import os
+import subprocess
+import sys
 
 from hindsearch import progress as P
 
@@ -59,12 +62,28 @@ def test_interactive_reads_the_stream():
 def test_upstream_bars_are_switched_off_in_a_log_but_a_users_setting_wins(monkeypatch):
     monkeypatch.setattr(P, "interactive", lambda stream=None: False)
     env: dict[str, str] = {}
-    assert P.quiet_upstream_bars(env) and env == {P.UPSTREAM_BARS_ENV: "1"}
+    assert P.quiet_upstream_bars(env) and env == {P.UPSTREAM_BARS_ENV: "1", P.TQDM_ENV: "1"}
     env = {P.UPSTREAM_BARS_ENV: "0"}
     assert not P.quiet_upstream_bars(env) and env[P.UPSTREAM_BARS_ENV] == "0"
+    env = {P.TQDM_ENV: "0"}
+    assert P.quiet_upstream_bars(env) and env[P.TQDM_ENV] == "0"
     monkeypatch.setattr(P, "interactive", lambda stream=None: True)
     env = {}
     assert not P.quiet_upstream_bars(env) and env == {}
+
+
+def test_a_plain_tqdm_bar_of_an_upstream_library_is_off_in_a_log():
+    """transformers converts a GGUF file under a bare ``tqdm.auto`` bar that huggingface_hub's switch
+    does not reach; after the CLI's ``quiet_upstream_bars`` such a bar writes nothing to a log."""
+    code = ("from hindsearch.progress import quiet_upstream_bars\n"
+            "quiet_upstream_bars()\n"
+            "from tqdm.auto import tqdm\n"
+            "list(tqdm(range(3), desc='UPSTREAMBAR'))\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("TQDM_DISABLE", P.UPSTREAM_BARS_ENV)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "UPSTREAMBAR" not in done.stderr
 
 
 def test_bm25_index_build_draws_no_bar_into_a_log(tmp_path, capfd):

@@ -103,6 +103,9 @@ UPSTREAM_BARS_ENV = "HF_HUB_DISABLE_PROGRESS_BARS"
 """huggingface_hub's switch, read when it is imported; transformers' own bars (weight loading)
 follow it."""
 
+TQDM_ENV = "TQDM_DISABLE"
+"""tqdm's switch for bars that bypass huggingface_hub's, read when tqdm is imported."""
+
 
 def quiet_upstream_bars(environ: Any = None) -> bool:
     """Off a terminal, turn transformers' and huggingface_hub's own progress bars off (an
@@ -114,6 +117,8 @@ def quiet_upstream_bars(environ: Any = None) -> bool:
     if interactive() or UPSTREAM_BARS_ENV in env:
         return False
     env[UPSTREAM_BARS_ENV] = "1"
+    # plain tqdm bars (transformers' GGUF conversion), read when tqdm is imported
+    env.setdefault(TQDM_ENV, "1")
     # already imported (``run_train`` called from Python): their switches, read at each bar
     if environ is None:
         if "huggingface_hub" in sys.modules:
