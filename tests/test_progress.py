@@ -39,6 +39,21 @@ def test_plain_progress_writes_whole_lines_at_most_every_interval():
     assert len(lines) == 3
 
 
+def test_closing_after_the_last_line_writes_no_second_one():
+    """A bar whose last line already gave its end (the trainer's last step) writes no second,
+    later-timed copy of it when it is closed (the main job's log held two ``3/3 steps`` lines)."""
+    out, clock = io.StringIO(), Clock()
+    bar = P.PlainProgress(3, "grpo steps", unit="steps", every_s=30.0, stream=out, clock=clock)
+    clock.t = 221.0
+    bar.set_postfix(loss="0.000")
+    bar.update(3)
+    clock.t = 225.0  # saving the model
+    bar.close()
+    lines = out.getvalue().splitlines()
+    assert lines == ["grpo steps: 0/3 steps (0%), 0s elapsed",
+                     "grpo steps: 3/3 steps (100%), 3m41s elapsed, loss=0.000"]
+
+
 def test_progress_bar_is_plain_off_a_terminal_and_a_bar_on_one(monkeypatch):
     monkeypatch.setattr(P, "interactive", lambda stream=None: False)
     assert isinstance(P.progress_bar(3, "eval", unit="q"), P.PlainProgress)

@@ -67,8 +67,8 @@ class PlainProgress:
 
     def _write(self) -> None:
         s = self.stream if self.stream is not None else sys.stderr
-        self.written = self.line()
-        print(self.written, file=s, flush=True)
+        print(self.line(), file=s, flush=True)
+        self.written = (self.n, dict(self.postfix))
         self.last = self.clock()
 
     def update(self, n: int = 1) -> None:
@@ -83,7 +83,8 @@ class PlainProgress:
     def close(self) -> None:
         if not self.closed:
             self.closed = True
-            if self.line() != self.written:  # the last line already says where it ended
+            # unless the last line already says where it ended (its elapsed time aside)
+            if (self.n, self.postfix) != self.written:
                 self._write()
 
 
