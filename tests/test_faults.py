@@ -571,55 +571,48 @@ class SlowRetriever:
         return [[] for _ in queries]
 
 
-def test_requests_in_flight_are_bounded_with_a_json_503():
+def posts_at_once(limits, n: int, gap_s: float) -> list[tuple[int, dict, float]]:
+    """``n`` ``/retrieve`` requests to a ``SlowRetriever`` server under ``limits``, started ``gap_s``
+    apart: (status, payload, seconds) of each, in the order they finished."""
     import threading
 
-    from hindsearch.retrieval.limits import ServerLimits
     from hindsearch.retrieval.server import BackgroundServer, create_app
 
-    limits = ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=0.3)
     s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
+    got: list[tuple[int, dict, float]] = []
+
+    def one() -> None:
+        t = time.monotonic()
+        status, payload = raw_post(s.url, b'{"queries": ["q"]}', timeout=30)
+        got.append((status, payload, time.monotonic() - t))
+
     try:
-        got: list[tuple[int, dict]] = []
-        threads = [threading.Thread(target=lambda: got.append(raw_post(s.url, b'{"queries": ["q"]}'))) for _ in range(4)]
+        threads = [threading.Thread(target=one) for _ in range(n)]
         for t in threads:
             t.start()
-            time.sleep(0.05)
+            time.sleep(gap_s)
         for t in threads:
             t.join(30)
     finally:
         s.stop()
-    statuses = sorted(status for status, _ in got)
+    return got
+
+
+def test_requests_in_flight_are_bounded_with_a_json_503():
+    from hindsearch.retrieval.limits import ServerLimits
+
+    got = posts_at_once(ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=0.3), 4, 0.05)
+    statuses = sorted(status for status, _, _ in got)
     assert statuses[0] == 200 and statuses[-1] == 503 and len(statuses) == 4
-    assert all("busy" in payload["error"] for status, payload in got if status == 503)
+    assert all("busy" in payload["error"] for status, payload, _ in got if status == 503)
 
 
 def test_requests_beyond_the_waiting_places_get_a_503_at_once():
     """With ``max_inflight + max_pending`` requests in, the next one is refused at once (its body is not held
     for the queue timeout)."""
-    import threading
-
     from hindsearch.retrieval.limits import ServerLimits
-    from hindsearch.retrieval.server import BackgroundServer, create_app
 
-    limits = ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=30.0)
-    s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
-    try:
-        got: list[tuple[int, dict, float]] = []
-
-        def one() -> None:
-            t = time.monotonic()
-            status, payload = raw_post(s.url, b'{"queries": ["q"]}', timeout=30)
-            got.append((status, payload, time.monotonic() - t))
-
-        threads = [threading.Thread(target=one) for _ in range(3)]
-        for t in threads:
-            t.start()
-            time.sleep(0.1)
-        for t in threads:
-            t.join(30)
-    finally:
-        s.stop()
+    got = posts_at_once(ServerLimits(max_inflight=1, max_pending=1, queue_timeout_s=30.0), 3, 0.1)
     refused = [(p, dt) for status, p, dt in got if status == 503]
     assert sorted(status for status, _, _ in got) == [200, 200, 503], got
     assert "2 requests in progress" in refused[0][0]["error"] and refused[0][1] < 0.5
@@ -628,22 +621,8 @@ def test_requests_beyond_the_waiting_places_get_a_503_at_once():
 def test_a_request_waits_for_a_retrieval_slot_at_most_the_queue_timeout():
     """``max_inflight`` requests are retrieved at once; one more waits for a slot and gets a 503 once
     ``queue_timeout_s`` passes (here before the slow retrieval ahead of it ends)."""
-    import threading
-
     from hindsearch.retrieval.limits import ServerLimits
-    from hindsearch.retrieval.server import BackgroundServer, create_app
 
-    limits = ServerLimits(max_inflight=1, max_pending=4, queue_timeout_s=0.4)
-    s = BackgroundServer(create_app(SlowRetriever(), limits=limits))
-    try:
-        got: list[tuple[int, dict]] = []
-        threads = [threading.Thread(target=lambda: got.append(raw_post(s.url, b'{"queries": ["q"]}'))) for _ in range(2)]
-        for t in threads:
-            t.start()
-            time.sleep(0.1)
-        for t in threads:
-            t.join(30)
-    finally:
-        s.stop()
-    assert sorted(status for status, _ in got) == [200, 503], got
-    assert "no retrieval slot within 0.4 s" in next(p["error"] for status, p in got if status == 503)
+    got = posts_at_once(ServerLimits(max_inflight=1, max_pending=4, queue_timeout_s=0.4), 2, 0.1)
+    assert sorted(status for status, _, _ in got) == [200, 503], got
+    assert "no retrieval slot within 0.4 s" in next(p["error"] for status, p, _ in got if status == 503)
