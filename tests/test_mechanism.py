@@ -14,7 +14,6 @@ from hindsearch.agent.hf_backend import HFBackend
 from hindsearch.config import Config
 from hindsearch.hindsight.registry import resolve_methods
 from hindsearch.hindsight import losses as L
-from hindsearch.hindsight import teacher as T
 from hindsearch.models import tiny_random_model
 from test_hindsight_losses import distill, distill_mask, loss_from_full_logits
 

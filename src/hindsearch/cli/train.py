@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 # the preset lookup lives with Config
-from hindsearch.config import DEFAULT_PRESET, find_config, preset_dirs  # noqa: F401
+from hindsearch.config import DEFAULT_PRESET, find_config
 from hindsearch.hindsight.registry import METHODS
 
 

@@ -30,7 +30,6 @@ from hindsearch.train import vllm_glue as vg
 from hindsearch.hindsight.contract import AuxContext
 from hindsearch.train.callbacks import (EMATeachers, FiniteWeights, MetricsWriter, SamplesWriter,
                                         StepTimer, gather_metrics)
-from hindsearch.train.vllm_glue import vllm_grpo_fields  # noqa: F401 - re-exported
 
 class KeepWeights(TrainerCallback):
     """``train.keep_steps``: at each listed optimizer step, ``save_model`` into ``RUN/steps/step-N``
